@@ -1,0 +1,30 @@
+# Two commands on a fresh clone: `make run` (set up, migrate, run on SQLite) and `make test`.
+# DATABASE_URL switches the database for both (default: SQLite file alwayson.sqlite3).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: install run scenarios test lint format
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(PY) manage.py migrate --verbosity 0
+	$(PY) manage.py scenarios
+
+test: install
+	$(PY) manage.py makemigrations --check --dry-run --verbosity 0
+	$(PY) -m pytest
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .

@@ -1,0 +1,156 @@
+"""Settings for alwayson, read from the environment (and an optional `.env` file).
+
+One switch picks the database: `DATABASE_URL`. SQLite is the embedded default; PostgreSQL
+(`postgres://...`) is the engine for many workers on many hosts. Malformed values stop the
+process at start-up instead of being read as a default.
+"""
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def strict_bool(name, default):
+    """django-environ reads any unknown word as False; a typo in DEBUG must not pass silently."""
+    raw = env.str(name, default=str(default)).strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be one of true/false/1/0/yes/no/on/off, not {raw!r}")
+
+
+def positive_int(name, default):
+    try:
+        value = env.int(name, default=default)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be an integer: {exc}") from None
+    if value <= 0:
+        raise ImproperlyConfigured(f"{name} must be a positive integer, not {value}")
+    return value
+
+
+DEBUG = strict_bool("DEBUG", True)
+
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+    SECRET_KEY = "dev-only-insecure-key-set-SECRET_KEY-in-production"
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "inbox",
+    "timers",
+    "approvals",
+    "outbox",
+    "alwayson",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "alwayson.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "alwayson.wsgi.application"
+
+
+def database_from_url():
+    url = env.str("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'alwayson.sqlite3'}")
+    try:
+        config = environ.Env.db_url_config(url)
+    except (KeyError, ValueError) as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {exc}") from None
+    engine = config.get("ENGINE", "")
+    if engine.endswith("sqlite3"):
+        config.setdefault("OPTIONS", {}).update(
+            {
+                # Every atomic() takes the write lock up front (the article's BEGIN IMMEDIATE),
+                # so a read-then-write decision can never be overtaken by another writer.
+                "transaction_mode": "IMMEDIATE",
+                # Seconds a writer waits for the lock before "database is locked".
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            }
+        )
+    elif engine.endswith("postgresql"):
+        config.setdefault("OPTIONS", {}).setdefault(
+            "application_name", env.str("ALWAYSON_APPLICATION_NAME", default="alwayson")
+        )
+        config.setdefault("CONN_HEALTH_CHECKS", True)
+    else:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must point at SQLite or PostgreSQL, not {engine or url!r}"
+        )
+    return config
+
+
+DATABASES = {"default": database_from_url()}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"alwayson": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+}
+
+# --- alwayson -----------------------------------------------------------------------------
+# Claims before an event is parked as dead.
+ALWAYSON_MAX_ATTEMPTS = positive_int("ALWAYSON_MAX_ATTEMPTS", 3)
+# Seconds a worker owns an inbox without renewing.
+ALWAYSON_LEASE_TTL = positive_int("ALWAYSON_LEASE_TTL", 120)
+# Minimum seconds between two sends of one inbox's outbox.
+ALWAYSON_OUTBOX_GAP = positive_int("ALWAYSON_OUTBOX_GAP", 3600)

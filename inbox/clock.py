@@ -1,0 +1,37 @@
+"""Every operation takes `now`. Tests pass it; production omits it and the database decides.
+
+Lease expiry, due timers and approval deadlines compare against one clock. On PostgreSQL
+that is the server's, so a worker host whose clock is off by minutes cannot steal a lease
+or fire a timer early. SQLite is embedded: its clock is this host's.
+"""
+
+from datetime import UTC, datetime
+
+from django.db import connection
+from django.utils import timezone
+
+
+def database_now() -> datetime:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            # clock_timestamp(), not now(): now() is frozen at the start of the transaction.
+            cursor.execute("SELECT clock_timestamp()")
+            return cursor.fetchone()[0]
+    return timezone.now()
+
+
+def resolve(now: datetime | None) -> datetime:
+    if now is None:
+        return database_now()
+    if not isinstance(now, datetime) or timezone.is_naive(now):
+        raise ValueError(f"now must be an aware datetime, not {now!r}")
+    return now
+
+
+def whole_seconds(moment: datetime) -> datetime:
+    """Timer instants are whole seconds, so an occurrence key built from one never drifts."""
+    return moment.replace(microsecond=0)
+
+
+def occurrence_label(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

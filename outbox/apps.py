@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OutboxConfig(AppConfig):
+    name = "outbox"
+    verbose_name = "Outbox"

@@ -1,0 +1,76 @@
+"""Shared fixtures. Time is always passed explicitly: no test sleeps to move the clock."""
+
+import os
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def on_postgres():
+    return connection.vendor == "postgresql"
+
+
+def pytest_collection_modifyitems(config, items):
+    """PostgreSQL-only tests (real parallel connections) are deselected on SQLite, not
+    skipped: CI fails on any skip, and it runs the suite on both databases."""
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if engine.endswith("postgresql"):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("postgres_only") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI a skipped test is a failure: it hides a broken install step."""
+    if os.environ.get("CI") and exitstatus == 0:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+        if skipped:
+            reporter.write_line(f"CI: {skipped} test(s) skipped; failing the run.", red=True)
+            session.exitstatus = 1
+
+
+@pytest.fixture
+def t0():
+    return T0
+
+
+@pytest.fixture
+def ttl():
+    from django.conf import settings
+
+    return timedelta(seconds=settings.ALWAYSON_LEASE_TTL)
+
+
+@pytest.fixture
+def owner(django_user_model):
+    return django_user_model.objects.create_user(username="owner", password="pw-owner-123")
+
+
+@pytest.fixture
+def make_inbox(django_user_model):
+    counter = iter(range(1, 1_000_000))
+
+    def make(slug=None, owner=None):
+        from inbox.models import Inbox
+
+        n = next(counter)
+        if owner is None:
+            owner, _ = django_user_model.objects.get_or_create(username=f"user-{n}")
+        return Inbox.objects.create(owner=owner, slug=slug or f"inbox-{n}")
+
+    return make
+
+
+@pytest.fixture
+def inbox(make_inbox):
+    return make_inbox("desk")
