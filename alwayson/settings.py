@@ -154,3 +154,8 @@ ALWAYSON_MAX_ATTEMPTS = positive_int("ALWAYSON_MAX_ATTEMPTS", 3)
 ALWAYSON_LEASE_TTL = positive_int("ALWAYSON_LEASE_TTL", 120)
 # Minimum seconds between two sends of one inbox's outbox.
 ALWAYSON_OUTBOX_GAP = positive_int("ALWAYSON_OUTBOX_GAP", 3600)
+# Backoff before a failed event's next attempt: base * 2^(attempts-1) seconds, capped, jittered.
+ALWAYSON_RETRY_BASE = positive_int("ALWAYSON_RETRY_BASE", 10)
+ALWAYSON_RETRY_CAP = positive_int("ALWAYSON_RETRY_CAP", 3600)
+# The agent the worker runs: a callable taking a Run (alwayson/runtime.py).
+ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.refund_desk.agent")

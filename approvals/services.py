@@ -1,17 +1,71 @@
 """Deferred approvals: request_approval and answer_approval."""
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
 
 from inbox import clock
 from inbox.models import Event, Inbox
+from inbox.services import store_event
 from inbox.validation import require_key
-from timers.services import add_timer
+from timers.services import Schedule
 
 from .models import APPROVAL_SOURCE, Approval, expiry_timer_key
 
 UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A deferred approval as a run effect: the Approval row and its expiry timer commit
+    with the run's finish. Checked when made, so a bad request fails the run, not the finish.
+    """
+
+    inbox_id: int
+    request_id: str
+    action: str
+    expires_in: timedelta
+
+    def __post_init__(self):
+        require_key("request_id", self.request_id)
+        require_key("action", self.action)
+        expires_in = self.expires_in
+        if not isinstance(expires_in, timedelta):
+            if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
+                raise ValueError(f"expires_in must be seconds or a timedelta, not {expires_in!r}")
+            expires_in = timedelta(seconds=expires_in)
+        if expires_in < timedelta(seconds=1):
+            raise ValueError(
+                f"expires_in must be a positive number of seconds, not {self.expires_in!r}"
+            )
+        object.__setattr__(self, "expires_in", expires_in)
+
+    def __call__(self, now) -> Approval:
+        expires_at = clock.whole_seconds(now + self.expires_in)
+        approval, created = Approval.objects.get_or_create(
+            inbox_id=self.inbox_id,
+            request_id=self.request_id,
+            defaults={"action": self.action, "requested_at": now, "expires_at": expires_at},
+        )
+        if not created:
+            if approval.action != self.action:
+                raise ValueError(
+                    f"request_id {self.request_id!r} was already used for {approval.action!r}"
+                )
+            return approval
+        Schedule(
+            self.inbox_id,
+            expiry_timer_key(self.request_id),
+            due=expires_at,
+            payload={
+                "approval": self.request_id,
+                "answer": Approval.Answer.EXPIRED,
+                "action": self.action,
+            },
+            event_key=(APPROVAL_SOURCE, self.request_id),
+        )(now)
+        return approval
 
 
 def request_approval(inbox, request_id, action, expires_in, now=None) -> Approval:
@@ -19,36 +73,13 @@ def request_approval(inbox, request_id, action, expires_in, now=None) -> Approva
     event ("approval", request_id), and only one of them is ever stored.
 
     The expiry is a one-off timer writing an "expired" answer under that same key, so a
-    request nobody answers still resumes the session, as a denial.
+    request nobody answers still resumes the session, as a denial. Asking again with the
+    same request_id and action returns the existing request.
     """
-    require_key("request_id", request_id)
-    require_key("action", action)
-    seconds = expires_in.total_seconds() if isinstance(expires_in, timedelta) else expires_in
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
-        raise ValueError(f"expires_in must be a positive number of seconds, not {expires_in!r}")
     inbox = Inbox.objects.resolve(inbox)
+    ask = Ask(inbox.pk, request_id, action, expires_in)
     with transaction.atomic():
-        now = clock.resolve(now)
-        expires_at = clock.whole_seconds(now + timedelta(seconds=seconds))
-        approval, created = Approval.objects.get_or_create(
-            inbox=inbox,
-            request_id=request_id,
-            defaults={"action": action, "requested_at": now, "expires_at": expires_at},
-        )
-        if not created:
-            if approval.action != action:
-                raise ValueError(
-                    f"request_id {request_id!r} was already used for {approval.action!r}"
-                )
-            return approval
-        add_timer(
-            inbox,
-            expiry_timer_key(request_id),
-            expires_at,
-            {"approval": request_id, "answer": Approval.Answer.EXPIRED, "action": action},
-            event_key=(APPROVAL_SOURCE, request_id),
-        )
-        return approval
+        return ask(clock.resolve(now))
 
 
 def answer_approval(inbox, request_id, answer, now=None) -> str:
@@ -56,10 +87,10 @@ def answer_approval(inbox, request_id, answer, now=None) -> str:
     "yes"/"no", "expired", or "unknown" for a request never made.
 
     The deadline is checked here, in the same transaction, instead of trusting that the
-    expiry timer already ran. The unique event key settles a race with that timer: the
-    first of the two inserts wins and the other finds it stored, so every caller is told
-    the same outcome. The event is inserted before the Approval row is written, on both
-    paths, so the two can never wait on each other's locks.
+    expiry timer already ran. Storing the event locks the inbox's lease row, as the
+    scheduler does before firing the expiry, so the answer and the expiry are serialised;
+    and the unique event key means the second of them finds the first stored. Every caller
+    is told the outcome that stands.
     """
     if answer not in (Approval.Answer.YES, Approval.Answer.NO):
         raise ValueError(f'answer must be "yes" or "no", not {answer!r}')
@@ -71,7 +102,7 @@ def answer_approval(inbox, request_id, answer, now=None) -> str:
         if approval is None:
             return UNKNOWN
         answer = Approval.Answer.EXPIRED if approval.has_expired(now) else answer
-        Event.objects.store(
+        store_event(
             inbox.pk,
             APPROVAL_SOURCE,
             request_id,

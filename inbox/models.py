@@ -1,9 +1,8 @@
 from django.conf import settings
-from django.db import IntegrityError, models, transaction
-from django.db.models import F, Q
+from django.db import models, transaction
+from django.db.models import Q
 
 from .exceptions import UnknownInbox
-from .signals import event_stored
 
 
 class InboxManager(models.Manager):
@@ -49,6 +48,16 @@ class Inbox(models.Model):
             super().save(*args, **kwargs)
             if adding:
                 Lease.objects.create(inbox=self)
+                Session.objects.create(inbox=self)
+
+
+class LeaseQuerySet(models.QuerySet):
+    def free(self, now):
+        return self.filter(Q(until__isnull=True) | Q(until__lt=now))
+
+    def with_work(self, now):
+        """Inboxes a worker may take now: claimable work and nobody holding the lease."""
+        return self.free(now).filter(work_at__lte=now)
 
 
 class Lease(models.Model):
@@ -65,9 +74,52 @@ class Lease(models.Model):
     holder = models.CharField(max_length=200, blank=True)
     generation = models.PositiveBigIntegerField(default=0)
     until = models.DateTimeField(null=True, blank=True)
+    # When the inbox next has claimable work (None: nothing pending). Kept here, under this
+    # row's lock, so finding work reads one row per inbox and never scans the events table.
+    work_at = models.DateTimeField(null=True, blank=True)
+
+    objects = LeaseQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # acquire_next: inboxes with work, soonest first (workers, under SKIP LOCKED).
+            models.Index(
+                fields=["work_at"], condition=Q(work_at__isnull=False), name="lease_work_idx"
+            ),
+        ]
 
     def __str__(self):
         return f"{self.inbox_id}: {self.holder or '-'} gen {self.generation}"
+
+    def take(self, holder, now, ttl) -> int | None:
+        """Take or renew this (locked) lease: the generation, or None while another holds it.
+
+        Renewing keeps the generation; any takeover, even by the same holder after its lease
+        lapsed, starts a new one, so claims made under the lapsed lease can be told apart.
+        """
+        if self.is_free(now):
+            self.generation += 1
+        elif self.holder != holder:
+            return None
+        self.holder = holder
+        self.until = now + ttl
+        self.save(update_fields=["holder", "generation", "until"])
+        return self.generation
+
+    def note_work(self, at):
+        """Record that work becomes claimable at `at` (earlier work wins)."""
+        if self.work_at is None or at < self.work_at:
+            self.work_at = at
+            self.save(update_fields=["work_at"])
+
+    def recount_work(self):
+        """Recompute work_at from the inbox's pending events after a claim or finish."""
+        self.work_at = (
+            Event.objects.filter(inbox_id=self.inbox_id)
+            .pending()
+            .aggregate(first=models.Min("available_at"))["first"]
+        )
+        self.save(update_fields=["work_at"])
 
     def is_free(self, now) -> bool:
         return self.until is None or self.until < now
@@ -96,29 +148,8 @@ class EventQuerySet(models.QuerySet):
     def retries(self):
         return self.pending().filter(attempts__gt=0)
 
-    def store(self, inbox_id, source, source_id, payload, now) -> bool:
-        """Insert one event; False if (inbox, source, source_id) is already stored.
-
-        The UNIQUE constraint decides, not a prior SELECT, so two concurrent deliveries of the
-        same key store one row: on PostgreSQL the second insert waits for the first to commit
-        and then conflicts. The savepoint keeps a caller's surrounding transaction usable.
-        """
-        try:
-            with transaction.atomic(using=self.db):
-                event = self.create(
-                    inbox_id=inbox_id,
-                    source=source,
-                    source_id=source_id,
-                    payload=payload,
-                    created=now,
-                    updated=now,
-                )
-        except IntegrityError:
-            if not self.filter(inbox_id=inbox_id, source=source, source_id=source_id).exists():
-                raise
-            return False
-        event_stored.send(sender=Event, event=event, now=now)
-        return True
+    def due(self, now):
+        return self.filter(available_at__lte=now)
 
 
 class Event(models.Model):
@@ -138,6 +169,8 @@ class Event(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     claim_gen = models.PositiveBigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # Not claimed before this: the arrival time, then pushed back by each retry's backoff.
+    available_at = models.DateTimeField()
     created = models.DateTimeField()
     updated = models.DateTimeField()
 
@@ -152,9 +185,11 @@ class Event(models.Model):
             ),
         ]
         indexes = [
-            # claim_batch: the pending rows of one inbox, oldest first.
+            # claim_batch and Lease.recount_work: the pending rows of one inbox that are due.
             models.Index(
-                fields=["inbox", "id"], condition=Q(status="pending"), name="event_pending_idx"
+                fields=["inbox", "available_at", "id"],
+                condition=Q(status="pending"),
+                name="event_pending_idx",
             ),
             # claim_batch: running rows of one inbox left behind by an older generation.
             models.Index(
@@ -172,11 +207,15 @@ class Event(models.Model):
         return f"{self.source}:{self.source_id} ({self.status})"
 
 
-def claim_update(generation):
-    """The column changes that claim a row: the attempt is counted now, not at failure,
-    so an event that kills every worker still runs out of attempts."""
-    return {
-        "status": Event.Status.RUNNING,
-        "attempts": F("attempts") + 1,
-        "claim_gen": generation,
-    }
+class Session(models.Model):
+    """The agent's durable state for one inbox: what a run that ended on a deferred tool call
+    leaves for the run that resumes it. Replaced only by a fenced finish."""
+
+    inbox = models.OneToOneField(
+        Inbox, on_delete=models.CASCADE, primary_key=True, related_name="session"
+    )
+    state = models.JSONField(default=dict, blank=True)
+    updated = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self):
+        return f"session of {self.inbox_id}"

@@ -1,26 +1,100 @@
-"""The inbox's operations: ingest, acquire, claim_batch, finish.
+"""The inbox's operations: ingest, acquire, claim_batch, finish, and the lease verbs.
 
 Each takes an optional `now` (an aware datetime; omitted, the database's clock) and works on
-one inbox, named by an `Inbox`, its slug or its id. The lease row is the lock: every
-operation that decides on ownership reads it with SELECT ... FOR UPDATE (on SQLite the
-IMMEDIATE transaction already holds the database's write lock).
+one inbox, named by an `Inbox`, its slug or its id.
+
+The lease row is the inbox's lock. Every write that touches an inbox's events or what a run
+produced locks that row first (SELECT ... FOR UPDATE on PostgreSQL; on SQLite the IMMEDIATE
+transaction already holds the database's write lock), so the rows beneath it are always
+locked in the same order and two writers on one inbox can never deadlock.
 """
 
+import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 
 from . import clock
-from .models import Event, Inbox, Lease
+from .models import Event, Inbox, Lease, Session
+from .signals import event_stored
 from .validation import require_json, require_key
+
+# Idle workers LISTEN here; a stored event NOTIFYs with its inbox id (sent at commit).
+WORK_CHANNEL = "alwayson_work"
 
 # Something a run produced that must commit with its finish: called with `now` inside the
 # fenced transaction, after the fence check. Apps above inbox/ build these (outbox rows,
 # approvals, timers) so that inbox/ never imports them.
 Effect = Callable[[datetime], object]
+
+# Sources only the machinery writes, through store_event: a timer tick or an approval answer
+# ingested from outside could take the key of a real occurrence or bypass a deadline.
+RESERVED_SOURCES = frozenset({"timer", "approval"})
+
+_jitter = random.Random()
+
+
+def lease_ttl() -> timedelta:
+    return timedelta(seconds=settings.ALWAYSON_LEASE_TTL)
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """Exponential backoff with jitter before the next attempt, capped.
+
+    Half the delay is fixed and half random ("equal jitter"): retries of events that failed
+    together spread out, and none comes back sooner than half its step.
+    """
+    step = min(
+        settings.ALWAYSON_RETRY_CAP, settings.ALWAYSON_RETRY_BASE * 2 ** max(attempts - 1, 0)
+    )
+    return timedelta(seconds=step / 2 + _jitter.uniform(0, step / 2))
+
+
+def _locked_lease(inbox_id) -> Lease:
+    return Lease.objects.select_for_update().get(inbox_id=inbox_id)
+
+
+def _notify_work(inbox_id):
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [WORK_CHANNEL, str(inbox_id)])
+
+
+def store_event(inbox_id, source, source_id, payload, now) -> bool:
+    """Insert one event; False if (inbox, source, source_id) is already stored.
+
+    For callers that validated their input (ingest does). The UNIQUE constraint decides, not
+    a prior SELECT, so two concurrent deliveries of one key store one row. The savepoint keeps
+    a caller's surrounding transaction usable after the conflict.
+    """
+    with transaction.atomic():
+        lease = _locked_lease(inbox_id)
+        try:
+            with transaction.atomic():
+                event = Event.objects.create(
+                    inbox_id=inbox_id,
+                    source=source,
+                    source_id=source_id,
+                    payload=payload,
+                    available_at=now,
+                    created=now,
+                    updated=now,
+                )
+        except IntegrityError:
+            duplicate = Event.objects.filter(
+                inbox_id=inbox_id, source=source, source_id=source_id
+            ).exists()
+            if not duplicate:
+                raise
+            return False
+        lease.note_work(now)
+        _notify_work(inbox_id)
+        event_stored.send(sender=Event, event=event, now=now)
+        return True
 
 
 def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
@@ -29,67 +103,101 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     Call it after the sender's signature check, then acknowledge.
     """
     require_key("source", source)
+    if source in RESERVED_SOURCES:
+        raise ValueError(f"source {source!r} is reserved for alwayson's own timers and approvals")
     require_key("source_id", source_id)
-    require_json("payload", payload)
+    payload = require_json("payload", {} if payload is None else payload)
     inbox = Inbox.objects.resolve(inbox)
-    now = clock.resolve(now)
-    return Event.objects.store(inbox.pk, source, source_id, payload, now)
-
-
-def _locked_lease(inbox) -> Lease:
-    return Lease.objects.select_for_update().get(inbox=inbox)
+    return store_event(inbox.pk, source, source_id, payload, clock.resolve(now))
 
 
 def acquire(inbox, holder, now=None) -> int | None:
-    """Take or renew the inbox's lease: the generation, or None while another holds it.
-
-    Renewing keeps the generation; any takeover, even by the same holder after its lease
-    lapsed, starts a new one, so claims made under the lapsed lease can be told apart.
-    """
+    """Take or renew the inbox's lease: the generation, or None while another holds it."""
     require_key("holder", holder)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
-        lease = _locked_lease(inbox)
-        if lease.is_free(now):
-            lease.generation += 1
-        elif lease.holder != holder:
+        return _locked_lease(inbox.pk).take(holder, now, lease_ttl())
+
+
+def acquire_next(holder, now=None) -> tuple[int, int] | None:
+    """Take the lease of some inbox that has work and no live holder: (inbox_id, generation).
+
+    SKIP LOCKED lets many workers on many hosts look at once without queueing behind each
+    other; the row each one locks is an inbox nobody else can take in the meantime.
+    """
+    require_key("holder", holder)
+    with transaction.atomic():
+        now = clock.resolve(now)
+        lease = (
+            Lease.objects.with_work(now)
+            .select_for_update(skip_locked=True)
+            .order_by("work_at")
+            .first()
+        )
+        if lease is None:
             return None
-        lease.holder = holder
-        lease.until = now + timedelta(seconds=settings.ALWAYSON_LEASE_TTL)
-        lease.save(update_fields=["holder", "generation", "until"])
-        return lease.generation
+        return lease.inbox_id, lease.take(holder, now, lease_ttl())
+
+
+def renew(inbox, holder, generation, now=None) -> bool:
+    """Extend a live lease by one TTL; False if (holder, generation) no longer holds it."""
+    inbox_id = inbox.pk if isinstance(inbox, Inbox) else inbox
+    now = clock.resolve(now)
+    renewed = Lease.objects.filter(
+        inbox_id=inbox_id, holder=holder, generation=generation, until__gte=now
+    ).update(until=now + lease_ttl())
+    return renewed == 1
+
+
+def release(inbox, holder, generation) -> bool:
+    """Give the lease up early; a no-op (False) once somebody else's generation holds it."""
+    inbox_id = inbox.pk if isinstance(inbox, Inbox) else inbox
+    released = Lease.objects.filter(
+        inbox_id=inbox_id, holder=holder, generation=generation, until__isnull=False
+    ).update(until=None)
+    return released == 1
 
 
 def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
     """Claim the work for one run, oldest first; [] unless (holder, generation) holds the lease.
 
-    Rows left running by an older generation go back to pending: their worker lost the
-    lease. Pending rows out of attempts are parked as dead. A retried event is claimed
-    alone, so a poison event cannot take the healthy events of its first batch down with it.
+    Rows left running by an older generation go back to pending, after their backoff: their
+    worker lost the lease mid-run. Pending rows out of attempts are parked as dead. A due
+    retry is claimed alone, so a poison event cannot take healthy events down with it, and
+    healthy events are claimed while a retry waits for its backoff.
     """
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
-        if not _locked_lease(inbox).is_held_by(holder, generation, now):
+        lease = _locked_lease(inbox.pk)
+        if not lease.is_held_by(holder, generation, now):
             return []
         events = Event.objects.filter(inbox=inbox)
-        events.orphaned_by(generation).update(status=Event.Status.PENDING, updated=now)
+        for orphan in events.orphaned_by(generation):
+            orphan.status = Event.Status.PENDING
+            orphan.error = f"worker lost its lease during the run (generation {orphan.claim_gen})"
+            # The attempt started when it was claimed; its backoff runs from then.
+            orphan.available_at = orphan.updated + retry_delay(orphan.attempts)
+            orphan.updated = now
+            orphan.save(update_fields=["status", "error", "available_at", "updated"])
         max_attempts = settings.ALWAYSON_MAX_ATTEMPTS
         for dead in events.out_of_attempts(max_attempts):
             dead.status = Event.Status.DEAD
             dead.error = _dead_reason(dead.error, max_attempts)
             dead.updated = now
             dead.save(update_fields=["status", "error", "updated"])
-        retry = events.retries().order_by("id").values_list("id", flat=True).first()
-        batch = events.filter(pk=retry) if retry else events.pending()
-        ids = list(batch.values_list("id", flat=True))
+        due = events.pending().due(now)
+        retry = due.filter(attempts__gt=0).order_by("id").values_list("id", flat=True).first()
+        ids = [retry] if retry else list(due.values_list("id", flat=True))
         Event.objects.filter(pk__in=ids).update(
             status=Event.Status.RUNNING,
             attempts=F("attempts") + 1,
             claim_gen=generation,
             updated=now,
         )
+        if not ids:
+            lease.recount_work()
         return list(Event.objects.filter(pk__in=ids).order_by("id"))
 
 
@@ -111,26 +219,102 @@ def finish(
 
     Refused (False, nothing written) unless (holder, generation) still holds the lease and
     every event is still running under that generation. With `error`, the events go back to
-    pending with the error and the effects are dropped; the attempt was counted at claim.
+    pending after a backoff, with the error, and the effects are dropped; the attempt was
+    counted at claim.
     """
     event_ids = sorted(set(event_ids))
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
-        if not _locked_lease(inbox).is_held_by(holder, generation, now):
+        lease = _locked_lease(inbox.pk)
+        if not lease.is_held_by(holder, generation, now):
             return False
-        status = Event.Status.PENDING if error else Event.Status.DONE
-        finished = (
-            Event.objects.running()
-            .filter(inbox=inbox, pk__in=event_ids, claim_gen=generation)
-            .update(status=status, error=error or "", updated=now)
+        claimed = Event.objects.running().filter(
+            inbox=inbox, pk__in=event_ids, claim_gen=generation
         )
+        if error:
+            failed = list(claimed)
+            for event in failed:
+                event.status = Event.Status.PENDING
+                event.error = error
+                event.available_at = now + retry_delay(event.attempts)
+                event.updated = now
+                event.save(update_fields=["status", "error", "available_at", "updated"])
+            finished = len(failed)
+        else:
+            finished = claimed.update(status=Event.Status.DONE, error="", updated=now)
         if finished != len(event_ids):
             # A second finish of the same claim, or ids that were never claimed by this
             # generation: refuse the whole run rather than commit its effects twice.
             transaction.set_rollback(True)
             return False
+        lease.recount_work()
         if not error:
             for effect in effects:
                 effect(now)
         return True
+
+
+@dataclass(frozen=True)
+class SaveState:
+    """The run's session state as an effect: replaced only when the run's finish commits."""
+
+    inbox_id: int
+    state: dict
+
+    def __call__(self, now):
+        require_json("state", self.state)
+        Session.objects.update_or_create(
+            inbox_id=self.inbox_id, defaults={"state": self.state, "updated": now}
+        )
+
+
+def requeue(event_ids: Iterable[int], now=None) -> int:
+    """Put dead events back to pending with their attempts reset; the number requeued."""
+    now = clock.resolve(now)
+    event_ids = list(event_ids)
+    requeued = 0
+    by_inbox = {}
+    for pk, inbox_id in Event.objects.dead().filter(pk__in=event_ids).values_list("pk", "inbox_id"):
+        by_inbox.setdefault(inbox_id, []).append(pk)
+    for inbox_id, ids in sorted(by_inbox.items()):
+        with transaction.atomic():
+            lease = _locked_lease(inbox_id)
+            count = (
+                Event.objects.dead()
+                .filter(pk__in=ids)
+                .update(
+                    status=Event.Status.PENDING,
+                    attempts=0,
+                    claim_gen=None,
+                    error="",
+                    available_at=now,
+                    updated=now,
+                )
+            )
+            if count:
+                lease.note_work(now)
+                _notify_work(inbox_id)
+            requeued += count
+    return requeued
+
+
+def mark_dead(event_ids: Iterable[int], reason: str, now=None) -> int:
+    """Park pending events as dead by hand (an operator's decision); the number parked."""
+    require_key("reason", reason)
+    now = clock.resolve(now)
+    event_ids = list(event_ids)
+    parked = 0
+    inbox_ids = set(
+        Event.objects.pending().filter(pk__in=event_ids).values_list("inbox_id", flat=True)
+    )
+    for inbox_id in sorted(inbox_ids):
+        with transaction.atomic():
+            lease = _locked_lease(inbox_id)
+            parked += (
+                Event.objects.pending()
+                .filter(inbox_id=inbox_id, pk__in=event_ids)
+                .update(status=Event.Status.DEAD, error=reason, updated=now)
+            )
+            lease.recount_work()
+    return parked

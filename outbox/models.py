@@ -23,6 +23,8 @@ class OutboxMessage(models.Model):
 
     inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="outbox")
     body = models.TextField()
+    # Urgent messages bypass the gap, and take whatever is held along with them.
+    urgent = models.BooleanField(default=False)
     created = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
 

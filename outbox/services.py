@@ -21,13 +21,16 @@ class Say:
 
     inbox_id: int
     body: str
+    urgent: bool = False
 
     def __post_init__(self):
         if not isinstance(self.body, str) or not self.body.strip():
             raise ValueError(f"body must be a non-empty string, not {self.body!r}")
 
     def __call__(self, now):
-        return OutboxMessage.objects.create(inbox_id=self.inbox_id, body=self.body, created=now)
+        return OutboxMessage.objects.create(
+            inbox_id=self.inbox_id, body=self.body, urgent=self.urgent, created=now
+        )
 
 
 def dispatch(send: Send, now=None) -> int:
@@ -43,7 +46,8 @@ def dispatch(send: Send, now=None) -> int:
 
 
 def dispatch_inbox(inbox, send: Send, now=None) -> int:
-    """One inbox's turn: merge the held messages, in order, into one send if the gap allows.
+    """One inbox's turn: merge the held messages, in order, into one send if the gap allows
+    (or one of them is urgent).
 
     The send happens inside the transaction, under the inbox's row lock, and the rows are
     marked sent after it: two dispatchers can't both send the same rows, and a crash after
@@ -63,11 +67,12 @@ def dispatch_inbox(inbox, send: Send, now=None) -> int:
         if locked is None:
             return 0  # another dispatcher has this inbox right now
         messages = OutboxMessage.objects.filter(inbox=locked)
-        last = messages.last_sent_at()
-        if last is not None and now - last < timedelta(seconds=settings.ALWAYSON_OUTBOX_GAP):
-            return 0
         held = list(messages.held().order_by("id"))
         if not held:
+            return 0
+        last = messages.last_sent_at()
+        gap = timedelta(seconds=settings.ALWAYSON_OUTBOX_GAP)
+        if last is not None and now - last < gap and not any(m.urgent for m in held):
             return 0
         send(locked, "\n\n".join(message.body for message in held))
         OutboxMessage.objects.filter(pk__in=[m.pk for m in held]).update(sent_at=now)

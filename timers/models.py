@@ -4,7 +4,8 @@ from django.db import models
 from django.db.models import Q
 
 from inbox import clock
-from inbox.models import Event, Inbox
+from inbox.models import Inbox
+from inbox.services import store_event
 
 
 class TimerQuerySet(models.QuerySet):
@@ -68,7 +69,7 @@ class Timer(models.Model):
             late_by=int((now - occurrence).total_seconds()),
             skipped=skipped,
         )
-        stored = Event.objects.store(
+        stored = store_event(
             self.inbox_id,
             self.event_source or "timer",
             self.event_id or f"{self.key}@{clock.occurrence_label(occurrence)}",

@@ -1,0 +1,44 @@
+import logging
+
+from django.core.management.base import CommandError
+
+from alwayson.management.loop import LoopCommand
+from alwayson.worker import WorkerPool, default_worker_id
+
+log = logging.getLogger("alwayson.worker")
+
+
+class Command(LoopCommand):
+    help = "Run the agent for inboxes with work: acquire, claim, run, finish, release."
+    role = "alwayson-worker"
+
+    def add_arguments(self, parser):
+        super().add_arguments(parser)
+        parser.add_argument(
+            "--concurrency", type=int, default=1, help="slots (threads) per process"
+        )
+        parser.add_argument("--max-runs", type=int, default=None, help="exit after this many runs")
+        parser.add_argument("--agent", default=None, help="dotted path; default ALWAYSON_AGENT")
+
+    def handle(
+        self, *args, once, interval, worker_id, concurrency, max_runs, agent, verbosity, **kw
+    ):
+        from alwayson.runtime import load_agent
+
+        worker_id = worker_id or default_worker_id()
+        self.configure(verbosity, worker_id)
+        try:
+            pool = WorkerPool(
+                worker_id=worker_id,
+                agent=load_agent(agent),
+                concurrency=concurrency,
+                interval=interval,
+                once=once,
+                max_runs=max_runs,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.install_signals(pool.request_stop)
+        log.info("worker %s: %s slot(s), interval %.2fs", worker_id, concurrency, interval)
+        runs = pool.run()
+        log.info("worker %s: stopped after %s run(s)", worker_id, runs)

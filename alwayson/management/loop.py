@@ -1,0 +1,56 @@
+"""What every loop command shares: flags, logging by verbosity, process name, signals."""
+
+import logging
+import os
+import signal
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+class LoopCommand(BaseCommand):
+    """Base for runworker, runscheduler and rundispatcher."""
+
+    #: the process's role, shown in pg_stat_activity.application_name
+    role = "alwayson"
+    default_interval = 1.0
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="drain what is due, then exit")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=self.default_interval,
+            help=f"seconds to sleep when idle (default {self.default_interval})",
+        )
+        parser.add_argument(
+            "--worker-id", default=None, help="this process's name (default host:pid)"
+        )
+
+    def check_positive(self, name, value):
+        if value is not None and value <= 0:
+            raise CommandError(f"--{name} must be positive, not {value}")
+
+    def configure(self, verbosity, worker_id):
+        logging.getLogger("alwayson").setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+        db = connections.settings["default"]
+        if db["ENGINE"].endswith("postgresql"):
+            # Set before any connection opens: every thread's connection copies it.
+            db.setdefault("OPTIONS", {})["application_name"] = f"{self.role} {worker_id}"[:63]
+        connections["default"].close()
+
+    def install_signals(self, stop):
+        """First SIGTERM/SIGINT: stop taking work and let the runs in flight finish.
+        Second: exit at once (leases then lapse on their own)."""
+        received = []
+
+        def handle(signum, frame):
+            received.append(signum)
+            if len(received) > 1:
+                os._exit(128 + signum)
+            stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)

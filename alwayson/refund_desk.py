@@ -1,0 +1,75 @@
+"""The example agent: a refund desk. No model call; the shape is what a real agent keeps.
+
+- A chat message "refund order 881" asks the owner for approval `refund-881` (4 hours).
+- The answer comes back as an event: "yes" refunds through the payments tool under an
+  idempotency key and says so; "no" and "expired" say nothing was refunded, and why.
+- The daily digest timer sums up the last day, dead events included: a poison event nobody
+  sees looks like an agent that went quiet.
+"""
+
+import re
+from datetime import timedelta
+
+from inbox.models import Event
+
+from . import payments
+
+APPROVAL_WINDOW = timedelta(hours=4)
+DIGEST_EVERY = 24 * 3600
+REFUND_REQUEST = re.compile(r"\brefund\s+order\s+#?(\d+)\b", re.IGNORECASE)
+
+NOT_REFUNDED = {
+    "no": "Did not refund order {order}: the request was denied.",
+    "expired": "Did not refund order {order}: nobody approved it in time.",
+}
+
+
+def agent(run):
+    for event in run.events:
+        handler = HANDLERS.get(event.source)
+        if handler:
+            handler(run, event)
+
+
+def on_chat(run, event):
+    match = REFUND_REQUEST.search(str(event.payload.get("text", "")))
+    if not match:
+        return  # nothing to do: the run ends without a message
+    order = match.group(1)
+    request_id = f"refund-{order}"
+    run.ask(request_id, f"refund order {order}", APPROVAL_WINDOW)
+    run.state.setdefault("awaiting", {})[request_id] = order
+    run.say(f"Refund order {order}? Waiting for your approval of {request_id}.", urgent=True)
+
+
+def on_approval(run, event):
+    request_id = event.source_id
+    order = run.state.get("awaiting", {}).pop(request_id, None) or request_id.split("-", 1)[-1]
+    answer = event.payload.get("answer")
+    if answer == "yes":
+        payments.refund(order, idempotency_key=run.key("refund", event))
+        run.say(f"Refunded order {order}", urgent=True)
+    else:
+        run.say(NOT_REFUNDED.get(answer, NOT_REFUNDED["no"]).format(order=order), urgent=True)
+
+
+def on_timer(run, event):
+    if event.payload.get("task") != "daily digest":
+        return
+    since = event.created - timedelta(days=1)
+    recent = Event.objects.filter(inbox=run.inbox, created__gte=since).exclude(pk=event.pk)
+    done = recent.filter(status=Event.Status.DONE).count()
+    dead = list(recent.filter(status=Event.Status.DEAD).order_by("id"))
+    lines = [f"Daily digest: {done} event(s) handled, {len(dead)} dead."]
+    lines += [f"- dead: {e.source}:{e.source_id} ({e.error})" for e in dead]
+    run.say("\n".join(lines))
+
+
+HANDLERS = {"chat": on_chat, "approval": on_approval, "timer": on_timer}
+
+
+def install(inbox, first_digest_at):
+    """Register the refund desk's daily digest for an inbox."""
+    from timers.services import add_timer
+
+    return add_timer(inbox, "digest", first_digest_at, {"task": "daily digest"}, every=DIGEST_EVERY)

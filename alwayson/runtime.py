@@ -1,0 +1,121 @@
+"""The interface an agent is written against: one Run per claimed batch of one inbox.
+
+An agent is a callable `agent(run)`, named by the ALWAYSON_AGENT setting. It reads
+`run.events` and `run.state`, and acts through the verbs below. Nothing a verb records is
+written until the run's fenced finish commits it; a run that raises, or loses its lease,
+leaves no trace but the attempt it was counted at claim.
+
+The three ways a run ends (the article's): a message goes out (`say`), nothing goes out,
+or a deferred tool call asks the user (`ask`).
+"""
+
+import copy
+import hashlib
+import threading
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from approvals.services import Ask
+from inbox.models import Event, Inbox
+from inbox.services import SaveState, renew
+from outbox.services import Say
+from timers.services import Schedule
+
+
+class LeaseLost(Exception):
+    """The run was fenced off: its lease lapsed and another worker may own the inbox now.
+    Stop before doing more; the finish of this run would be refused anyway."""
+
+
+class Run:
+    def __init__(self, inbox: Inbox, holder: str, generation: int, events: list[Event], state):
+        self.inbox = inbox
+        self.holder = holder
+        self.generation = generation
+        self.events = list(events)
+        # The agent may mutate or replace it; the finish saves whatever it is then.
+        self.state = copy.deepcopy(state) if state is not None else {}
+        self._effects = []
+        self._lost = threading.Event()
+        self.said = 0
+        self.asked = 0
+
+    def __repr__(self):
+        return f"<Run {self.inbox.slug} gen {self.generation} events {len(self.events)}>"
+
+    # --- verbs ----------------------------------------------------------------------------
+
+    def say(self, text: str, urgent: bool = False):
+        """An outbox message. Urgent ones go out at once, past the gap."""
+        self._effects.append(Say(self.inbox.pk, text, urgent=bool(urgent)))
+        self.said += 1
+
+    def ask(self, request_id: str, action: str, expires_in):
+        """A deferred approval: its answer or expiry comes back as ("approval", request_id)."""
+        self._effects.append(Ask(self.inbox.pk, request_id, action, expires_in))
+        self.asked += 1
+
+    def schedule(
+        self,
+        key: str,
+        due: datetime | None = None,
+        *,
+        delay: timedelta | float | None = None,
+        every: int | None = None,
+        payload: dict | None = None,
+    ):
+        """A one-off or recurring timer, at `due` or `delay` after the run finishes."""
+        self._effects.append(
+            Schedule(self.inbox.pk, key, due=due, delay=delay, every=every, payload=payload or {})
+        )
+
+    def key(self, name: str, event: Event | None = None) -> str:
+        """An idempotency key for an external call, the same on every retry.
+
+        Derived from the events, never from the attempt or the generation, so a retry after
+        a takeover passes the same key and the receiving system can refuse the repeat. Pass
+        the `event` the call is about: a retried event is claimed alone, and a key from one
+        event survives that re-batching, where a key from the whole batch would not.
+        """
+        events = [event] if event is not None else self.events
+        basis = "\n".join(
+            [str(self.inbox.pk), name, *sorted(f"{e.source}\x1f{e.source_id}" for e in events)]
+        )
+        return f"{name}-{hashlib.sha256(basis.encode()).hexdigest()[:32]}"
+
+    def renew(self):
+        """Renew the lease between steps; LeaseLost if this run has been fenced off."""
+        if self._lost.is_set() or not renew(self.inbox.pk, self.holder, self.generation):
+            self._lost.set()
+            raise LeaseLost(f"lease of {self.inbox.slug} lost (generation {self.generation})")
+
+    # --- for the worker -------------------------------------------------------------------
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def mark_lost(self):
+        self._lost.set()
+
+    @property
+    def outcome(self) -> str:
+        if self.asked:
+            return f"asked {self.asked}" + (f", said {self.said}" if self.said else "")
+        return f"said {self.said}" if self.said else "quiet"
+
+    def effects(self) -> list:
+        return [*self._effects, SaveState(self.inbox.pk, self.state)]
+
+
+def load_agent(path: str | None = None):
+    path = path or settings.ALWAYSON_AGENT
+    try:
+        agent = import_string(path)
+    except ImportError as exc:
+        raise ValueError(f"ALWAYSON_AGENT: cannot import {path!r}: {exc}") from None
+    if not callable(agent):
+        raise ValueError(f"ALWAYSON_AGENT: {path!r} is not callable")
+    return agent

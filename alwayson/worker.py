@@ -1,0 +1,286 @@
+"""The worker: take an inbox with work, claim, run the agent, finish, release.
+
+`Worker.step()` is one unit of work and says whether there was any; tests call it directly.
+`WorkerPool` is the loop around it that `runworker` starts: N slots (threads), a heartbeat
+that renews the leases of running runs, a LISTEN connection on PostgreSQL that wakes idle
+slots, and the signal handling.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from django.db import DatabaseError, close_old_connections, connection, connections
+
+from inbox.models import Inbox, Session
+from inbox.services import (
+    WORK_CHANNEL,
+    acquire_next,
+    claim_batch,
+    finish,
+    lease_ttl,
+    release,
+    renew,
+)
+
+from .runtime import LeaseLost, Run, load_agent
+
+log = logging.getLogger("alwayson.worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Heartbeat:
+    """Renews the lease of every run in progress, several times per TTL.
+
+    A run whose renewal fails is marked lost: its own `renew()` raises LeaseLost, and its
+    finish will be refused. Four beats per TTL, so one slow or missed beat never costs a
+    healthy run its lease.
+    """
+
+    def __init__(self):
+        self.interval = lease_ttl().total_seconds() / 4
+        self._runs: set[Run] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        """After the last run has finished: a stopping pool still beats for runs in flight."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def track(self, run: Run):
+        with self._lock:
+            self._runs.add(run)
+
+    def untrack(self, run: Run):
+        with self._lock:
+            self._runs.discard(run)
+
+    def beat(self):
+        with self._lock:
+            runs = list(self._runs)
+        for run in runs:
+            if run.lost:
+                continue
+            try:
+                if not renew(run.inbox.pk, run.holder, run.generation):
+                    log.warning("lease lost: inbox=%s gen=%s", run.inbox.slug, run.generation)
+                    run.mark_lost()
+            except DatabaseError:
+                log.warning("heartbeat could not reach the database", exc_info=True)
+
+    def _loop(self):
+        try:
+            while not self._stop.wait(self.interval):
+                close_old_connections()
+                self.beat()
+        finally:
+            connection.close()
+
+
+@dataclass
+class StepResult:
+    inbox: str
+    generation: int
+    events: int
+    outcome: str
+    seconds: float
+
+
+class Worker:
+    def __init__(
+        self, worker_id: str | None = None, agent=None, heartbeat: Heartbeat | None = None
+    ):
+        self.worker_id = worker_id or default_worker_id()
+        self.agent = agent or load_agent()
+        self.heartbeat = heartbeat
+
+    def step(self) -> StepResult | None:
+        """One run of one inbox, or None when no inbox has claimable work and a free lease."""
+        taken = acquire_next(self.worker_id)
+        if taken is None:
+            return None
+        inbox_id, generation = taken
+        try:
+            return self._run(inbox_id, generation)
+        finally:
+            # Free the inbox at once rather than at TTL: more work may be waiting in it.
+            release(inbox_id, self.worker_id, generation)
+
+    def _run(self, inbox_id, generation) -> StepResult:
+        started = time.monotonic()
+        holder = self.worker_id
+        events = claim_batch(inbox_id, holder, generation)
+        inbox = Inbox.objects.get(pk=inbox_id)
+        if not events:
+            return self._result(inbox, generation, 0, "nothing claimable", started)
+        state = Session.objects.filter(inbox_id=inbox_id).values_list("state", flat=True).first()
+        run = Run(inbox, holder, generation, events, state)
+        ids = [event.pk for event in events]
+        error = None
+        if self.heartbeat:
+            self.heartbeat.track(run)
+        try:
+            self.agent(run)
+        except LeaseLost:
+            return self._result(inbox, generation, len(ids), "fenced", started)
+        except Exception as exc:
+            error = _describe(exc)
+            log.warning("agent failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
+        finally:
+            if self.heartbeat:
+                self.heartbeat.untrack(run)
+        try:
+            finished = finish(inbox_id, holder, generation, ids, run.effects(), error=error)
+        except Exception as exc:
+            # What the run produced could not be committed (a bad effect): record why on the
+            # events instead, so the failure counts toward their attempts and shows in admin.
+            error = f"finish failed: {_describe(exc)}"
+            log.warning("finish failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
+            finished = finish(inbox_id, holder, generation, ids, error=error)
+        if not finished:
+            outcome = "refused"
+        elif error:
+            outcome = f"error: {error.splitlines()[-1]}"
+        else:
+            outcome = run.outcome
+        return self._result(inbox, generation, len(ids), outcome, started)
+
+    def _result(self, inbox, generation, count, outcome, started):
+        result = StepResult(inbox.slug, generation, count, outcome, time.monotonic() - started)
+        log.info(
+            "run inbox=%s gen=%s events=%s outcome=%s duration=%.3fs",
+            result.inbox,
+            result.generation,
+            result.events,
+            result.outcome,
+            result.seconds,
+        )
+        return result
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=-3)).strip()
+
+
+class WorkerPool:
+    """`runworker`'s loop: slots that drain, then sleep until woken or the interval passes."""
+
+    #: seconds to wait before retrying after the database was unreachable, doubling, capped.
+    OUTAGE_BACKOFF = (0.5, 30.0)
+
+    def __init__(
+        self, worker_id=None, agent=None, concurrency=1, interval=1.0, once=False, max_runs=None
+    ):
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if interval <= 0:
+            raise ValueError(f"interval must be positive, not {interval}")
+        if max_runs is not None and max_runs < 1:
+            raise ValueError(f"max_runs must be at least 1, not {max_runs}")
+        self.stop = threading.Event()
+        self.heartbeat = Heartbeat()
+        self.worker = Worker(worker_id, agent, self.heartbeat)
+        self.concurrency = concurrency
+        self.interval = interval
+        self.once = once
+        self.max_runs = max_runs
+        self.runs = 0
+        self._runs_lock = threading.Lock()
+        self._wake = threading.Condition()
+
+    @property
+    def worker_id(self):
+        return self.worker.worker_id
+
+    def wake(self):
+        with self._wake:
+            self._wake.notify_all()
+
+    def request_stop(self):
+        self.stop.set()
+        self.wake()
+
+    def _count_run(self) -> bool:
+        """Count a finished run; True when --max-runs is reached."""
+        with self._runs_lock:
+            self.runs += 1
+            return self.max_runs is not None and self.runs >= self.max_runs
+
+    def slot(self):
+        backoff = self.OUTAGE_BACKOFF[0]
+        try:
+            while not self.stop.is_set():
+                close_old_connections()
+                try:
+                    result = self.worker.step()
+                except DatabaseError:
+                    log.warning("database unavailable; retrying in %.1fs", backoff, exc_info=True)
+                    connection.close()
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, self.OUTAGE_BACKOFF[1])
+                    continue
+                backoff = self.OUTAGE_BACKOFF[0]
+                if result is not None:
+                    if self._count_run():
+                        self.request_stop()
+                    continue
+                if self.once:
+                    return
+                with self._wake:
+                    self._wake.wait(self.interval)
+        finally:
+            connection.close()
+
+    def listen(self):
+        """Wake idle slots on NOTIFY (PostgreSQL). Polling stays the fallback: a missed
+        notification costs at most one interval."""
+        import psycopg
+
+        params = connections["default"].get_connection_params()
+        keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
+        conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}
+        backoff = self.OUTAGE_BACKOFF[0]
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(autocommit=True, **conninfo) as conn:
+                    conn.execute(f"LISTEN {WORK_CHANNEL}")
+                    backoff = self.OUTAGE_BACKOFF[0]
+                    self.wake()  # anything that arrived while we were not listening
+                    while not self.stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self.wake()
+            except psycopg.Error:
+                log.warning("LISTEN connection lost; retrying in %.1fs", backoff, exc_info=True)
+                self.stop.wait(backoff)
+                backoff = min(backoff * 2, self.OUTAGE_BACKOFF[1])
+
+    def run(self):
+        """Run the slots until they drain (--once), --max-runs is reached, or a stop."""
+        self.heartbeat.start()
+        threads = [
+            threading.Thread(target=self.slot, name=f"slot-{n}") for n in range(self.concurrency)
+        ]
+        if connection.vendor == "postgresql" and not self.once:
+            threading.Thread(target=self.listen, name="listen", daemon=True).start()
+        connection.close()  # each thread opens its own
+        for thread in threads:
+            thread.start()
+        # Join in short ticks: the main thread must stay free to take signals.
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=0.2)
+        self.stop.set()
+        self.heartbeat.stop()
+        return self.runs
