@@ -157,5 +157,26 @@ ALWAYSON_OUTBOX_GAP = positive_int("ALWAYSON_OUTBOX_GAP", 3600)
 # Backoff before a failed event's next attempt: base * 2^(attempts-1) seconds, capped, jittered.
 ALWAYSON_RETRY_BASE = positive_int("ALWAYSON_RETRY_BASE", 10)
 ALWAYSON_RETRY_CAP = positive_int("ALWAYSON_RETRY_CAP", 3600)
+# Failed sends of one inbox before its held messages are parked as failed.
+ALWAYSON_OUTBOX_MAX_ATTEMPTS = positive_int("ALWAYSON_OUTBOX_MAX_ATTEMPTS", 5)
+# Seconds the webhook channel waits for the receiver.
+ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT = positive_int("ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT", 10)
+
+# Email: EMAIL_URL picks the backend (consolemail:// by default, smtp://user:pass@host:25,
+# smtp+tls://...); Django's email framework does the sending.
+try:
+    _email = env.email_url("EMAIL_URL", default="consolemail://")
+except (KeyError, ValueError) as exc:
+    raise ImproperlyConfigured(f"EMAIL_URL is not a usable email URL: {exc}") from None
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_HOST = _email.get("EMAIL_HOST") or "localhost"
+EMAIL_PORT = _email.get("EMAIL_PORT") or 25
+EMAIL_HOST_USER = _email.get("EMAIL_HOST_USER") or ""
+EMAIL_HOST_PASSWORD = _email.get("EMAIL_HOST_PASSWORD") or ""
+EMAIL_USE_TLS = bool(_email.get("EMAIL_USE_TLS"))
+EMAIL_USE_SSL = bool(_email.get("EMAIL_USE_SSL"))
+EMAIL_TIMEOUT = positive_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="alwayson@localhost")
+
 # The agent the worker runs: a callable taking a Run (alwayson/runtime.py).
 ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.refund_desk.agent")

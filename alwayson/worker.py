@@ -27,6 +27,7 @@ from inbox.services import (
     renew,
 )
 
+from .management.loop import OUTAGE_BACKOFF
 from .runtime import LeaseLost, Run, load_agent
 
 log = logging.getLogger("alwayson.worker")
@@ -177,9 +178,6 @@ def _describe(exc: BaseException) -> str:
 class WorkerPool:
     """`runworker`'s loop: slots that drain, then sleep until woken or the interval passes."""
 
-    #: seconds to wait before retrying after the database was unreachable, doubling, capped.
-    OUTAGE_BACKOFF = (0.5, 30.0)
-
     def __init__(
         self, worker_id=None, agent=None, concurrency=1, interval=1.0, once=False, max_runs=None
     ):
@@ -219,7 +217,7 @@ class WorkerPool:
             return self.max_runs is not None and self.runs >= self.max_runs
 
     def slot(self):
-        backoff = self.OUTAGE_BACKOFF[0]
+        backoff = OUTAGE_BACKOFF[0]
         try:
             while not self.stop.is_set():
                 close_old_connections()
@@ -229,9 +227,9 @@ class WorkerPool:
                     log.warning("database unavailable; retrying in %.1fs", backoff, exc_info=True)
                     connection.close()
                     self.stop.wait(backoff)
-                    backoff = min(backoff * 2, self.OUTAGE_BACKOFF[1])
+                    backoff = min(backoff * 2, OUTAGE_BACKOFF[1])
                     continue
-                backoff = self.OUTAGE_BACKOFF[0]
+                backoff = OUTAGE_BACKOFF[0]
                 if result is not None:
                     if self._count_run():
                         self.request_stop()
@@ -251,12 +249,12 @@ class WorkerPool:
         params = connections["default"].get_connection_params()
         keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
         conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}
-        backoff = self.OUTAGE_BACKOFF[0]
+        backoff = OUTAGE_BACKOFF[0]
         while not self.stop.is_set():
             try:
                 with psycopg.connect(autocommit=True, **conninfo) as conn:
                     conn.execute(f"LISTEN {WORK_CHANNEL}")
-                    backoff = self.OUTAGE_BACKOFF[0]
+                    backoff = OUTAGE_BACKOFF[0]
                     self.wake()  # anything that arrived while we were not listening
                     while not self.stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
@@ -264,7 +262,7 @@ class WorkerPool:
             except psycopg.Error:
                 log.warning("LISTEN connection lost; retrying in %.1fs", backoff, exc_info=True)
                 self.stop.wait(backoff)
-                backoff = min(backoff * 2, self.OUTAGE_BACKOFF[1])
+                backoff = min(backoff * 2, OUTAGE_BACKOFF[1])
 
     def run(self):
         """Run the slots until they drain (--once), --max-runs is reached, or a stop."""

@@ -1,3 +1,6 @@
+from datetime import timedelta
+
+from django.conf import settings
 from django.db import models
 from django.db.models import Max, Q
 
@@ -6,10 +9,13 @@ from inbox.models import Inbox
 
 class OutboxQuerySet(models.QuerySet):
     def held(self):
-        return self.filter(sent_at__isnull=True)
+        return self.filter(status=OutboxMessage.Status.HELD)
 
     def sent(self):
-        return self.filter(sent_at__isnull=False)
+        return self.filter(status=OutboxMessage.Status.SENT)
+
+    def failed(self):
+        return self.filter(status=OutboxMessage.Status.FAILED)
 
     def last_sent_at(self):
         return self.sent().aggregate(last=Max("sent_at"))["last"]
@@ -21,12 +27,20 @@ class OutboxQuerySet(models.QuerySet):
 class OutboxMessage(models.Model):
     """Something the agent wants to tell its owner, held until the dispatcher's gap allows."""
 
+    class Status(models.TextChoices):
+        HELD = "held"
+        SENT = "sent"
+        FAILED = "failed"
+
     inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="outbox")
     body = models.TextField()
     # Urgent messages bypass the gap, and take whatever is held along with them.
     urgent = models.BooleanField(default=False)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.HELD)
     created = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
 
     objects = OutboxQuerySet.as_manager()
 
@@ -35,11 +49,66 @@ class OutboxMessage(models.Model):
         indexes = [
             # dispatch: the held messages of one inbox in order, and which inboxes have any.
             models.Index(
-                fields=["inbox", "id"], condition=Q(sent_at__isnull=True), name="outbox_held_idx"
+                fields=["inbox", "id"], condition=Q(status="held"), name="outbox_held_idx"
             ),
-            # dispatch: the last send of one inbox, for the gap.
+            # last_sent_at for one inbox; the inbox page's newest-first list.
             models.Index(fields=["inbox", "sent_at"], name="outbox_sent_idx"),
+            # deadletters and the admin: messages parked after failed sends.
+            models.Index(
+                fields=["inbox", "id"], condition=Q(status="failed"), name="outbox_failed_idx"
+            ),
         ]
 
     def __str__(self):
         return f"{self.inbox_id}#{self.pk}: {self.body[:40]}"
+
+
+class Channel(models.Model):
+    """How and how often one inbox's outbox reaches its owner. The dispatcher locks this row
+    while it decides and (at-least-once) sends, so one inbox is served by one dispatcher."""
+
+    class Kind(models.TextChoices):
+        EMAIL = "email"
+        WEBHOOK = "webhook"
+
+    class Mode(models.TextChoices):
+        # Send inside the transaction, mark sent after: a crash in between sends again.
+        AT_LEAST_ONCE = "at_least_once", "at least once"
+        # Mark sent and commit, then send: a crash in between loses the message.
+        AT_MOST_ONCE = "at_most_once", "at most once"
+
+    inbox = models.OneToOneField(
+        Inbox, on_delete=models.CASCADE, primary_key=True, related_name="channel"
+    )
+    kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.EMAIL)
+    email = models.EmailField(blank=True, help_text="default: the inbox owner's address")
+    url = models.URLField(blank=True, help_text="webhook channel: where to POST")
+    mode = models.CharField(max_length=15, choices=Mode.choices, default=Mode.AT_LEAST_ONCE)
+    gap = models.PositiveIntegerField(
+        null=True, blank=True, help_text="seconds between sends; default ALWAYSON_OUTBOX_GAP"
+    )
+    # Dispatcher-owned.
+    failures = models.PositiveIntegerField(default=0)
+    retry_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(kind="webhook") | ~Q(url=""), name="channel_webhook_needs_url"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.inbox_id}: {self.kind}"
+
+    @property
+    def gap_seconds(self) -> int:
+        return self.gap if self.gap is not None else settings.ALWAYSON_OUTBOX_GAP
+
+    def waits_for_gap(self, now) -> bool:
+        last = OutboxMessage.objects.filter(inbox_id=self.inbox_id).last_sent_at()
+        return last is not None and now - last < timedelta(seconds=self.gap_seconds)
+
+    def backing_off(self, now) -> bool:
+        return self.retry_at is not None and now < self.retry_at

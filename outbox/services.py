@@ -1,18 +1,24 @@
 """The paced outbox: queue messages with a run, dispatch them at most once per gap."""
 
+import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 
 from inbox import clock
 from inbox.models import Inbox
+from inbox.services import retry_delay
 
-from .models import OutboxMessage
+from .channels import SendFailed, sender_for
+from .models import Channel, OutboxMessage
 
-Send = Callable[[Inbox, str], object]
+log = logging.getLogger("alwayson.outbox")
+
+Send = Callable[["Delivery"], object]
 
 
 @dataclass(frozen=True)
@@ -33,11 +39,27 @@ class Say:
         )
 
 
-def dispatch(send: Send, now=None) -> int:
-    """Send each inbox's held messages as one, at most once per ALWAYSON_OUTBOX_GAP per inbox.
+@dataclass(frozen=True)
+class Delivery:
+    """One merged send: the held messages of one inbox, in order, under one stable key."""
 
-    Returns the number of messages sent.
-    """
+    inbox: Inbox
+    messages: list
+
+    @property
+    def body(self) -> str:
+        return "\n\n".join(message.body for message in self.messages)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for the same rows, so a receiver can recognise a repeat after a crash."""
+        ids = ",".join(str(message.pk) for message in self.messages)
+        return hashlib.sha256(f"{self.inbox.pk}:{ids}".encode()).hexdigest()[:32]
+
+
+def dispatch(send: Send | None = None, now=None) -> int:
+    """Send each inbox's held messages as one, at most once per gap per inbox; the number
+    of messages sent. `send(delivery)` overrides every inbox's channel (tests, scripts)."""
     now = clock.resolve(now)
     return sum(
         dispatch_inbox(inbox_id, send, now)
@@ -45,35 +67,87 @@ def dispatch(send: Send, now=None) -> int:
     )
 
 
-def dispatch_inbox(inbox, send: Send, now=None) -> int:
+def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     """One inbox's turn: merge the held messages, in order, into one send if the gap allows
-    (or one of them is urgent).
+    (or one of them is urgent) and the channel is not backing off after a failure.
 
-    The send happens inside the transaction, under the inbox's row lock, and the rows are
-    marked sent after it: two dispatchers can't both send the same rows, and a crash after
-    send() and before COMMIT sends them again (at-least-once; the receiver dedupes, or a
-    repeat must be harmless). Holding the lock across the send is what the rule requires.
+    At least once (the default): the send happens inside the transaction, under the
+    channel's row lock, and the rows are marked sent after it. Two dispatchers can't both
+    send the same rows, and a crash after send() and before COMMIT sends them again: the
+    receiver dedupes on the idempotency key. Holding the lock across the send is what the
+    rule requires. At most once: the rows are marked sent and committed first, then sent
+    outside any lock; a crash in between loses them.
     """
     inbox_id = inbox.pk if isinstance(inbox, Inbox) else inbox
+    Channel.objects.get_or_create(inbox_id=inbox_id)
     with transaction.atomic():
         now = clock.resolve(now)
-        # NO KEY UPDATE: new events and outbox rows for this inbox (which take KEY SHARE
-        # locks on it through their foreign key) are not blocked while a send is under way.
-        locked = (
-            Inbox.objects.select_for_update(skip_locked=True, no_key=True)
+        channel = (
+            Channel.objects.select_for_update(skip_locked=True)
+            .select_related("inbox__owner")
             .filter(pk=inbox_id)
             .first()
         )
-        if locked is None:
+        if channel is None:
             return 0  # another dispatcher has this inbox right now
-        messages = OutboxMessage.objects.filter(inbox=locked)
-        held = list(messages.held().order_by("id"))
-        if not held:
+        held = list(OutboxMessage.objects.filter(inbox_id=inbox_id).held().order_by("id"))
+        if not held or channel.backing_off(now):
             return 0
-        last = messages.last_sent_at()
-        gap = timedelta(seconds=settings.ALWAYSON_OUTBOX_GAP)
-        if last is not None and now - last < gap and not any(m.urgent for m in held):
+        if channel.waits_for_gap(now) and not any(message.urgent for message in held):
             return 0
-        send(locked, "\n\n".join(message.body for message in held))
-        OutboxMessage.objects.filter(pk__in=[m.pk for m in held]).update(sent_at=now)
-        return len(held)
+        delivery = Delivery(channel.inbox, held)
+        deliver = send or sender_for(channel)
+        if channel.mode == Channel.Mode.AT_MOST_ONCE:
+            _mark_sent(channel, held, now)
+        else:
+            try:
+                deliver(delivery)
+            except SendFailed as exc:
+                _record_failure(channel, held, str(exc), now)
+                return 0
+            _mark_sent(channel, held, now)
+            return len(held)
+    try:
+        deliver(delivery)
+    except SendFailed as exc:
+        # At most once: the rows were given up when they were marked sent; say why.
+        OutboxMessage.objects.filter(pk__in=[m.pk for m in held]).update(
+            status=OutboxMessage.Status.FAILED, error=str(exc)
+        )
+        log.warning("at-most-once send failed, not retried: inbox=%s: %s", inbox_id, exc)
+        return 0
+    return len(held)
+
+
+def _mark_sent(channel, held, now):
+    OutboxMessage.objects.filter(pk__in=[m.pk for m in held]).update(
+        status=OutboxMessage.Status.SENT, sent_at=now, error=""
+    )
+    if channel.failures or channel.retry_at or channel.last_error:
+        channel.failures, channel.retry_at, channel.last_error = 0, None, ""
+        channel.save(update_fields=["failures", "retry_at", "last_error"])
+
+
+def _record_failure(channel, held, error, now):
+    """Retry later with backoff; after ALWAYSON_OUTBOX_MAX_ATTEMPTS park the rows as failed,
+    so one broken channel neither blocks other inboxes nor retries forever."""
+    ids = [m.pk for m in held]
+    OutboxMessage.objects.filter(pk__in=ids).update(attempts=F("attempts") + 1, error=error)
+    channel.failures += 1
+    channel.last_error = error
+    if channel.failures >= settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS:
+        OutboxMessage.objects.filter(pk__in=ids).update(status=OutboxMessage.Status.FAILED)
+        channel.failures, channel.retry_at = 0, None
+        log.warning("send parked as failed after %s attempts: inbox=%s", len(ids), channel.pk)
+    else:
+        channel.retry_at = now + retry_delay(channel.failures)
+    channel.save(update_fields=["failures", "retry_at", "last_error"])
+
+
+def resend(message_ids) -> int:
+    """Put messages parked as failed back to held, attempts reset; the number changed."""
+    return (
+        OutboxMessage.objects.failed()
+        .filter(pk__in=list(message_ids))
+        .update(status=OutboxMessage.Status.HELD, attempts=0, error="")
+    )

@@ -114,7 +114,7 @@ NAIVE_NOW_CALLS = {
     "run_scheduler": lambda inbox: run_scheduler(now=NAIVE),
     "request_approval": lambda inbox: request_approval(inbox, "r1", "refund", HOUR, now=NAIVE),
     "answer_approval": lambda inbox: answer_approval(inbox, "r1", "yes", now=NAIVE),
-    "dispatch": lambda inbox: dispatch(lambda inbox, body: None, now=NAIVE),
+    "dispatch": lambda inbox: dispatch(lambda delivery: None, now=NAIVE),
 }
 
 

@@ -16,8 +16,8 @@ class Recorder:
     def __init__(self):
         self.sent = []
 
-    def __call__(self, inbox, body):
-        self.sent.append((inbox.slug, body))
+    def __call__(self, delivery):
+        self.sent.append((delivery.inbox.slug, delivery.body))
 
 
 def hold(inbox, body, at):
@@ -68,7 +68,7 @@ def test_send_that_raises_leaves_the_messages_held(inbox, t0):
     hold(inbox, "one", t0)
     hold(inbox, "two", t0)
 
-    def broken(inbox, body):
+    def broken(delivery):
         raise ConnectionError("channel down")
 
     with pytest.raises(ConnectionError, match="channel down"):

@@ -1,5 +1,8 @@
-from datetime import timedelta
+from collections import deque
+from datetime import UTC, timedelta
+from zoneinfo import ZoneInfo
 
+from cronsim import CronSim
 from django.db import models
 from django.db.models import Q
 
@@ -14,12 +17,30 @@ class TimerQuerySet(models.QuerySet):
 
 
 class Timer(models.Model):
-    """A future wake-up. It never starts a run: when due, it becomes an inbox event."""
+    """A future wake-up. It never starts a run: when due, it becomes an inbox event.
+
+    One-off (neither `every` nor `cron`), every N seconds, or a cron expression read in an
+    IANA time zone ("0 9 * * *" in Europe/Berlin is 09:00 there, summer and winter).
+    """
+
+    class Policy(models.TextChoices):
+        # One event for the latest missed occurrence, with the count of the others: a daily
+        # digest after an outage should arrive once, not four times.
+        COALESCE = "coalesce"
+        # One event per missed occurrence, oldest first, up to catch_up_max: a per-day
+        # billing reconciliation needs every day it missed.
+        CATCH_UP = "catch_up", "catch up"
 
     inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="timers")
     key = models.CharField(max_length=200)
     due = models.DateTimeField()
     every = models.PositiveIntegerField(null=True, blank=True, help_text="seconds; empty = once")
+    cron = models.CharField(max_length=100, blank=True, help_text='e.g. "0 9 * * *"')
+    timezone = models.CharField(max_length=64, default="UTC", help_text="IANA name, for cron")
+    policy = models.CharField(max_length=10, choices=Policy.choices, default=Policy.COALESCE)
+    catch_up_max = models.PositiveIntegerField(
+        default=10, help_text="catch_up: most events emitted for one outage"
+    )
     payload = models.JSONField(default=dict, blank=True)
     # A one-off may fire under a fixed event key instead of key@time (approval expiries do,
     # so the expiry and the user's answer compete for one key).
@@ -36,6 +57,10 @@ class Timer(models.Model):
             models.CheckConstraint(
                 condition=Q(every__isnull=True) | Q(every__gt=0), name="timer_every_positive"
             ),
+            models.CheckConstraint(
+                condition=Q(every__isnull=True) | Q(cron=""), name="timer_every_or_cron"
+            ),
+            models.CheckConstraint(condition=Q(catch_up_max__gte=1), name="timer_cap_positive"),
         ]
         indexes = [
             # run_scheduler: every inbox's due timers, soonest first.
@@ -45,36 +70,64 @@ class Timer(models.Model):
     def __str__(self):
         return f"{self.inbox_id}:{self.key} @ {self.due:%Y-%m-%d %H:%M:%S}"
 
-    def advance(self, now):
-        """Move past every occurrence due by `now`; return (the latest of them, how many skipped).
+    @property
+    def recurring(self) -> bool:
+        return bool(self.every or self.cron)
 
-        Missed occurrences coalesce: one event for the latest, with the count of the others.
-        """
-        occurrence = self.due
-        skipped = 0
+    def next_after(self, moment):
+        """The first occurrence strictly after `moment` (recurring timers)."""
         if self.every:
-            skipped = int((now - occurrence).total_seconds()) // self.every
-            occurrence += timedelta(seconds=skipped * self.every)
-            self.due = occurrence + timedelta(seconds=self.every)
-        else:
-            self.done = True
-        return occurrence, skipped
+            return moment + timedelta(seconds=self.every)
+        local = moment.astimezone(ZoneInfo(self.timezone))
+        return next(CronSim(self.cron, local)).astimezone(UTC)
 
-    def fire(self, now) -> bool:
-        """Turn the due occurrence into an inbox event and advance; False if it was a replay."""
-        occurrence, skipped = self.advance(now)
-        payload = dict(self.payload)
-        payload.update(
-            scheduled_for=clock.occurrence_label(occurrence),
-            late_by=int((now - occurrence).total_seconds()),
-            skipped=skipped,
-        )
-        stored = store_event(
-            self.inbox_id,
-            self.event_source or "timer",
-            self.event_id or f"{self.key}@{clock.occurrence_label(occurrence)}",
-            payload,
-            now,
-        )
+    def _missed(self, now, keep):
+        """(how many occurrences are due by `now`, the latest `keep` of them, oldest first)."""
+        if self.every:
+            count = int((now - self.due).total_seconds()) // self.every + 1
+            first_kept = max(count - keep, 0)
+            step = timedelta(seconds=self.every)
+            return count, [self.due + k * step for k in range(first_kept, count)]
+        count, latest, occurrence = 0, deque(maxlen=keep), self.due
+        while occurrence <= now:
+            count += 1
+            latest.append(occurrence)
+            occurrence = self.next_after(occurrence)
+        return count, list(latest)
+
+    def advance(self, now):
+        """Move past every occurrence due by `now`.
+
+        Returns the occurrences to turn into events, oldest first, and how many were skipped.
+        """
+        if not self.recurring:
+            self.done = True
+            return [self.due], 0
+        keep = self.catch_up_max if self.policy == self.Policy.CATCH_UP else 1
+        count, occurrences = self._missed(now, keep)
+        self.due = self.next_after(occurrences[-1])
+        return occurrences, count - len(occurrences)
+
+    def fire(self, now) -> int:
+        """Turn the due occurrences into inbox events and advance; the number stored (a
+        replay of an occurrence already stored is a duplicate, not a second event)."""
+        occurrences, skipped = self.advance(now)
+        stored = 0
+        for n, occurrence in enumerate(occurrences):
+            label = clock.occurrence_label(occurrence)
+            payload = dict(self.payload)
+            payload.update(
+                scheduled_for=label,
+                late_by=int((now - occurrence).total_seconds()),
+                # Counted once, on the oldest event of the pass, so a sum over events is right.
+                skipped=skipped if n == 0 else 0,
+            )
+            stored += store_event(
+                self.inbox_id,
+                self.event_source or "timer",
+                self.event_id or f"{self.key}@{label}",
+                payload,
+                now,
+            )
         self.save(update_fields=["due", "done"])
         return stored

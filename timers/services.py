@@ -2,7 +2,9 @@
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from cronsim import CronSim, CronSimError
 from django.db import transaction
 
 from inbox import clock
@@ -14,12 +16,21 @@ from .models import Timer
 SCHEDULER_BATCH = 100
 
 
+def _seconds(field_name, value) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{field_name} must be seconds or a timedelta, not {value!r}")
+    return timedelta(seconds=value)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A timer registration, checked when it is made and written when it is applied.
 
-    As a run effect it commits with the run's finish. `due` is an aware datetime, or `delay`
-    (seconds or a timedelta) counts from the moment it is applied.
+    As a run effect it commits with the run's finish. A one-off or `every` timer starts at
+    `due` (an aware datetime) or `delay` after the moment it is applied; a `cron` timer at
+    its next occurrence after `due` (or after that moment), read in `timezone`.
     """
 
     inbox_id: int
@@ -29,19 +40,21 @@ class Schedule:
     payload: dict = field(default_factory=dict)
     every: int | None = None
     event_key: tuple[str, str] | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+    policy: str = Timer.Policy.COALESCE
+    catch_up_max: int = 10
 
     def __post_init__(self):
         require_key("key", self.key)
-        if (self.due is None) == (self.delay is None):
-            raise ValueError("due: give either due (a datetime) or delay, not both or neither")
+        if self.due is not None and self.delay is not None:
+            raise ValueError("due: give either due (a datetime) or delay, not both")
+        if self.due is None and self.delay is None and not self.cron:
+            raise ValueError("due: a one-off or every timer needs due (a datetime) or delay")
         if self.due is not None and (not isinstance(self.due, datetime) or self.due.tzinfo is None):
             raise ValueError(f"due must be an aware datetime, not {self.due!r}")
         if self.delay is not None:
-            delay = self.delay
-            if not isinstance(delay, timedelta):
-                if isinstance(delay, bool) or not isinstance(delay, int | float):
-                    raise ValueError(f"delay must be seconds or a timedelta, not {delay!r}")
-                delay = timedelta(seconds=delay)
+            delay = _seconds("delay", self.delay)
             if delay < timedelta(0):
                 raise ValueError(f"delay must not be negative, not {self.delay!r}")
             object.__setattr__(self, "delay", delay)
@@ -50,8 +63,14 @@ class Schedule:
             isinstance(every, bool) or not isinstance(every, int) or every <= 0
         ):
             raise ValueError(f"every must be a positive number of seconds, not {every!r}")
+        self._check_cron()
+        if self.policy not in Timer.Policy.values:
+            raise ValueError(f"policy must be one of {Timer.Policy.values}, not {self.policy!r}")
+        cap = self.catch_up_max
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"catch_up_max must be an integer of at least 1, not {cap!r}")
         if self.event_key is not None:
-            if every is not None:
+            if every is not None or self.cron:
                 raise ValueError("event_key: a recurring timer can't use a fixed event key")
             source, source_id = self.event_key
             require_key("event_key source", source)
@@ -62,15 +81,50 @@ class Schedule:
             require_mapping("payload", {} if self.payload is None else self.payload),
         )
 
+    def _check_cron(self):
+        try:
+            zone = ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError):
+            raise ValueError(f"timezone: unknown time zone {self.timezone!r}") from None
+        if not self.cron:
+            return
+        if self.every is not None:
+            raise ValueError("cron: a timer takes either every or cron, not both")
+        try:
+            CronSim(self.cron, datetime.now(zone))
+        except CronSimError as exc:
+            raise ValueError(f"cron: invalid expression {self.cron!r}: {exc}") from None
+
+    def _first_due(self, now, existing):
+        if not self.cron:
+            return self.due if self.due is not None else now + self.delay
+        unchanged = (
+            existing is not None
+            and not existing.done
+            and (existing.cron, existing.timezone) == (self.cron, self.timezone)
+        )
+        if unchanged and self.due is None and self.delay is None:
+            # A deploy re-registering the same schedule must not skip an occurrence that is
+            # due but not yet fired.
+            return existing.due
+        start = self.due if self.due is not None else now + (self.delay or timedelta(0))
+        start = clock.whole_seconds(start)
+        probe = Timer(cron=self.cron, timezone=self.timezone)
+        return probe.next_after(start - timedelta(seconds=1))
+
     def __call__(self, now) -> Timer:
-        due = self.due if self.due is not None else now + self.delay
+        existing = Timer.objects.filter(inbox_id=self.inbox_id, key=self.key).first()
         event_source, event_id = self.event_key or ("", "")
         timer, _ = Timer.objects.update_or_create(
             inbox_id=self.inbox_id,
             key=self.key,
             defaults={
-                "due": clock.whole_seconds(due),
+                "due": clock.whole_seconds(self._first_due(now, existing)),
                 "every": self.every,
+                "cron": self.cron or "",
+                "timezone": self.timezone,
+                "policy": self.policy,
+                "catch_up_max": self.catch_up_max,
                 "payload": self.payload,
                 "event_source": event_source,
                 "event_id": event_id,
@@ -80,17 +134,40 @@ class Schedule:
         return timer
 
 
-def add_timer(inbox, key, due, payload=None, every=None, event_key=None, now=None) -> Timer:
-    """Register (or re-register) the timer `key` of an inbox, due at `due` (whole seconds).
+def add_timer(
+    inbox,
+    key,
+    due=None,
+    payload=None,
+    every=None,
+    event_key=None,
+    *,
+    cron=None,
+    timezone="UTC",
+    policy=Timer.Policy.COALESCE,
+    catch_up_max=10,
+    now=None,
+) -> Timer:
+    """Register (or re-register) the timer `key` of an inbox.
 
-    Re-registering replaces the schedule; an occurrence already turned into an event stays
-    one event, because the event's key is the timer key plus the scheduled instant.
-    `event_key` = (source, source_id) fixes the key of a one-off's event.
+    One-off or every-N-seconds timers start at `due` (whole seconds); cron timers at their
+    next occurrence. Re-registering replaces the schedule; an occurrence already turned into
+    an event stays one event, because the event's key is the timer key plus the scheduled
+    instant. `event_key` = (source, source_id) fixes the key of a one-off's event.
     """
-    if due is None:
-        raise ValueError("due must be an aware datetime, not None")
     inbox = Inbox.objects.resolve(inbox)
-    schedule = Schedule(inbox.pk, key, due=due, payload=payload, every=every, event_key=event_key)
+    schedule = Schedule(
+        inbox.pk,
+        key,
+        due=due,
+        payload=payload,
+        every=every,
+        event_key=event_key,
+        cron=cron,
+        timezone=timezone,
+        policy=policy,
+        catch_up_max=catch_up_max,
+    )
     return schedule(clock.resolve(now))
 
 

@@ -3,15 +3,20 @@
 import logging
 import os
 import signal
+import threading
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+from django.db import DatabaseError, close_old_connections, connections
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
 class LoopCommand(BaseCommand):
-    """Base for runworker, runscheduler and rundispatcher."""
+    """Base for runworker, runscheduler and rundispatcher.
+
+    A single-threaded loop command implements `step()`: one unit of work, returning whether
+    there was any. The loop drains (steps while there is work), then sleeps `--interval`.
+    """
 
     #: the process's role, shown in pg_stat_activity.application_name
     role = "alwayson"
@@ -54,3 +59,34 @@ class LoopCommand(BaseCommand):
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
+
+    def step(self) -> bool:
+        raise NotImplementedError
+
+    def loop(self, once, interval):
+        """Drain, then sleep in `interval` ticks until a signal; `once` drains and returns."""
+        stop = threading.Event()
+        self.install_signals(stop.set)
+        log = logging.getLogger(f"alwayson.{self.role}")
+        backoff = OUTAGE_BACKOFF[0]
+        while not stop.is_set():
+            close_old_connections()
+            try:
+                had_work = self.step()
+            except DatabaseError:
+                log.warning("database unavailable; retrying in %.1fs", backoff, exc_info=True)
+                connections["default"].close()
+                stop.wait(backoff)
+                backoff = min(backoff * 2, OUTAGE_BACKOFF[1])
+                continue
+            backoff = OUTAGE_BACKOFF[0]
+            if had_work:
+                continue
+            if once:
+                break
+            stop.wait(interval)
+        connections["default"].close()
+
+
+#: seconds to wait before retrying after the database was unreachable, doubling, capped.
+OUTAGE_BACKOFF = (0.5, 30.0)

@@ -2,33 +2,57 @@ from django.core.management.base import BaseCommand, CommandError
 
 from inbox.models import Event
 from inbox.services import requeue as requeue_events
+from outbox.models import OutboxMessage
+from outbox.services import resend as resend_messages
 
 
 class Command(BaseCommand):
-    help = "List dead events, or put some back to pending with their attempts reset."
+    help = (
+        "List dead events and outbox messages parked after failed sends; "
+        "--requeue puts events back to pending, --resend puts messages back to held."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--inbox", help="only this inbox (slug)")
         parser.add_argument(
-            "--requeue", nargs="+", type=int, metavar="ID", help="event ids to put back to pending"
+            "--requeue", nargs="+", type=int, metavar="ID", help="dead event ids to run again"
+        )
+        parser.add_argument(
+            "--resend", nargs="+", type=int, metavar="ID", help="failed outbox message ids"
         )
 
-    def handle(self, *args, inbox=None, requeue=None, **options):
+    def handle(self, *args, inbox=None, requeue=None, resend=None, **options):
         dead = Event.objects.dead().select_related("inbox").order_by("id")
+        failed = OutboxMessage.objects.failed().select_related("inbox").order_by("id")
         if inbox:
             dead = dead.filter(inbox__slug=inbox)
-        if requeue:
-            found = set(dead.filter(pk__in=requeue).values_list("pk", flat=True))
-            missing = sorted(set(requeue) - found)
-            if missing:
-                raise CommandError(f"not dead (or unknown) event ids: {missing}; nothing requeued")
-            count = requeue_events(requeue)
-            self.stdout.write(f"requeued {count} event(s)")
+            failed = failed.filter(inbox__slug=inbox)
+        if requeue or resend:
+            # Check every id before changing anything: a typo must not leave half a change.
+            self.check_ids(dead, requeue or [], "dead events")
+            self.check_ids(failed, resend or [], "failed outbox messages")
+            if requeue:
+                self.stdout.write(f"requeued {requeue_events(requeue)} event(s)")
+            if resend:
+                self.stdout.write(f"resent {resend_messages(resend)} message(s)")
             return
-        rows = list(dead)
-        for event in rows:
+        events = list(dead)
+        self.stdout.write(f"{len(events)} dead event(s)")
+        for event in events:
             self.stdout.write(
-                f"{event.pk}\t{event.inbox.slug}\t{event.source}\t{event.source_id}"
+                f"  {event.pk}\t{event.inbox.slug}\t{event.source}\t{event.source_id}"
                 f"\t{event.attempts}\t{event.error}"
             )
-        self.stdout.write(f"{len(rows)} dead event(s)")
+        messages = list(failed)
+        self.stdout.write(f"{len(messages)} failed outbox message(s)")
+        for message in messages:
+            self.stdout.write(
+                f"  {message.pk}\t{message.inbox.slug}\t{message.attempts}\t{message.error}"
+                f"\t{message.body[:60]!r}"
+            )
+
+    def check_ids(self, queryset, ids, what):
+        found = set(queryset.filter(pk__in=ids).values_list("pk", flat=True))
+        missing = sorted(set(ids) - found)
+        if missing:
+            raise CommandError(f"not {what} (or unknown): {missing}; nothing changed")

@@ -183,11 +183,11 @@ class Scenarios:
         sent = []
         m = later + 6 * HOUR
         outbox = OutboxMessage.objects.filter(inbox=inbox)
-        outbox.held().update(sent_at=m - 2 * HOUR)
+        outbox.held().update(status=OutboxMessage.Status.SENT, sent_at=m - 2 * HOUR)
         for n, minute in enumerate((0, 10, 20)):
             at = m + minute * MINUTE
             with transaction.atomic():
                 OutboxMessage.objects.create(inbox=inbox, body=f"update {n}", created=at)
-            dispatch_inbox(inbox, lambda _inbox, body: sent.append(body), now=at)
-        dispatch_inbox(inbox, lambda _inbox, body: sent.append(body), now=m + 61 * MINUTE)
+            dispatch_inbox(inbox, lambda delivery: sent.append(delivery.body), now=at)
+        dispatch_inbox(inbox, lambda delivery: sent.append(delivery.body), now=m + 61 * MINUTE)
         self.say("   sends:", [s.replace("\n\n", " | ") for s in sent])

@@ -1,0 +1,25 @@
+import logging
+
+from alwayson.management.loop import LoopCommand
+from alwayson.worker import default_worker_id
+from timers.services import run_scheduler
+
+log = logging.getLogger("alwayson.scheduler")
+
+
+class Command(LoopCommand):
+    help = "Turn due timers into inbox events. Several schedulers may run at once."
+    role = "alwayson-scheduler"
+
+    def handle(self, *args, once, interval, worker_id, verbosity, **options):
+        self.check_positive("interval", interval)
+        worker_id = worker_id or default_worker_id()
+        self.configure(verbosity, worker_id)
+        log.info("scheduler %s: interval %.2fs", worker_id, interval)
+        self.loop(once, interval)
+
+    def step(self) -> bool:
+        handled = run_scheduler()
+        if handled:
+            log.info("fired %s timer(s)", handled)
+        return handled > 0

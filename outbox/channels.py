@@ -1,0 +1,75 @@
+"""Where a merged send goes: email to the inbox owner, or a JSON POST to a webhook.
+
+A channel raises SendFailed for a failure the dispatcher should retry (a refused SMTP
+connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
+"""
+
+import json
+import smtplib
+import urllib.error
+import urllib.request
+
+from django.conf import settings
+from django.core.mail import EmailMessage
+
+
+class SendFailed(Exception):
+    pass
+
+
+def send_email(delivery, channel):
+    address = channel.email or delivery.inbox.owner.email
+    if not address:
+        raise SendFailed("no address: set the channel's email or the inbox owner's")
+    first_line = delivery.body.splitlines()[0] if delivery.body else ""
+    message = EmailMessage(
+        subject=f"[{delivery.inbox.slug}] {first_line[:80]}",
+        body=delivery.body,
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        to=[address],
+        # A stable Message-ID: a repeat after a crash is recognisable as the same message.
+        headers={"Message-ID": f"<{delivery.idempotency_key}@alwayson>"},
+    )
+    try:
+        message.send(fail_silently=False)
+    except (smtplib.SMTPException, OSError) as exc:
+        raise SendFailed(f"email to {address}: {exc}") from exc
+
+
+def send_webhook(delivery, channel):
+    body = json.dumps(
+        {
+            "inbox": delivery.inbox.slug,
+            "idempotency_key": delivery.idempotency_key,
+            "text": delivery.body,
+            "messages": [
+                {"id": m.pk, "body": m.body, "urgent": m.urgent, "created": m.created.isoformat()}
+                for m in delivery.messages
+            ],
+        }
+    ).encode()
+    request = urllib.request.Request(
+        channel.url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Idempotency-Key": delivery.idempotency_key,
+            "User-Agent": "alwayson-dispatcher",
+        },
+    )
+    timeout = settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read(1024)
+    except urllib.error.HTTPError as exc:
+        raise SendFailed(f"webhook {channel.url}: HTTP {exc.code}") from exc
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise SendFailed(f"webhook {channel.url}: {exc}") from exc
+
+
+SENDERS = {"email": send_email, "webhook": send_webhook}
+
+
+def sender_for(channel):
+    return lambda delivery: SENDERS[channel.kind](delivery, channel)
