@@ -10,6 +10,7 @@
 import re
 from datetime import timedelta
 
+from approvals.models import approval_url
 from inbox.models import Event
 
 from . import payments
@@ -39,7 +40,8 @@ def on_chat(run, event):
     request_id = f"refund-{order}"
     run.ask(request_id, f"refund order {order}", APPROVAL_WINDOW)
     run.state.setdefault("awaiting", {})[request_id] = order
-    run.say(f"Refund order {order}? Waiting for your approval of {request_id}.", urgent=True)
+    link = approval_url(run.inbox.slug, request_id)
+    run.say(f"Refund order {order}? Approve or deny within 4 hours: {link}", urgent=True)
 
 
 def on_approval(run, event):

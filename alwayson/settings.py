@@ -178,5 +178,56 @@ EMAIL_USE_SSL = bool(_email.get("EMAIL_USE_SSL"))
 EMAIL_TIMEOUT = positive_int("EMAIL_TIMEOUT", 10)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="alwayson@localhost")
 
+# Where people reach this site: absolute links in the agent's messages start here.
+_site = env.url("ALWAYSON_SITE_URL", default="http://127.0.0.1:8000")
+if _site.scheme not in ("http", "https") or not _site.netloc:
+    raise ImproperlyConfigured(f"ALWAYSON_SITE_URL must be an http(s) URL, not {_site.geturl()!r}")
+ALWAYSON_SITE_URL = _site.geturl()
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
 # The agent the worker runs: a callable taking a Run (alwayson/runtime.py).
 ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.refund_desk.agent")
+
+# --- webhooks (inbox/webhooks.py, inbox/views.py) ----------------------------------------
+# Secrets per scheme, comma-separated; several at once while a secret is rotated. An inbox
+# may have its own in ALWAYSON_WEBHOOK_INBOX_SECRETS, JSON {"slug": {"github": ["..."]}},
+# which replace the scheme's for that inbox. Each is checked here, so a malformed secret stops
+# start-up instead of rejecting every delivery.
+
+
+def webhook_secrets(name, scheme):
+    from inbox.webhooks import check_secret
+
+    raw = env.str(name, default="")
+    if not raw.strip():
+        return []
+    secrets = [item.strip() for item in raw.split(",")]
+    try:
+        return [check_secret(scheme, secret) for secret in secrets]
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+
+
+def webhook_inbox_secrets(name):
+    from inbox.webhooks import check_inbox_secrets
+
+    try:
+        return check_inbox_secrets(env.json(name, default={}))
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ImproperlyConfigured(
+            f'{name} must be JSON like {{"slug": {{"github": ["secret"]}}}}: {exc}'
+        ) from None
+
+
+ALWAYSON_GITHUB_SECRETS = webhook_secrets("ALWAYSON_GITHUB_SECRETS", "github")
+ALWAYSON_STRIPE_SECRETS = webhook_secrets("ALWAYSON_STRIPE_SECRETS", "stripe")
+ALWAYSON_STANDARD_SECRETS = webhook_secrets("ALWAYSON_STANDARD_SECRETS", "standard")
+ALWAYSON_WEBHOOK_INBOX_SECRETS = webhook_inbox_secrets("ALWAYSON_WEBHOOK_INBOX_SECRETS")
+# Bodies larger than this are refused with 413 before they are verified.
+ALWAYSON_WEBHOOK_MAX_BYTES = positive_int("ALWAYSON_WEBHOOK_MAX_BYTES", 1024 * 1024)
+# Seconds a Stripe signature stays valid; positive_int refuses 0, which would disable the check.
+ALWAYSON_STRIPE_TOLERANCE = positive_int("ALWAYSON_STRIPE_TOLERANCE", 300)
+# --- end of webhooks ------------------------------------------------------------------------

@@ -1,6 +1,13 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+
+from . import views
 
 urlpatterns = [
+    path("", views.home, name="home"),
+    path("inbox/<slug:slug>/", views.inbox_page, name="inbox"),
+    path("approvals/", include("approvals.urls")),
+    path("hooks/", include("inbox.urls")),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
 ]

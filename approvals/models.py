@@ -1,10 +1,29 @@
+from django.conf import settings
 from django.db import models
+from django.db.models import Q
+from django.urls import reverse
 
 from inbox.models import Event, Inbox
 
 # The inbox event that carries an approval's outcome: ("approval", request_id). Whichever is
 # stored there first, the user's answer or the expiry, is the answer that stands.
 APPROVAL_SOURCE = "approval"
+
+
+class ApprovalQuerySet(models.QuerySet):
+    def visible_to(self, user):
+        """An owner sees the approvals of their inboxes; staff with the permission see all."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff and user.has_perm("approvals.answer_any_approval"):
+            return self
+        return self.filter(inbox__owner=user)
+
+    def waiting(self, now):
+        return self.filter(answer="", expires_at__gt=now)
+
+    def settled(self, now):
+        return self.filter(Q(answer__gt="") | Q(expires_at__lte=now))
 
 
 class Approval(models.Model):
@@ -23,14 +42,26 @@ class Approval(models.Model):
     answer = models.CharField(max_length=10, choices=Answer.choices, blank=True)
     answered_at = models.DateTimeField(null=True, blank=True)
 
+    objects = ApprovalQuerySet.as_manager()
+
     class Meta:
         ordering = ["-requested_at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["inbox", "request_id"], name="approval_unique_request"),
         ]
+        indexes = [
+            # The approval page: one owner's waiting requests, soonest deadline first.
+            models.Index(
+                fields=["inbox", "expires_at"], condition=Q(answer=""), name="approval_waiting_idx"
+            ),
+        ]
+        permissions = [("answer_any_approval", "Can see and answer any inbox's approvals")]
 
     def __str__(self):
         return f"{self.request_id}: {self.answer or 'pending'}"
+
+    def get_absolute_url(self):
+        return reverse("approvals:detail", args=[self.inbox.slug, self.request_id])
 
     @property
     def expiry_timer_key(self):
@@ -38,6 +69,25 @@ class Approval(models.Model):
 
     def has_expired(self, now) -> bool:
         return now >= self.expires_at
+
+    def standing_answer(self, now) -> str:
+        """The answer that stands, in the words of Answer; "" while a person may still answer.
+
+        A deadline that passed counts as expired even before the expiry timer has fired.
+        """
+        if self.answer:
+            return self.answer
+        return self.Answer.EXPIRED if self.has_expired(now) else ""
+
+    def outcome_words(self, now) -> str:
+        answer = self.standing_answer(now)
+        if answer == self.Answer.YES:
+            return "Approved."
+        if answer == self.Answer.NO:
+            return "Denied."
+        if answer == self.Answer.EXPIRED:
+            return f"This request expired at {self.expires_at:%H:%M} UTC; nothing was done."
+        return ""
 
 
 def expiry_timer_key(request_id):
@@ -54,3 +104,9 @@ def record_answer(sender, event: Event, now, **kwargs):
     Approval.objects.filter(inbox_id=event.inbox_id, request_id=event.source_id, answer="").update(
         answer=answer, answered_at=now
     )
+
+
+def approval_url(inbox_slug, request_id) -> str:
+    """The absolute link to an approval's page, for the agent's message to its owner."""
+    path = reverse("approvals:detail", args=[inbox_slug, request_id])
+    return settings.ALWAYSON_SITE_URL.rstrip("/") + path

@@ -1,0 +1,61 @@
+"""The owner's pages: their inboxes, and one inbox's chat form and the agent's messages."""
+
+import uuid
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods
+
+from inbox.models import Inbox
+from inbox.services import ingest
+from outbox.models import OutboxMessage
+
+SHOWN_MESSAGES = 50
+
+
+class ChatForm(forms.Form):
+    # Generated when the page is rendered and used as the event's source_id, so a double
+    # submit or a browser resend of the same form is one event.
+    message_id = forms.UUIDField(widget=forms.HiddenInput)
+    text = forms.CharField(
+        label="Message to your agent", max_length=2000, widget=forms.Textarea(attrs={"rows": 3})
+    )
+
+
+def owned_inboxes(user):
+    return Inbox.objects.filter(owner=user)
+
+
+@login_required
+def home(request):
+    return render(request, "alwayson/home.html", {"inboxes": owned_inboxes(request.user)})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def inbox_page(request, slug):
+    inbox = get_object_or_404(owned_inboxes(request.user), slug=slug)
+    status = 200
+    if request.method == "POST":
+        form = ChatForm(request.POST)
+        if form.is_valid():
+            stored = ingest(
+                inbox,
+                "chat",
+                str(form.cleaned_data["message_id"]),
+                {"text": form.cleaned_data["text"], "from": request.user.get_username()},
+            )
+            messages.success(request, "Sent." if stored else "Already received.")
+            return redirect("inbox", slug=inbox.slug)
+        status = 400
+    else:
+        form = ChatForm(initial={"message_id": uuid.uuid4()})
+    outbox = OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN_MESSAGES]
+    return render(
+        request,
+        "alwayson/inbox.html",
+        {"inbox": inbox, "form": form, "outbox": outbox},
+        status=status,
+    )

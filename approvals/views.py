@@ -1,0 +1,58 @@
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods
+
+from inbox import clock
+
+from .models import Approval
+from .services import answer_approval
+
+RECENT = 20
+
+
+@login_required
+def approval_list(request):
+    now = clock.database_now()
+    visible = Approval.objects.visible_to(request.user).select_related("inbox")
+    return render(
+        request,
+        "approvals/list.html",
+        {
+            "now": now,
+            "waiting": visible.waiting(now).order_by("expires_at", "id"),
+            "settled": visible.settled(now).order_by("-requested_at", "-id")[:RECENT],
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def approval_detail(request, slug, request_id):
+    # The same 404 for somebody else's request, an unknown one and a forged id: whether a
+    # request exists is not for other people to learn.
+    approval = get_object_or_404(
+        Approval.objects.visible_to(request.user).select_related("inbox"),
+        inbox__slug=slug,
+        request_id=request_id,
+    )
+    if request.method == "POST":
+        answer = request.POST.get("answer")
+        if answer not in (Approval.Answer.YES, Approval.Answer.NO):
+            return HttpResponseBadRequest('answer must be "yes" or "no"', content_type="text/plain")
+        answer_approval(approval.inbox, approval.request_id, answer)
+        approval.refresh_from_db()
+        messages.info(request, approval.outcome_words(clock.database_now()))
+        return redirect(approval)
+    now = clock.database_now()
+    return render(
+        request,
+        "approvals/detail.html",
+        {
+            "approval": approval,
+            "now": now,
+            "outcome": approval.outcome_words(now),
+            "can_answer": not approval.standing_answer(now),
+        },
+    )
