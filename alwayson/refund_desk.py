@@ -10,7 +10,7 @@
 import re
 from datetime import timedelta
 
-from approvals.models import approval_url
+from approvals.models import Approval, approval_url
 from inbox.models import Event
 
 from . import payments
@@ -37,16 +37,34 @@ def on_chat(run, event):
     if not match:
         return  # nothing to do: the run ends without a message
     order = match.group(1)
-    request_id = f"refund-{order}"
+    awaiting = run.state.setdefault("awaiting", {})
+    waiting = next((rid for rid, o in awaiting.items() if o == order), None)
+    if waiting:
+        link = approval_url(run.inbox.slug, waiting)
+        run.say(f"Order {order} is already waiting for your answer: {link}", urgent=True)
+        return
+    request_id = new_request_id(run.inbox, order)
     run.ask(request_id, f"refund order {order}", APPROVAL_WINDOW)
-    run.state.setdefault("awaiting", {})[request_id] = order
+    awaiting[request_id] = order
     link = approval_url(run.inbox.slug, request_id)
     run.say(f"Refund order {order}? Approve or deny within 4 hours: {link}", urgent=True)
 
 
+def new_request_id(inbox, order):
+    """refund-881 the first time; refund-881-2, -3... when the order is asked about again
+    after an answer, since an answered request keeps its answer for good."""
+    base = f"refund-{order}"
+    used = Approval.objects.filter(inbox=inbox, request_id__startswith=base).values_list(
+        "request_id", flat=True
+    )
+    if base not in used:
+        return base
+    return f"{base}-{len(used) + 1}"
+
+
 def on_approval(run, event):
     request_id = event.source_id
-    order = run.state.get("awaiting", {}).pop(request_id, None) or request_id.split("-", 1)[-1]
+    order = run.state.get("awaiting", {}).pop(request_id, None) or request_id.split("-")[1]
     answer = event.payload.get("answer")
     if answer == "yes":
         payments.refund(order, idempotency_key=run.key("refund", event))
@@ -58,8 +76,10 @@ def on_approval(run, event):
 def on_timer(run, event):
     if event.payload.get("task") != "daily digest":
         return
+    # By when events settled, not when they arrived: an event that arrived before the last
+    # digest and died after it must still be reported once.
     since = event.created - timedelta(days=1)
-    recent = Event.objects.filter(inbox=run.inbox, created__gte=since).exclude(pk=event.pk)
+    recent = Event.objects.filter(inbox=run.inbox, updated__gte=since).exclude(pk=event.pk)
     done = recent.filter(status=Event.Status.DONE).count()
     dead = list(recent.filter(status=Event.Status.DEAD).order_by("id"))
     lines = [f"Daily digest: {done} event(s) handled, {len(dead)} dead."]

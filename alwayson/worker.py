@@ -14,7 +14,14 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from django.db import DatabaseError, close_old_connections, connection, connections
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+)
 
 from inbox.models import Inbox, Session
 from inbox.services import (
@@ -144,6 +151,10 @@ class Worker:
                 self.heartbeat.untrack(run)
         try:
             finished = finish(inbox_id, holder, generation, ids, run.effects(), error=error)
+        except (OperationalError, InterfaceError):
+            # The database, not the run, failed: nothing was committed, the events stay
+            # claimed until the lease lapses, and the next claim retries them.
+            raise
         except Exception as exc:
             # What the run produced could not be committed (a bad effect): record why on the
             # events instead, so the failure counts toward their attempts and shows in admin.

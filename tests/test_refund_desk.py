@@ -1,0 +1,308 @@
+"""The example agent end to end: Worker.step with the refund desk and the real services.
+
+The worker uses the database's clock, so events are stored with `now=None`. Where a test
+needs time to have passed (an approval window running out, a lease lapsing), it moves the
+rows into the past instead of sleeping.
+"""
+
+from datetime import timedelta
+
+import pytest
+
+from alwayson import refund_desk
+from alwayson.api import answer_approval, finish, ingest, run_scheduler
+from alwayson.models import Refund
+from alwayson.runtime import Run
+from alwayson.worker import Worker
+from approvals.models import Approval
+from inbox.clock import database_now, whole_seconds
+from inbox.models import Event, Lease, Session
+from inbox.services import acquire_next, claim_batch, mark_dead
+from outbox.models import OutboxMessage
+from timers.models import Timer
+
+pytestmark = pytest.mark.django_db
+
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+
+
+def step(worker_id="desk-worker"):
+    result = Worker(worker_id, refund_desk.agent).step()
+    assert result is not None
+    return result
+
+
+def messages(inbox):
+    return list(
+        OutboxMessage.objects.filter(inbox=inbox).order_by("id").values_list("body", "urgent")
+    )
+
+
+def session_state(inbox):
+    return Session.objects.get(inbox=inbox).state
+
+
+def ask_for_refund(inbox, order="881"):
+    """The owner asks in chat; the desk asks back for approval. The step's result."""
+    ingest(inbox, "chat", f"msg-{order}", {"text": f"Please refund order {order}, thanks"})
+    return step()
+
+
+def approval_event(inbox, request_id="refund-881"):
+    return Event.objects.get(inbox=inbox, source="approval", source_id=request_id)
+
+
+def move_approval_into_the_past(inbox, request_id="refund-881", by=5 * HOUR):
+    """The request was made `by` ago: its window has run out."""
+    approval = Approval.objects.get(inbox=inbox, request_id=request_id)
+    Approval.objects.filter(pk=approval.pk).update(
+        requested_at=approval.requested_at - by, expires_at=approval.expires_at - by
+    )
+    timer = Timer.objects.get(inbox=inbox, key=f"expire:{request_id}")
+    Timer.objects.filter(pk=timer.pk).update(due=timer.due - by)
+
+
+# --- asking ----------------------------------------------------------------------------------
+
+
+def test_refund_request_asks_for_approval_with_a_four_hour_window(inbox):
+    result = ask_for_refund(inbox)
+
+    assert (result.events, result.outcome) == (1, "asked 1, said 1")
+    approval = Approval.objects.get(inbox=inbox)
+    assert (approval.request_id, approval.action, approval.answer) == (
+        "refund-881",
+        "refund order 881",
+        "",
+    )
+    assert approval.expires_at == whole_seconds(approval.requested_at + 4 * HOUR)
+    timer = Timer.objects.get(inbox=inbox)
+    assert (timer.key, timer.due, timer.done) == ("expire:refund-881", approval.expires_at, False)
+    assert (timer.event_source, timer.event_id) == ("approval", "refund-881")
+    [(body, urgent)] = messages(inbox)
+    assert urgent is True
+    assert "order 881" in body
+    assert session_state(inbox) == {"awaiting": {"refund-881": "881"}}
+    assert Event.objects.get(source_id="msg-881").status == "done"
+    assert not Refund.objects.exists()
+
+
+def test_chat_that_is_not_a_refund_request_ends_quietly(inbox):
+    Session.objects.filter(inbox=inbox).update(state={"awaiting": {}})
+    ingest(inbox, "chat", "msg-1", {"text": "hello, how are you?"})
+    ingest(inbox, "chat", "msg-2", {"text": "refund my order please"})  # no order number
+
+    result = step()
+
+    assert (result.events, result.outcome) == (2, "quiet")
+    assert list(Event.objects.values_list("source_id", "status")) == [
+        ("msg-1", "done"),
+        ("msg-2", "done"),
+    ]
+    assert messages(inbox) == []
+    assert not Approval.objects.exists()
+    assert not Timer.objects.exists()
+    assert session_state(inbox) == {"awaiting": {}}
+
+
+# --- answers ---------------------------------------------------------------------------------
+
+
+def test_yes_refunds_the_order_and_says_so(inbox):
+    ask_for_refund(inbox)
+    assert answer_approval(inbox, "refund-881", "yes") == "yes"
+
+    result = step()
+
+    assert result.outcome == "said 1"
+    refund = Refund.objects.get()
+    assert refund.order == "881"
+    assert refund.idempotency_key.startswith("refund-")
+    assert messages(inbox)[-1] == ("Refunded order 881", True)
+    assert Approval.objects.get(request_id="refund-881").answer == "yes"
+    assert approval_event(inbox).status == "done"
+    assert session_state(inbox) == {"awaiting": {}}
+
+
+def test_no_says_nothing_was_refunded_and_why(inbox):
+    ask_for_refund(inbox)
+    assert answer_approval(inbox, "refund-881", "no") == "no"
+
+    step()
+
+    assert not Refund.objects.exists()
+    assert messages(inbox)[-1] == ("Did not refund order 881: the request was denied.", True)
+    assert Approval.objects.get(request_id="refund-881").answer == "no"
+    assert session_state(inbox) == {"awaiting": {}}
+
+
+def test_expiry_says_nothing_was_refunded_and_why(inbox):
+    ask_for_refund(inbox)
+    move_approval_into_the_past(inbox)
+
+    assert run_scheduler() == 1  # the expiry timer fires on the database's clock
+    assert approval_event(inbox).payload["answer"] == "expired"
+    step()
+
+    assert not Refund.objects.exists()
+    assert messages(inbox)[-1] == ("Did not refund order 881: nobody approved it in time.", True)
+    assert Approval.objects.get(request_id="refund-881").answer == "expired"
+    assert Timer.objects.get(key="expire:refund-881").done is True
+    # A "yes" that comes after the expiry stands as the expiry: still no refund.
+    assert answer_approval(inbox, "refund-881", "yes") == "expired"
+    assert not Refund.objects.exists()
+
+
+def test_yes_after_the_deadline_counts_as_expired(inbox):
+    ask_for_refund(inbox)
+    move_approval_into_the_past(inbox)
+
+    # The scheduler has not run yet; the answer's own deadline check decides.
+    assert answer_approval(inbox, "refund-881", "yes") == "expired"
+    step()
+
+    assert not Refund.objects.exists()
+    assert messages(inbox)[-1] == ("Did not refund order 881: nobody approved it in time.", True)
+    assert run_scheduler() == 1  # the expiry fires, but its event is a duplicate
+    assert Event.objects.filter(source="approval").count() == 1
+
+
+# --- a crash mid-run: the idempotency key ----------------------------------------------------
+
+
+def test_run_retried_after_a_crash_mid_run_refunds_once(inbox):
+    ask_for_refund(inbox)
+    answer_approval(inbox, "refund-881", "yes")
+
+    # Worker A claims the answer, calls the payments tool, and dies before its finish.
+    inbox_id, gen_a = acquire_next("A")
+    events_a = claim_batch(inbox_id, "A", gen_a)
+    crashed = Run(inbox, "A", gen_a, events_a, session_state(inbox))
+    refund_desk.agent(crashed)
+    assert Refund.objects.count() == 1
+    ids_a = [e.pk for e in events_a]
+    # Time passes: A's lease lapsed an hour ago (and its claim is older still).
+    long_ago = database_now() - HOUR
+    Lease.objects.filter(inbox=inbox).update(until=long_ago)
+    Event.objects.filter(pk__in=ids_a).update(updated=long_ago - timedelta(minutes=2))
+
+    result = step("B")  # B takes over and runs the same event again
+
+    assert result.generation == gen_a + 1
+    assert result.outcome == "said 1"
+    refund = Refund.objects.get()  # one refund, not two
+    assert refund.order == "881"
+    assert refund.idempotency_key == crashed.key("refund", events_a[0])
+    event = approval_event(inbox)
+    assert (event.status, event.attempts, event.claim_gen) == ("done", 2, gen_a + 1)
+    # A wakes up and tries to finish: refused, nothing written twice.
+    assert finish(inbox, "A", gen_a, ids_a, crashed.effects()) is False
+    assert [body for body, _ in messages(inbox)].count("Refunded order 881") == 1
+    assert Refund.objects.count() == 1
+
+
+# --- the daily digest ------------------------------------------------------------------------
+
+
+def test_digest_sums_up_events_settled_in_the_last_day(inbox):
+    """Counted by when an event was handled or died, whenever it arrived."""
+    now = database_now()
+    ingest(inbox, "chat", "hello", {"text": "hello"})
+    ingest(inbox, "chat", "last-week", {"text": "old news"}, now=now - 7 * DAY)
+    step()  # both done today
+    ingest(inbox, "chat", "settled-long-ago", {"text": "x"}, now=now - 3 * DAY)
+    Event.objects.filter(source_id="settled-long-ago").update(status="done", updated=now - 2 * DAY)
+    ingest(inbox, "webhook", "poison", {"bad": True})
+    ingest(inbox, "webhook", "old-poison", {"bad": True}, now=now - 2 * DAY)
+    assert (
+        mark_dead(
+            list(Event.objects.filter(source_id="poison").values_list("pk", flat=True)),
+            "operator: bad payload",
+        )
+        == 1
+    )
+    old = Event.objects.filter(source_id="old-poison").values_list("pk", flat=True)
+    assert mark_dead(list(old), "died long ago", now=now - 2 * DAY) == 1
+    refund_desk.install(inbox, whole_seconds(now) - timedelta(minutes=1))
+
+    assert run_scheduler() == 1
+    result = step()
+
+    assert result.outcome == "said 1"
+    assert messages(inbox) == [
+        (
+            "Daily digest: 2 event(s) handled, 1 dead.\n"
+            "- dead: webhook:poison (operator: bad payload)",
+            False,
+        )
+    ]
+    digest = Event.objects.get(source="timer")
+    assert digest.status == "done"
+    assert digest.payload["task"] == "daily digest"
+    timer = Timer.objects.get(key="digest")
+    assert (timer.every, timer.done) == (refund_desk.DIGEST_EVERY, False)
+    assert timer.due == whole_seconds(now) - timedelta(minutes=1) + DAY
+
+
+def test_digest_with_nothing_to_report(inbox):
+    refund_desk.install(inbox, whole_seconds(database_now()) - timedelta(minutes=1))
+    run_scheduler()
+
+    step()
+
+    assert messages(inbox) == [("Daily digest: 0 event(s) handled, 0 dead.", False)]
+
+
+def test_other_timers_are_ignored(inbox):
+    from alwayson.api import add_timer
+
+    add_timer(inbox, "misc", whole_seconds(database_now()) - timedelta(minutes=1), {"task": "x"})
+    run_scheduler()
+
+    assert step().outcome == "quiet"
+    assert messages(inbox) == []
+    assert Event.objects.get(source="timer").status == "done"
+
+
+# --- settled edge cases ---------------------------------------------------------------------
+
+
+def test_digest_reports_an_event_that_died_in_the_last_day_but_arrived_earlier(inbox):
+    now = database_now()
+    ingest(inbox, "webhook", "slow-poison", {"bad": True}, now=now - 25 * HOUR)
+    [poison] = Event.objects.filter(source_id="slow-poison").values_list("pk", flat=True)
+    assert mark_dead([poison], "too many attempts (3)", now=now - HOUR) == 1
+    refund_desk.install(inbox, whole_seconds(now) - timedelta(minutes=1))
+    run_scheduler()
+
+    step()
+
+    [(body, _)] = messages(inbox)
+    assert "webhook:slow-poison" in body  # the digest a day earlier saw it still pending
+
+
+def test_second_request_for_a_denied_order_asks_again_under_a_new_id(inbox):
+    ask_for_refund(inbox)
+    answer_approval(inbox, "refund-881", "no")
+    step()
+    ingest(inbox, "chat", "msg-881-again", {"text": "refund order 881, I changed my mind"})
+    step()
+    assert "refund-881-2" in messages(inbox)[-1][0]
+
+    assert answer_approval(inbox, "refund-881-2", "yes") == "yes"
+    step()
+
+    assert Refund.objects.filter(order="881").count() == 1
+    assert session_state(inbox).get("awaiting", {}) == {}
+
+
+def test_asking_again_while_waiting_points_at_the_open_request(inbox):
+    ask_for_refund(inbox)
+    ingest(inbox, "chat", "msg-881-again", {"text": "refund order 881 please"})
+    step()
+
+    assert "already waiting" in messages(inbox)[-1][0]
+    assert list(Approval.objects.filter(inbox=inbox).values_list("request_id", flat=True)) == [
+        "refund-881"
+    ]
