@@ -18,7 +18,8 @@ class OutboxQuerySet(models.QuerySet):
         return self.filter(status=OutboxMessage.Status.FAILED)
 
     def last_sent_at(self):
-        return self.sent().aggregate(last=Max("sent_at"))["last"]
+        """The last send attempted: an at-most-once send that failed still spent the gap."""
+        return self.filter(sent_at__isnull=False).aggregate(last=Max("sent_at"))["last"]
 
     def inboxes_with_held(self):
         return self.held().values_list("inbox_id", flat=True).distinct().order_by("inbox_id")

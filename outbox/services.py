@@ -83,7 +83,10 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     with transaction.atomic():
         now = clock.resolve(now)
         channel = (
-            Channel.objects.select_for_update(skip_locked=True)
+            # OF self: the joined inbox and owner rows stay unlocked, so events and outbox
+            # rows for this inbox (whose foreign keys lock the inbox row) are never blocked
+            # by a slow send.
+            Channel.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("inbox__owner")
             .filter(pk=inbox_id)
             .first()

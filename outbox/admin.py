@@ -1,0 +1,128 @@
+"""The outbox in the operator's console.
+
+The dispatcher owns a message's status, sent time, attempts and error, and a channel's
+failure count, backoff and last error: those are read-only. A held message's body and
+urgency may be edited before it goes out; a sent or failed message is history. Failed
+messages go back to held through the same service as `manage.py deadletters --resend`.
+"""
+
+from django.contrib import admin, messages
+from django.db import models
+
+from inbox.admin import chunks, excerpt
+
+from . import services
+from .models import Channel, OutboxMessage
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "inbox",
+        "body_excerpt",
+        "urgent",
+        "status",
+        "created",
+        "sent_at",
+        "attempts",
+        "error_excerpt",
+    )
+    list_filter = ("status", "urgent", "inbox")
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug", "body")
+    search_help_text = "the exact inbox slug, or the body (contains)"
+    date_hierarchy = "created"
+    ordering = ("-id",)
+    show_full_result_count = False
+    fields = ("inbox", "body", "urgent", "status", "created", "sent_at", "attempts", "error")
+    readonly_fields = ("inbox", "status", "created", "sent_at", "attempts", "error")
+    actions = ("resend",)
+
+    @admin.display(description="body")
+    def body_excerpt(self, obj):
+        return excerpt(obj.body)
+
+    @admin.display(description="error")
+    def error_excerpt(self, obj):
+        return excerpt(obj.error)
+
+    def has_add_permission(self, request):
+        # Messages are what the agent says, written by a run's finish.
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        held = obj is None or obj.status == OutboxMessage.Status.HELD
+        return held and super().has_change_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        # Only the edited columns, and only while still held: a full save would write the
+        # status and attempts loaded with the form over the dispatcher's.
+        changed = {name: getattr(obj, name) for name in form.changed_data}
+        if not changed:
+            return
+        updated = OutboxMessage.objects.held().filter(pk=obj.pk).update(**changed)
+        if not updated:
+            self.message_user(
+                request,
+                "The message left the outbox while you edited it; nothing was changed.",
+                messages.WARNING,
+            )
+
+    @admin.action(description="Resend selected failed messages", permissions=["change"])
+    def resend(self, request, queryset):
+        selected = queryset.count()  # before: a status filter stops matching the resent
+        ids = list(queryset.failed().values_list("pk", flat=True))
+        resent = sum(services.resend(chunk) for chunk in chunks(ids))
+        left = selected - resent
+        text = f"{resent} message(s) put back in the outbox (held, attempts reset)."
+        if left:
+            text += f" {left} selected message(s) had not failed and were left alone."
+        self.message_user(request, text, messages.SUCCESS if resent else messages.WARNING)
+
+
+@admin.register(Channel)
+class ChannelAdmin(admin.ModelAdmin):
+    list_display = (
+        "inbox",
+        "kind",
+        "destination",
+        "mode",
+        "gap",
+        "failures",
+        "retry_at",
+        "last_error_excerpt",
+    )
+    list_filter = ("kind", "mode")
+    list_select_related = ("inbox__owner",)
+    search_fields = ("=inbox__slug", "email", "url")
+    search_help_text = "the exact inbox slug, the email address or the URL (contains)"
+    autocomplete_fields = ("inbox",)
+    ordering = ("inbox_id",)
+    show_full_result_count = False
+    readonly_fields = ("failures", "retry_at", "last_error")
+    # Django 6's default; say it now, so 5.2 doesn't warn.
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+
+    def get_readonly_fields(self, request, obj=None):
+        # A channel belongs to one inbox for good.
+        return ("inbox", *self.readonly_fields) if obj else self.readonly_fields
+
+    @admin.display(description="to")
+    def destination(self, obj):
+        if obj.kind == Channel.Kind.WEBHOOK:
+            return obj.url
+        return obj.email or f"{obj.inbox.owner.email or '-'} (owner)"
+
+    @admin.display(description="last error")
+    def last_error_excerpt(self, obj):
+        return excerpt(obj.last_error)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            # The dispatcher writes failures, retry_at and last_error under this row's lock;
+            # save only what the operator edited.
+            if form.changed_data:
+                obj.save(update_fields=form.changed_data)
+        else:
+            obj.save()

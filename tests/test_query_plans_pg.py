@@ -1,0 +1,325 @@
+"""Every worker query has an index, partial where it fits: the plans say so, on PostgreSQL.
+
+Each test fills the tables with a few thousand rows the query must not touch (done events,
+done timers, sent messages, answered approvals, idle leases) and a handful it must find,
+runs ANALYZE, then runs the query the code runs and EXPLAINs the SQL it sent. The index is
+asserted by name. The plan is the planner's own choice on this data; no setting forces it,
+except in the last test, which turns sequential scans off to show that *every* statement
+of a worker cycle has some index to use (a Seq Scan there means none exists).
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.db.models import Min
+from django.test.utils import CaptureQueriesContext
+
+from alwayson.api import (
+    Say,
+    acquire,
+    add_timer,
+    answer_approval,
+    claim_batch,
+    dispatch,
+    finish,
+    ingest,
+    request_approval,
+    run_scheduler,
+)
+from approvals.models import Approval
+from inbox.models import Event, Inbox, Lease
+from inbox.services import acquire_next, release, renew
+from outbox.models import OutboxMessage
+from tests.conftest import T0
+from timers.models import Timer
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db]
+
+NOISE = 3000  # rows per table that no worker query should read
+SECOND = timedelta(seconds=1)
+HOUR = timedelta(hours=1)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def sql_of(run):
+    """The statements `run()` sent, as executed (parameters inlined by the driver)."""
+    with CaptureQueriesContext(connection) as captured:
+        run()
+    return [q["sql"] for q in captured.captured_queries]
+
+
+def explain(sql):
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def plan_of(run):
+    """The plan of the one statement `run()` sends."""
+    statements = sql_of(run)
+    assert len(statements) == 1, statements
+    return explain(statements[0])
+
+
+def assert_uses(plan, index):
+    assert f" {index} " in f"{plan}\n".replace("\n", " \n"), f"{index} not used:\n{plan}"
+
+
+def analyze():
+    with connection.cursor() as cursor:
+        for model in (Event, Lease, Timer, OutboxMessage, Approval, Inbox):
+            cursor.execute(f"ANALYZE {model._meta.db_table}")
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def world(django_db_setup, django_db_blocker):
+    """One busy inbox with a long history, many idle inboxes, and a little live work: what a
+    worker's queries meet in production, in miniature. Returns the busy inbox.
+
+    Built once for the module inside a transaction that is rolled back at its end; each test
+    runs in a savepoint within it (pytest-django nests its per-test atomic block).
+    """
+    with django_db_blocker.unblock(), transaction.atomic():
+        _build_world()
+        yield Inbox.objects.get(slug="busy")
+        transaction.set_rollback(True)
+
+
+def _build_world(t0=T0):
+    owner = get_user_model().objects.create(username="plans-owner")
+    inbox = Inbox.objects.create(owner=owner, slug="busy")
+    idle = Inbox.objects.bulk_create(
+        Inbox(owner=owner, slug=f"idle-{n}", created=t0) for n in range(NOISE)
+    )
+    # bulk_create skips Inbox.save(), which makes the lease row; make them here, all idle.
+    Lease.objects.bulk_create(Lease(inbox=i, holder="old", generation=3) for i in idle)
+    past = t0 - timedelta(days=400)
+    history = [inbox] * (NOISE // 2) + idle[: NOISE // 2]
+
+    Event.objects.bulk_create(
+        Event(
+            inbox=owner_inbox,
+            source="chat",
+            source_id=f"old-{n}",
+            status=Event.Status.DONE,
+            attempts=1,
+            claim_gen=1,
+            available_at=past + n * SECOND,
+            created=past + n * SECOND,
+            updated=past + n * SECOND,
+        )
+        for n, owner_inbox in enumerate(history)
+    )
+    Timer.objects.bulk_create(
+        Timer(inbox=owner_inbox, key=f"old-{n}", due=past + n * SECOND, done=True)
+        for n, owner_inbox in enumerate(history)
+    )
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(
+            inbox=owner_inbox,
+            body=f"old {n}",
+            status=OutboxMessage.Status.SENT,
+            created=past + n * SECOND,
+            sent_at=past + n * SECOND,
+        )
+        for n, owner_inbox in enumerate(history)
+    )
+    Approval.objects.bulk_create(
+        Approval(
+            inbox=owner_inbox,
+            request_id=f"old-{n}",
+            action="refund",
+            requested_at=past,
+            expires_at=past + HOUR,
+            answer=Approval.Answer.YES,
+            answered_at=past,
+        )
+        for n, owner_inbox in enumerate(history)
+    )
+
+    # The live work, through the API.
+    for n in range(5):
+        ingest(inbox, "chat", f"new-{n}", {"n": n}, now=t0)
+    for n in range(3):
+        add_timer(inbox, f"soon-{n}", t0 - n * SECOND, now=t0)
+        add_timer(inbox, f"later-{n}", t0 + (n + 1) * HOUR, now=t0)
+    for n in range(3):
+        OutboxMessage.objects.create(inbox=inbox, body=f"held {n}", created=t0)
+    request_approval(inbox, "r1", "refund order 42", 3600, now=t0)
+    analyze()
+
+
+# --- claim_batch -----------------------------------------------------------------------------
+
+
+def test_claim_pending_rows_use_the_partial_pending_index(world, t0):
+    events = Event.objects.filter(inbox=world)
+    due = events.pending().due(t0)
+    # The batch: every due pending row, oldest first.
+    assert_uses(plan_of(lambda: list(due.values_list("id", flat=True))), "event_pending_idx")
+    # The oldest due retry, claimed alone.
+    retry = due.filter(attempts__gt=0).order_by("id").values_list("id", flat=True)
+    assert_uses(plan_of(retry.first), "event_pending_idx")
+    # Rows out of attempts, parked as dead.
+    out = events.out_of_attempts(settings.ALWAYSON_MAX_ATTEMPTS)
+    assert_uses(plan_of(lambda: list(out)), "event_pending_idx")
+
+
+def test_recount_work_uses_the_partial_pending_index(world):
+    lease = Lease.objects.get(inbox=world)
+    statements = [s for s in sql_of(lease.recount_work) if s.startswith("SELECT")]
+    assert len(statements) == 1, statements
+    assert "MIN(" in statements[0]
+    assert_uses(explain(statements[0]), "event_pending_idx")
+    # The same query, built here, in case recount_work changes shape.
+    pending = Event.objects.filter(inbox_id=world.pk).pending()
+    assert_uses(plan_of(lambda: pending.aggregate(first=Min("available_at"))), "event_pending_idx")
+
+
+def test_orphans_of_an_older_generation_use_the_partial_running_index(world, t0, ttl):
+    gen = acquire(world, "A", now=t0)
+    assert len(claim_batch(world, "A", gen, now=t0)) == 5
+    analyze()
+    orphans = Event.objects.filter(inbox=world).orphaned_by(gen + 1)
+    assert_uses(plan_of(lambda: list(orphans)), "event_running_idx")
+    # And the takeover claim that resets them runs that query.
+    later = t0 + ttl + SECOND
+    new = acquire(world, "B", now=later)
+    statements = sql_of(lambda: claim_batch(world, "B", new, now=later))
+    orphan_query = [s for s in statements if "'running'" in s and "claim_gen" in s]
+    assert orphan_query, statements
+    assert_uses(explain(orphan_query[0]), "event_running_idx")
+
+
+def test_finish_finds_its_running_rows_by_index(world, t0):
+    gen = acquire(world, "A", now=t0)
+    ids = [e.pk for e in claim_batch(world, "A", gen, now=t0)]
+    analyze()
+    claimed = Event.objects.running().filter(inbox=world, pk__in=ids, claim_gen=gen)
+    plan = plan_of(lambda: list(claimed))
+    assert "Seq Scan" not in plan, plan
+    assert "event_running_idx" in plan or "inbox_event_pkey" in plan, plan
+
+
+# --- the dedupe key --------------------------------------------------------------------------
+
+
+def test_duplicate_check_uses_the_unique_source_key(world):
+    same_key = Event.objects.filter(inbox_id=world.pk, source="chat", source_id="old-7")
+    assert_uses(plan_of(same_key.exists), "event_unique_source_key")
+    # answer_approval reads the answer that stands by the same key.
+    answer = Event.objects.filter(inbox=world, source="approval", source_id="r1")
+    assert_uses(plan_of(lambda: list(answer)), "event_unique_source_key")
+
+
+def test_a_duplicate_delivery_is_refused_by_the_unique_index(world, t0):
+    statements = sql_of(lambda: ingest(world, "chat", "new-1", {}, now=t0))
+    lookups = [s for s in statements if s.startswith("SELECT") and "source_id" in s]
+    assert lookups, statements
+    for sql in lookups:
+        assert_uses(explain(sql), "event_unique_source_key")
+
+
+# --- leases ----------------------------------------------------------------------------------
+
+
+def test_finding_an_inbox_with_work_uses_the_partial_work_index(world, t0):
+    with_work = Lease.objects.with_work(t0).select_for_update(skip_locked=True)
+    assert_uses(plan_of(with_work.order_by("work_at").first), "lease_work_idx")
+    statements = [s for s in sql_of(lambda: acquire_next("W", now=t0)) if "work_at" in s]
+    assert statements
+    assert_uses(explain(statements[0]), "lease_work_idx")
+
+
+# --- timers ----------------------------------------------------------------------------------
+
+
+def test_due_timers_use_the_partial_due_index(world, t0):
+    due = Timer.objects.due(t0).order_by("due", "id").values_list("pk", "inbox_id")
+    assert_uses(plan_of(lambda: list(due[:100])), "timer_due_idx")
+    # The candidates query run_scheduler sends.
+    statements = sql_of(lambda: run_scheduler(now=t0))
+    candidates = [s for s in statements if '"timers_timer"' in s and "LIMIT" in s]
+    assert candidates, statements
+    assert_uses(explain(candidates[0]), "timer_due_idx")
+
+
+def test_re_registering_a_timer_finds_it_by_its_unique_key(world, t0):
+    existing = Timer.objects.filter(inbox_id=world.pk, key="soon-1")
+    assert_uses(plan_of(existing.first), "timer_unique_key")
+
+
+# --- outbox ----------------------------------------------------------------------------------
+
+
+def test_held_messages_use_the_partial_held_index(world):
+    held = OutboxMessage.objects.filter(inbox_id=world.pk).held().order_by("id")
+    assert_uses(plan_of(lambda: list(held)), "outbox_held_idx")
+    assert_uses(plan_of(lambda: list(OutboxMessage.objects.inboxes_with_held())), "outbox_held_idx")
+
+
+def test_last_send_uses_the_sent_index(world):
+    messages = OutboxMessage.objects.filter(inbox_id=world.pk)
+    assert_uses(plan_of(messages.last_sent_at), "outbox_sent_idx")
+
+
+# --- approvals -------------------------------------------------------------------------------
+
+
+def test_an_answer_finds_its_request_by_the_unique_index(world):
+    request = Approval.objects.filter(inbox=world, request_id="r1")
+    assert_uses(plan_of(request.first), "approval_unique_request")
+
+
+# --- the whole cycle -------------------------------------------------------------------------
+
+
+def test_no_statement_of_a_worker_cycle_needs_a_table_scan(world, t0, ttl):
+    """Every SELECT/UPDATE/DELETE a worker, the scheduler, the dispatcher and an answer send
+    is EXPLAINed with sequential scans disabled: a Seq Scan left in a plan means no index
+    can serve that statement at all."""
+
+    def cycle():
+        ingest(world, "chat", "cycle-1", {}, now=t0)
+        inbox_id, gen = acquire_next("W", now=t0)
+        assert inbox_id == world.pk
+        renew(world, "W", gen, now=t0)
+        batch = claim_batch(world, "W", gen, now=t0)
+        finish(world, "W", gen, [e.pk for e in batch], [Say(world.pk, "hi")], now=t0)
+        release(world, "W", gen)
+        run_scheduler(now=t0)
+        dispatch(lambda *args: None, now=t0)
+        answer_approval(world, "r1", "yes", now=t0)
+        # A lost lease: the next holder's claim resets the orphans.
+        ingest(world, "chat", "cycle-2", {}, now=t0)
+        gen = acquire(world, "A", now=t0)
+        claim_batch(world, "A", gen, now=t0)
+        later = t0 + ttl + SECOND
+        claim_batch(world, "B", acquire(world, "B", now=later), now=later)
+
+    def reads_a_table(sql):
+        verb = sql.split(None, 1)[0]
+        return verb in ("UPDATE", "DELETE") or (verb == "SELECT" and " FROM " in sql)
+
+    statements = [s for s in sql_of(cycle) if reads_a_table(s)]
+    assert len(statements) > 20
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    try:
+        scans = {}
+        for sql in statements:
+            plan = explain(sql)
+            if "Seq Scan" in plan:
+                scans[sql] = plan
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = on")
+    assert not scans, "\n\n".join(f"{sql}\n{plan}" for sql, plan in scans.items())
