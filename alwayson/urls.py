@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from . import views
+from .admin_dashboard import dashboard
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -9,5 +10,6 @@ urlpatterns = [
     path("approvals/", include("approvals.urls")),
     path("hooks/", include("inbox.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/dashboard/", dashboard, name="admin-dashboard"),
     path("admin/", admin.site.urls),
 ]

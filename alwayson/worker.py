@@ -208,18 +208,30 @@ class WorkerPool:
         self.runs = 0
         self._runs_lock = threading.Lock()
         self._wake = threading.Condition()
+        self._pending = 0
 
     @property
     def worker_id(self):
         return self.worker.worker_id
 
     def wake(self):
+        """Work may have arrived: one idle slot looks. Counted, so a wake-up that lands while
+        every slot is between its poll and its wait is not lost."""
         with self._wake:
-            self._wake.notify_all()
+            self._pending = min(self._pending + 1, self.concurrency)
+            self._wake.notify()
 
     def request_stop(self):
         self.stop.set()
-        self.wake()
+        with self._wake:
+            self._wake.notify_all()
+
+    def _idle(self):
+        """Sleep until woken, stopped, or the interval passes (the polling fallback)."""
+        with self._wake:
+            self._wake.wait_for(lambda: self._pending or self.stop.is_set(), self.interval)
+            if self._pending:
+                self._pending -= 1
 
     def _count_run(self) -> bool:
         """Count a finished run; True when --max-runs is reached."""
@@ -247,8 +259,7 @@ class WorkerPool:
                     continue
                 if self.once:
                     return
-                with self._wake:
-                    self._wake.wait(self.interval)
+                self._idle()
         finally:
             connection.close()
 

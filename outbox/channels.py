@@ -4,6 +4,7 @@ A channel raises SendFailed for a failure the dispatcher should retry (a refused
 connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
 """
 
+import http.client
 import json
 import smtplib
 import urllib.error
@@ -36,6 +37,17 @@ def send_email(delivery, channel):
         raise SendFailed(f"email to {address}: {exc}") from exc
 
 
+class RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib would follow a 3xx answer to a POST with a bodiless GET and call the result a
+    delivery; a receiver that moved is a failed send until the channel's URL is fixed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl}", headers, fp)
+
+
+_opener = urllib.request.build_opener(RefuseRedirects)
+
+
 def send_webhook(delivery, channel):
     body = json.dumps(
         {
@@ -60,12 +72,13 @@ def send_webhook(delivery, channel):
     )
     timeout = settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with _opener.open(request, timeout=timeout) as response:
             response.read(1024)
     except urllib.error.HTTPError as exc:
         raise SendFailed(f"webhook {channel.url}: HTTP {exc.code}") from exc
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        raise SendFailed(f"webhook {channel.url}: {exc}") from exc
+    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError) as exc:
+        # HTTPException: the receiver answered with something that is not HTTP.
+        raise SendFailed(f"webhook {channel.url}: {exc!r}") from exc
 
 
 SENDERS = {"email": send_email, "webhook": send_webhook}

@@ -78,7 +78,7 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     rule requires. At most once: the rows are marked sent and committed first, then sent
     outside any lock; a crash in between loses them.
     """
-    inbox_id = inbox.pk if isinstance(inbox, Inbox) else inbox
+    inbox_id = Inbox.objects.resolve(inbox).pk if not isinstance(inbox, Inbox) else inbox.pk
     Channel.objects.get_or_create(inbox_id=inbox_id)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -115,7 +115,7 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     except SendFailed as exc:
         # At most once: the rows were given up when they were marked sent; say why.
         OutboxMessage.objects.filter(pk__in=[m.pk for m in held]).update(
-            status=OutboxMessage.Status.FAILED, error=str(exc)
+            status=OutboxMessage.Status.FAILED, attempts=F("attempts") + 1, error=str(exc)
         )
         log.warning("at-most-once send failed, not retried: inbox=%s: %s", inbox_id, exc)
         return 0
@@ -132,18 +132,24 @@ def _mark_sent(channel, held, now):
 
 
 def _record_failure(channel, held, error, now):
-    """Retry later with backoff; after ALWAYSON_OUTBOX_MAX_ATTEMPTS park the rows as failed,
-    so one broken channel neither blocks other inboxes nor retries forever."""
+    """Retry later with backoff; a message that has failed ALWAYSON_OUTBOX_MAX_ATTEMPTS times
+    is parked as failed, so one broken channel neither blocks other inboxes nor retries
+    forever. Each row counts its own attempts: a message that joined a failing send late
+    gets its full share of tries."""
     ids = [m.pk for m in held]
     OutboxMessage.objects.filter(pk__in=ids).update(attempts=F("attempts") + 1, error=error)
-    channel.failures += 1
+    parked = OutboxMessage.objects.filter(
+        pk__in=ids, attempts__gte=settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS
+    ).update(status=OutboxMessage.Status.FAILED)
+    if parked:
+        log.warning("parked %s message(s) as failed: inbox=%s: %s", parked, channel.pk, error)
     channel.last_error = error
-    if channel.failures >= settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS:
-        OutboxMessage.objects.filter(pk__in=ids).update(status=OutboxMessage.Status.FAILED)
-        channel.failures, channel.retry_at = 0, None
-        log.warning("send parked as failed after %s attempts: inbox=%s", len(ids), channel.pk)
-    else:
+    if parked < len(ids):
+        channel.failures += 1
         channel.retry_at = now + retry_delay(channel.failures)
+    else:
+        # Nothing of this send is left to retry: the next message starts a fresh series.
+        channel.failures, channel.retry_at = 0, None
     channel.save(update_fields=["failures", "retry_at", "last_error"])
 
 
@@ -152,5 +158,5 @@ def resend(message_ids) -> int:
     return (
         OutboxMessage.objects.failed()
         .filter(pk__in=list(message_ids))
-        .update(status=OutboxMessage.Status.HELD, attempts=0, error="")
+        .update(status=OutboxMessage.Status.HELD, sent_at=None, attempts=0, error="")
     )

@@ -1,5 +1,6 @@
 """Timers: add_timer and run_scheduler."""
 
+import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -90,6 +91,10 @@ class Schedule:
             return
         if self.every is not None:
             raise ValueError("cron: a timer takes either every or cron, not both")
+        if len(self.cron.split()) != 5:
+            raise ValueError(
+                f"cron: expected 5 fields (minute hour day month weekday), not {self.cron!r}"
+            )
         try:
             CronSim(self.cron, datetime.now(zone))
         except CronSimError as exc:
@@ -188,6 +193,9 @@ def run_scheduler(now=None, batch_size=SCHEDULER_BATCH, inbox=None) -> int:
     candidates = list(
         timers.due(now).order_by("due", "id").values_list("pk", "inbox_id")[:batch_size]
     )
+    # Schedulers started together would otherwise walk the same list in the same order,
+    # queueing on the same lease rows; shuffled, each mostly finds timers nobody holds.
+    random.shuffle(candidates)
     handled = 0
     for pk, inbox_id in candidates:
         with transaction.atomic():

@@ -41,6 +41,9 @@ class LoopCommand(BaseCommand):
     def configure(self, verbosity, worker_id):
         logging.getLogger("alwayson").setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
         db = connections.settings["default"]
+        # A loop wakes every second: keep its connection between wakes (health-checked by
+        # close_old_connections) instead of opening a database session per poll.
+        db["CONN_MAX_AGE"] = 300
         if db["ENGINE"].endswith("postgresql"):
             # Set before any connection opens: every thread's connection copies it.
             db.setdefault("OPTIONS", {})["application_name"] = f"{self.role} {worker_id}"[:63]

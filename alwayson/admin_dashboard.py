@@ -1,0 +1,103 @@
+"""The operator's dashboard: one admin page with the state of every inbox at a glance.
+
+Three queries however many inboxes there are: events by status per inbox (with the oldest
+pending event and the dead of the last 24 hours), held and failed outbox messages per inbox,
+and the leases held now. Ages and "now" come from the database's clock, the one the leases
+and timers use.
+"""
+
+from datetime import timedelta
+
+from django.contrib import admin
+from django.contrib.admin.views.decorators import staff_member_required
+from django.db.models import Count, Min, Q
+from django.shortcuts import render
+
+from inbox import clock
+from inbox.models import Event, Inbox, Lease
+from outbox.models import OutboxMessage
+
+STATUSES = Event.Status.values
+
+
+def inbox_rows(now):
+    since = now - timedelta(hours=24)
+    counts = {
+        f"n_{status}": Count("events", filter=Q(events__status=status)) for status in STATUSES
+    }
+    return list(
+        Inbox.objects.order_by("slug")
+        .values("pk", "slug")
+        .annotate(
+            **counts,
+            dead_24h=Count(
+                "events",
+                filter=Q(events__status=Event.Status.DEAD, events__updated__gte=since),
+            ),
+            oldest_pending=Min("events__created", filter=Q(events__status=Event.Status.PENDING)),
+        )
+    )
+
+
+def outbox_by_inbox():
+    held, failed = OutboxMessage.Status.HELD, OutboxMessage.Status.FAILED
+    rows = (
+        OutboxMessage.objects.filter(status__in=[held, failed])
+        .values("inbox_id")
+        .annotate(
+            held=Count("id", filter=Q(status=held)),
+            failed=Count("id", filter=Q(status=failed)),
+            oldest_held=Min("created", filter=Q(status=held)),
+        )
+        .order_by()
+    )
+    return {row["inbox_id"]: row for row in rows}
+
+
+def dashboard_context(now):
+    outbox = outbox_by_inbox()
+    leases = list(
+        Lease.objects.filter(until__gt=now).select_related("inbox").order_by("inbox__slug")
+    )
+    held_by = {lease.inbox_id: lease for lease in leases}
+    rows = []
+    for row in inbox_rows(now):
+        messages = outbox.get(row["pk"], {})
+        rows.append(
+            {
+                "pk": row["pk"],
+                "slug": row["slug"],
+                "counts": [(status, row[f"n_{status}"]) for status in STATUSES],
+                "by_status": {status: row[f"n_{status}"] for status in STATUSES},
+                "oldest_pending": row["oldest_pending"],
+                "oldest_pending_age": now - row["oldest_pending"]
+                if row["oldest_pending"]
+                else None,
+                "dead_24h": row["dead_24h"],
+                "held": messages.get("held", 0),
+                "failed": messages.get("failed", 0),
+                "oldest_held": messages.get("oldest_held"),
+                "lease": held_by.get(row["pk"]),
+            }
+        )
+    totals = {status: sum(row["by_status"][status] for row in rows) for status in STATUSES}
+    return {
+        "now": now,
+        "statuses": STATUSES,
+        "rows": rows,
+        "totals": totals,
+        "dead_24h": sum(row["dead_24h"] for row in rows),
+        "held": sum(row["held"] for row in rows),
+        "failed": sum(row["failed"] for row in rows),
+        "leases": leases,
+    }
+
+
+@staff_member_required
+def dashboard(request):
+    context = {
+        **admin.site.each_context(request),
+        "title": "Dashboard",
+        **dashboard_context(clock.database_now()),
+    }
+    return render(request, "admin/alwayson_dashboard.html", context)

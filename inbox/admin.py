@@ -1,0 +1,260 @@
+"""The operator's console for inboxes, events, leases and sessions.
+
+Rows the machinery writes (events, leases, sessions) are view-only here: a save from a form
+would write every column it loaded, over whatever a worker committed since, without the
+inbox's lease lock. Operators change events through actions that call the same services as
+`manage.py deadletters`, which lock the lease row and keep its work flag right.
+
+Every list is meant to be usable at 100,000 rows: the related inbox is joined in the same
+query (list_select_related; tests/test_admin.py checks the query count does not grow with
+the rows), the unfiltered total is not counted twice, and the newest rows come first by
+primary key, so page one needs no sort of the whole table.
+"""
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
+from django.contrib.auth import get_permission_codename, get_user_model
+from django.db.models import BooleanField, Case, Value, When
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from . import clock, services
+from .models import Event, Inbox, Lease, Session
+
+# Ids handed to a service per call: keeps `pk IN (...)` under SQLite's variable limit when
+# an action runs on "all N rows matching the filter".
+ACTION_CHUNK = 500
+
+
+def pretty_json(value):
+    """A JSON value indented in a <pre>, escaped."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
+
+
+def excerpt(text, length=80):
+    return Truncator(text).chars(length) if text else ""
+
+
+def chunks(ids, size=ACTION_CHUNK):
+    ids = list(ids)
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
+def deleting_inbox(request) -> bool:
+    """True while the admin deletes inboxes, or the users who own them (their delete pages
+    or the bulk action).
+
+    Rows of an inbox's machinery may only go with their inbox. Before a delete Django asks
+    the admin of every model the delete cascades to; this lets those admins say yes there
+    and no on their own pages.
+    """
+    match = getattr(request, "resolver_match", None)
+    if match is None:
+        return False
+    owners = (Inbox._meta, get_user_model()._meta)
+    return match.view_name in {
+        f"{admin.site.name}:{opts.app_label}_{opts.model_name}_{view}"
+        for opts in owners
+        for view in ("delete", "changelist")
+    }
+
+
+def has_model_perm(request, opts, action):
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+
+
+class MachineryAdmin(admin.ModelAdmin):
+    """View-only rows written by the machinery; deleted only together with their inbox."""
+
+    show_full_result_count = False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return deleting_inbox(request) and super().has_delete_permission(request, obj)
+
+
+@admin.register(Inbox)
+class InboxAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "owner", "created", "events_link", "dead_link")
+    list_select_related = ("owner",)
+    search_fields = ("slug", "name", "owner__username")
+    autocomplete_fields = ("owner",)
+    readonly_fields = ("created",)
+
+    def get_readonly_fields(self, request, obj=None):
+        # Workers, timers and the API name an inbox by its slug: renaming it breaks them.
+        return (*self.readonly_fields, "slug") if obj else self.readonly_fields
+
+    @admin.display(description="events")
+    def events_link(self, obj):
+        url = reverse(f"{self.admin_site.name}:inbox_event_changelist")
+        return format_html('<a href="{}?inbox__id__exact={}">events</a>', url, obj.pk)
+
+    @admin.display(description="dead")
+    def dead_link(self, obj):
+        url = reverse(f"{self.admin_site.name}:inbox_event_changelist")
+        return format_html(
+            '<a href="{}?inbox__id__exact={}&amp;status__exact=dead">dead events</a>', url, obj.pk
+        )
+
+
+class EventActionForm(ActionForm):
+    reason = forms.CharField(
+        required=False,
+        max_length=255,
+        label="Reason (mark dead):",
+    )
+
+
+@admin.register(Event)
+class EventAdmin(MachineryAdmin):
+    list_display = (
+        "id",
+        "inbox",
+        "source",
+        "source_id",
+        "status",
+        "attempts",
+        "error_excerpt",
+        "available_at",
+        "created",
+    )
+    list_display_links = ("id", "source_id")
+    list_filter = ("status", "source", "inbox")
+    list_select_related = ("inbox",)
+    search_fields = ("source_id", "=inbox__slug")
+    search_help_text = "source_id (contains) or the exact inbox slug"
+    date_hierarchy = "created"
+    ordering = ("-id",)
+    fields = (
+        "inbox",
+        "source",
+        "source_id",
+        "status",
+        "attempts",
+        "claim_gen",
+        "error",
+        "available_at",
+        "created",
+        "updated",
+        "payload_pretty",
+    )
+    readonly_fields = fields
+    action_form = EventActionForm
+    actions = ("requeue", "mark_dead")
+
+    @admin.display(description="error")
+    def error_excerpt(self, obj):
+        return excerpt(obj.error)
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj):
+        return pretty_json(obj.payload)
+
+    def has_operate_permission(self, request):
+        # The event pages are view-only; running the actions takes the change permission.
+        return has_model_perm(request, self.opts, "change")
+
+    @admin.action(description="Requeue selected dead events", permissions=["operate"])
+    def requeue(self, request, queryset):
+        selected = queryset.count()
+        ids = list(queryset.dead().values_list("pk", flat=True))
+        requeued = sum(services.requeue(chunk) for chunk in chunks(ids))
+        self.report(request, selected, requeued, "requeued (back to pending, attempts reset)")
+
+    @admin.action(description="Mark selected pending events dead", permissions=["operate"])
+    def mark_dead(self, request, queryset):
+        reason = request.POST.get("reason", "").strip()
+        if not reason:
+            reason = f"marked dead in the admin by {request.user.get_username()}"
+        selected = queryset.count()
+        ids = list(queryset.pending().values_list("pk", flat=True))
+        parked = sum(services.mark_dead(chunk, reason) for chunk in chunks(ids))
+        self.report(request, selected, parked, f"marked dead ({reason})")
+
+    def report(self, request, selected, changed, what):
+        # Counted before the change: a selection made through a status filter no longer
+        # matches the rows the action moved.
+        left = selected - changed
+        text = f"{changed} event(s) {what}."
+        if left:
+            text += f" {left} selected event(s) were in another state and left alone."
+        self.message_user(request, text, messages.SUCCESS if changed else messages.WARNING)
+
+
+class HeldFilter(admin.SimpleListFilter):
+    title = "held now"
+    parameter_name = "held"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "held"), ("no", "free"))
+
+    def queryset(self, request, queryset):
+        if self.value() in ("yes", "no"):
+            return queryset.filter(held_now=self.value() == "yes")
+        return queryset
+
+
+@admin.register(Lease)
+class LeaseAdmin(MachineryAdmin):
+    """Who runs each inbox's agent. Read-only: only acquire/renew/release move a lease."""
+
+    list_display = ("inbox", "held_now", "holder", "generation", "until", "work_at")
+    list_filter = (HeldFilter,)
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug", "holder")
+    search_help_text = "the exact inbox slug, or the holder (contains)"
+    ordering = ("inbox_id",)
+    fields = ("inbox", "held_now", "holder", "generation", "until", "work_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        # Held means until > now on the database's clock, the one acquire() compares with.
+        now = clock.database_now()
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                held_now=Case(
+                    When(until__gt=Value(now), then=Value(True)),
+                    default=Value(False),
+                    output_field=BooleanField(),
+                )
+            )
+        )
+
+    @admin.display(description="held now", boolean=True, ordering="held_now")
+    def held_now(self, obj):
+        return obj.held_now
+
+
+@admin.register(Session)
+class SessionAdmin(MachineryAdmin):
+    """The agent's state per inbox. Read-only: only a fenced finish replaces it."""
+
+    list_display = ("inbox", "updated", "state_excerpt")
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug",)
+    search_help_text = "the exact inbox slug"
+    ordering = ("inbox_id",)
+    fields = ("inbox", "updated", "state_pretty")
+    readonly_fields = fields
+
+    @admin.display(description="state")
+    def state_excerpt(self, obj):
+        return excerpt(json.dumps(obj.state, ensure_ascii=False, sort_keys=True))
+
+    @admin.display(description="state")
+    def state_pretty(self, obj):
+        return pretty_json(obj.state)
