@@ -18,7 +18,27 @@ def require_json(field: str, value):
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from None
+    _require_storable_strings(field, value)
     return value
+
+
+def _require_storable_strings(field, value):
+    """PostgreSQL's jsonb refuses NUL characters and lone surrogates that SQLite would keep;
+    refuse them on both, so a payload is valid or not whatever the database."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{field} contains a NUL character, which cannot be stored")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{field} contains a lone surrogate, which cannot be stored") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _require_storable_strings(field, key)
+            _require_storable_strings(field, item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _require_storable_strings(field, item)
 
 
 def require_mapping(field: str, value) -> dict:

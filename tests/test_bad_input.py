@@ -151,3 +151,15 @@ def test_approval_must_expire_in_the_future(inbox, t0, unchanged, expires_in):
 def test_reserved_sources_cannot_be_ingested(inbox, t0, unchanged, source):
     with pytest.raises(ValueError, match=f"source '{source}' is reserved"):
         ingest(inbox, source, "refund-1", {"answer": "yes"}, now=t0)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "payload, problem",
+    [({"text": "a\x00b"}, "NUL"), ({"k\x00": 1}, "NUL"), (["\ud800"], "lone surrogate")],
+)
+def test_payload_that_postgres_cannot_store_is_refused_on_every_database(
+    inbox, t0, unchanged, payload, problem
+):
+    with pytest.raises(ValueError, match=f"payload contains a {problem}"):
+        ingest(inbox, "chat", "m1", payload, now=t0)
