@@ -1,5 +1,5 @@
-# Two commands on a fresh clone: `make run` (set up, migrate, run on SQLite) and `make test`.
-# DATABASE_URL switches the database for both (default: SQLite file alwayson.sqlite3).
+# Two commands on a fresh clone: `make run` (set up, migrate, start the whole product on SQLite)
+# and `make test`. DATABASE_URL switches the database (default: SQLite file alwayson.sqlite3).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,8 +12,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+	@# The browser tests drive Debian's Chromium; Playwright cannot download a browser here.
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
 run: install
+	$(PY) manage.py runall
+
+scenarios: install
 	$(PY) manage.py migrate --verbosity 0
 	$(PY) manage.py scenarios
 

@@ -34,7 +34,7 @@ def home(request):
 
 
 @login_required
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def inbox_page(request, slug):
     inbox = get_object_or_404(owned_inboxes(request.user), slug=slug)
     status = 200

@@ -1,5 +1,6 @@
 """Deferred approvals: request_approval and answer_approval."""
 
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -14,6 +15,8 @@ from timers.services import Schedule
 from .models import APPROVAL_SOURCE, Approval, expiry_timer_key
 
 UNKNOWN = "unknown"
+# It names the approval's page in a URL, so it stays one path segment.
+REQUEST_ID = re.compile(r"[\w.:-]+")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,10 @@ class Ask:
 
     def __post_init__(self):
         require_key("request_id", self.request_id)
+        if not REQUEST_ID.fullmatch(self.request_id):
+            raise ValueError(
+                f"request_id may use letters, digits and . _ : - only, not {self.request_id!r}"
+            )
         require_key("action", self.action)
         expires_in = self.expires_in
         if not isinstance(expires_in, timedelta):

@@ -28,7 +28,7 @@ def approval_list(request):
 
 
 @login_required
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def approval_detail(request, slug, request_id):
     # The same 404 for somebody else's request, an unknown one and a forged id: whether a
     # request exists is not for other people to learn.
@@ -41,9 +41,12 @@ def approval_detail(request, slug, request_id):
         answer = request.POST.get("answer")
         if answer not in (Approval.Answer.YES, Approval.Answer.NO):
             return HttpResponseBadRequest('answer must be "yes" or "no"', content_type="text/plain")
+        already = approval.standing_answer(clock.database_now())
         answer_approval(approval.inbox, approval.request_id, answer)
-        approval.refresh_from_db()
-        messages.info(request, approval.outcome_words(clock.database_now()))
+        if already:
+            messages.info(request, "This request was already settled; the first outcome stands.")
+        else:
+            messages.success(request, "Your answer was recorded.")
         return redirect(approval)
     now = clock.database_now()
     return render(

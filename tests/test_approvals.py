@@ -124,3 +124,11 @@ def test_answer_must_be_yes_or_no(inbox, t0, answer):
 
     assert not Event.objects.exists()
     assert Approval.objects.get().answer == ""
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("request_id", ["refund/881", "refund 881", "réfund?"])
+def test_request_id_must_fit_in_one_url_segment(inbox, t0, request_id):
+    with pytest.raises(ValueError, match="request_id may use letters"):
+        request_approval(inbox, request_id, "refund order 881", timedelta(hours=4), now=t0)
+    assert not Approval.objects.exists()

@@ -5,6 +5,7 @@ SIGTERM) asks each to stop gracefully; a second one kills them. If one dies, the
 stopped and the command fails, rather than leaving a product that silently does half its job.
 """
 
+import os
 import secrets
 import signal
 import subprocess
@@ -47,7 +48,9 @@ class Command(BaseCommand):
             "scheduler": [*manage, "runscheduler"],
             "dispatcher": [*manage, "rundispatcher"],
         }
-        supervisor = Supervisor(commands)
+        # The agent's links must point where this server listens, unless configured.
+        env = {"ALWAYSON_SITE_URL": f"http://{addr}", **os.environ}
+        supervisor = Supervisor(commands, env)
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGTERM, supervisor.on_signal)
         self.stdout.write(f"alwayson is running at http://{addr}/ (Ctrl-C stops everything)")
@@ -80,8 +83,8 @@ class Command(BaseCommand):
 class Supervisor:
     """Child processes that live and stop together."""
 
-    def __init__(self, commands):
-        self.children = {name: subprocess.Popen(argv) for name, argv in commands.items()}
+    def __init__(self, commands, env):
+        self.children = {name: subprocess.Popen(argv, env=env) for name, argv in commands.items()}
         self.stop_started = None
 
     def running(self):

@@ -1,0 +1,406 @@
+"""Browser tests: Playwright driving Debian's Chromium, headless, against a live server.
+
+The worker, scheduler and dispatcher steps run for real in this process between browser
+actions (Worker.step, run_scheduler, dispatch); email goes to Django's locmem outbox, the test
+stand-in for the console email. Screenshots go to artifacts/screenshots/ (git-ignored).
+
+Chromium is required, not optional: without it these tests fail with a message saying how to
+install it (`make install` does). They are never skipped, so CI cannot pass without them.
+
+Playwright's sync API keeps an asyncio loop running in this thread, and Django refuses ORM
+calls from a thread with a running loop; DJANGO_ALLOW_ASYNC_UNSAFE lifts that for this
+module only (the ORM calls here are plain synchronous code).
+"""
+
+import os
+import re
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.core import mail
+
+from alwayson import refund_desk
+from alwayson.worker import Worker
+from approvals.models import Approval
+from approvals.services import request_approval
+from inbox import clock
+from inbox.models import Event, Inbox, Lease
+from inbox.services import acquire, ingest
+from outbox.models import OutboxMessage
+from outbox.services import dispatch
+from timers.models import Timer
+from timers.services import run_scheduler
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # reported by the browser fixture, as a failure
+    expect = sync_playwright = None
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("ALWAYSON_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = django_settings.BASE_DIR / "artifacts" / "screenshots"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+PASSWORD = "pw-browser-123"
+TIMEOUT_MS = 15_000
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def allow_orm_beside_playwrights_loop():
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def browser(allow_orm_beside_playwrights_loop):
+    if sync_playwright is None:
+        pytest.fail(
+            "Playwright is not installed: pip install -e '.[test]' (make install does).",
+            pytrace=False,
+        )
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: the browser tests need Debian's Chromium. "
+            "Install it with `apt-get install -y chromium` (make install does), or point "
+            "ALWAYSON_TEST_CHROMIUM at a Chromium binary. These tests are never skipped.",
+            pytrace=False,
+        )
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def new_page(browser):
+    """Pages in fresh contexts (no shared cookies), closed after the test."""
+    contexts = []
+
+    def make(viewport=DESKTOP):
+        context = browser.new_context(viewport=viewport)
+        context.set_default_timeout(TIMEOUT_MS)
+        contexts.append(context)
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def site(live_server, settings):
+    """The live server's URL; the agent's links point at it, and email stays in memory."""
+    settings.ALWAYSON_SITE_URL = live_server.url
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    mail.outbox = []
+    return live_server.url
+
+
+@pytest.fixture
+def owner_user(django_user_model, site):
+    return django_user_model.objects.create_user(
+        username="owner", password=PASSWORD, email="owner@example.com"
+    )
+
+
+@pytest.fixture
+def desk(owner_user):
+    return Inbox.objects.create(owner=owner_user, slug="desk", name="Refund desk")
+
+
+@pytest.fixture
+def staff_user(django_user_model, site):
+    return django_user_model.objects.create_superuser(
+        username="operator", password=PASSWORD, email="operator@example.com"
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def screenshot(page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def assert_fits_a_phone(page):
+    """No sideways scrolling at phone width."""
+    width = page.evaluate("document.documentElement.scrollWidth")
+    viewport = page.viewport_size["width"]
+    assert width <= viewport, f"{page.url} is {width}px wide in a {viewport}px viewport"
+
+
+def log_in(page, site, username, next_path="/"):
+    page.goto(f"{site}/accounts/login/?next={next_path}")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(f"{site}{next_path}")
+
+
+def log_in_to_admin(page, site, username, next_path="/admin/"):
+    page.goto(f"{site}/admin/login/?next={next_path}")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.locator("input[type=submit]").click()
+    expect(page).to_have_url(f"{site}{next_path}")
+
+
+def step_worker():
+    return Worker(worker_id="browser-test", agent=refund_desk.agent).step()
+
+
+def run_background_once():
+    """One pass of what runall's processes do: the scheduler, the worker, the dispatcher."""
+    run_scheduler()
+    result = step_worker()
+    dispatch()
+    return result
+
+
+# --- the walkthrough ---------------------------------------------------------------------------
+
+
+def test_the_refund_walkthrough(new_page, site, desk, staff_user):
+    page = new_page()
+
+    # Log in: the inbox page sends an anonymous visitor to the login page and back.
+    page.goto(f"{site}/inbox/desk/")
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next=/inbox/desk/$"))
+    page.get_by_label("Username").fill("owner")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(f"{site}/inbox/desk/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Refund desk")
+
+    # Post "refund order 881".
+    page.get_by_label("Message to your agent").fill("refund order 881")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("status")).to_have_text("Sent.")
+    chat = Event.objects.get(inbox=desk, source="chat")
+    assert chat.payload["text"] == "refund order 881"
+
+    # The worker runs the agent: it asks for approval and says so, with the link.
+    result = run_background_once()
+    assert result is not None and result.events == 1
+    chat.refresh_from_db()
+    assert chat.status == "done"
+    link = f"{site}/approvals/desk/refund-881/"
+    assert len(mail.outbox) == 1
+    assert mail.outbox[0].to == ["owner@example.com"]
+    assert link in mail.outbox[0].body
+
+    page.reload()
+    expect(page.locator(".messages-list li").first).to_contain_text("Refund order 881?")
+    expect(page.get_by_role("link", name=link)).to_have_attribute("href", link)
+
+    # The approvals page lists it; its own page has the buttons.
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Approvals").click()
+    expect(page).to_have_url(f"{site}/approvals/")
+    waiting = page.locator("section", has=page.locator("#waiting-heading"))
+    expect(waiting).to_contain_text("Refund order 881")
+    expect(waiting).to_contain_text(re.compile(r"\d+\shours?,\s\d+\sminutes?\sleft"))
+    waiting.get_by_role("link", name="Refund order 881").click()
+    expect(page).to_have_url(link)
+    expect(page.get_by_role("heading", level=1)).to_have_text("Refund order 881?")
+    expect(page.get_by_role("button", name="Approve")).to_be_visible()
+    expect(page.get_by_role("button", name="Deny")).to_be_visible()
+    screenshot(page, "approval-page")
+    page.set_viewport_size(PHONE)
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-page-phone")
+    page.set_viewport_size(DESKTOP)
+
+    # Approve.
+    page.get_by_role("button", name="Approve").click()
+    expect(page).to_have_url(link)
+    expect(page.locator(".outcome")).to_have_text("Approved.")
+    expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(page.get_by_role("button", name="Deny")).to_have_count(0)
+    screenshot(page, "approval-approved")
+    assert Approval.objects.get(inbox=desk, request_id="refund-881").answer == "yes"
+
+    # The worker runs the answer: the refund, and the message saying so.
+    result = run_background_once()
+    assert result is not None and result.events == 1
+    assert len(mail.outbox) == 2
+    assert "Refunded order 881" in mail.outbox[1].body
+    assert mail.outbox[1].subject == "[desk] Refunded order 881"
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Inboxes").click()
+    page.get_by_role("link", name="Refund desk").click()
+    expect(page).to_have_url(f"{site}/inbox/desk/")
+    newest = page.locator(".messages-list li").first
+    expect(newest).to_contain_text("Refunded order 881")
+    expect(page.locator(".messages-list li")).to_have_count(2)
+    page.set_viewport_size(PHONE)
+    assert_fits_a_phone(page)
+    screenshot(page, "inbox-page-phone")
+
+    # Nothing is left to do.
+    assert run_background_once() is None
+    assert len(mail.outbox) == 2
+
+    # Log out; the operator finds the same events in the admin.
+    page.get_by_role("button", name="Log out owner").click()
+    expect(page).to_have_url(re.compile(r"/accounts/login/$"))
+    page.set_viewport_size(DESKTOP)
+    log_in_to_admin(page, site, "operator", "/admin/inbox/event/")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#result_list")).to_contain_text(chat.source_id)
+    expect(page.locator("#result_list")).to_contain_text("refund-881")
+    page.locator("#searchbar").fill("refund-881")
+    page.locator("#changelist-search input[type=submit]").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("refund-881")
+
+
+# --- an expired request --------------------------------------------------------------------
+
+
+def test_an_expired_request_shows_the_expired_words_and_no_buttons(new_page, site, desk):
+    approval = request_approval(desk, "refund-882", "refund order 882", timedelta(hours=4))
+    past = clock.whole_seconds(clock.database_now() - timedelta(minutes=3))
+    Approval.objects.filter(pk=approval.pk).update(expires_at=past)
+    Timer.objects.filter(inbox=desk, key=approval.expiry_timer_key).update(due=past)
+    words = f"This request expired at {past:%H:%M} UTC; nothing was done."
+
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/approvals/desk/refund-882/")
+
+    expect(page.locator(".outcome")).to_have_text(words)
+    expect(page.get_by_role("button")).to_have_count(1)  # "Log out owner", nothing else
+    expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(page.get_by_role("button", name="Deny")).to_have_count(0)
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-expired-phone")
+    assert not Event.objects.exists()  # looking stored nothing
+
+    page.goto(f"{site}/approvals/")
+    settled = page.locator("section", has=page.locator("#settled-heading"))
+    expect(settled).to_contain_text("Refund order 882")
+    expect(settled).to_contain_text(words)
+    expect(page.locator("section", has=page.locator("#waiting-heading"))).to_contain_text(
+        "Nothing is waiting for you."
+    )
+
+    # The expiry timer fires; the agent tells the owner nothing was refunded.
+    assert run_scheduler() == 1
+    assert step_worker() is not None
+    dispatch()
+    assert Approval.objects.get(pk=approval.pk).answer == "expired"
+    assert "Did not refund order 882: nobody approved it in time." in mail.outbox[-1].body
+
+
+# --- another user ----------------------------------------------------------------------------
+
+
+def test_a_second_user_cannot_see_the_first_users_approvals(
+    new_page, site, desk, django_user_model
+):
+    request_approval(desk, "refund-881", "refund order 881", timedelta(hours=4))
+    django_user_model.objects.create_user(username="second", password=PASSWORD)
+
+    page = new_page()
+    log_in(page, site, "second", "/approvals/")
+    expect(page.get_by_text("Nothing is waiting for you.")).to_be_visible()
+    expect(page.get_by_text("No answers yet.")).to_be_visible()
+    expect(page.locator("main")).not_to_contain_text("881")
+
+    unknown = page.goto(f"{site}/approvals/desk/refund-404/")
+    unknown_body = unknown.body()
+    theirs = page.goto(f"{site}/approvals/desk/refund-881/")
+    assert theirs.status == unknown.status == 404
+    assert theirs.body() == unknown_body
+    inbox = page.goto(f"{site}/inbox/desk/")
+    assert inbox.status == 404
+
+    # The owner, in another browser, still sees it waiting.
+    owners = new_page()
+    log_in(owners, site, "owner", "/approvals/")
+    expect(owners.get_by_role("link", name="Refund order 881")).to_be_visible()
+    assert Approval.objects.get().answer == ""
+
+
+# --- the admin -------------------------------------------------------------------------------
+
+
+def dead_event(inbox, source_id="delivery-7f3a", error="agent failed: KeyError 'order'"):
+    assert ingest(inbox, "github", source_id, {"pr": 12})
+    Event.objects.filter(inbox=inbox, source_id=source_id).update(
+        status=Event.Status.DEAD, attempts=3, error=error
+    )
+    Lease.objects.filter(inbox=inbox).update(work_at=None)
+    return Event.objects.get(inbox=inbox, source_id=source_id)
+
+
+def test_the_admin_requeues_a_dead_event(new_page, site, desk, staff_user):
+    event = dead_event(desk)
+    ingest(desk, "chat", "still-pending", {"text": "hello"})
+
+    page = new_page()
+    log_in_to_admin(page, site, "operator", "/admin/inbox/event/")
+    row = page.locator("#result_list tbody tr", has_text="delivery-7f3a")
+    expect(row).to_have_count(1)
+    row.locator('input[name="_selected_action"]').check()
+
+    actions = page.locator('select[name="action"] option').evaluate_all(
+        "options => options.map(o => [o.value, o.textContent.trim()])"
+    )
+    requeue = [value for value, label in actions if "requeue" in f"{value} {label}".lower()]
+    assert requeue, f"no requeue action in the Event changelist; actions: {actions}"
+    page.locator('select[name="action"]').select_option(requeue[0])
+    page.locator('.actions button[name="index"]').click()  # "Go" (Django 5), "Run" (6)
+
+    expect(page.locator(".messagelist")).to_contain_text(re.compile(r"\b1\b"))
+    event.refresh_from_db()
+    assert (event.status, event.attempts, event.error) == ("pending", 0, "")
+    assert Event.objects.get(source_id="still-pending").attempts == 0
+    # Back in the worker's hands: the requeued event runs again.
+    assert step_worker() is not None
+    event.refresh_from_db()
+    assert event.status == "done"
+
+
+def test_the_admin_dashboard(new_page, site, desk, staff_user, make_inbox):
+    # Something to show: done, pending and dead events, a held message, a held lease.
+    other = make_inbox("ops-desk", owner=staff_user)
+    ingest(desk, "chat", "m-1", {"text": "refund order 881"})
+    step_worker()
+    ingest(desk, "chat", "m-2", {"text": "hello"})
+    dead_event(other)
+    OutboxMessage.objects.create(inbox=other, body="daily digest", created=clock.database_now())
+    assert acquire(other, "worker-7") is not None
+
+    for name, viewport in (("admin-dashboard", DESKTOP), ("admin-dashboard-phone", PHONE)):
+        page = new_page(viewport)
+        log_in_to_admin(page, site, "operator")
+        response = page.goto(f"{site}/admin/dashboard/")
+        assert response.status == 200, f"/admin/dashboard/ answered {response.status}"
+        expect(page.locator("#content")).to_contain_text("desk")
+        expect(page.locator("#content")).to_contain_text("ops-desk")
+        screenshot(page, name)
