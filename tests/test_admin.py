@@ -3,6 +3,7 @@ grow with their rows, the dead-letter actions through the services, read-only ma
 rows, and the dashboard's numbers."""
 
 from datetime import timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.apps import apps
@@ -13,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from alwayson.api import acquire, answer_approval, ingest, request_approval
+from alwayson.api import acquire, add_timer, answer_approval, ingest, request_approval
 from alwayson.models import Refund
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease, Session
@@ -23,7 +24,7 @@ from timers.models import Timer
 pytestmark = pytest.mark.django_db
 
 MODELS = [Inbox, Event, Lease, Session, Timer, Approval, OutboxMessage, Channel, Refund]
-MACHINERY = [Event, Lease, Session, Timer, Approval, Refund]
+MACHINERY = [Event, Lease, Session, Approval, Refund]
 STATUSES = ["pending", "running", "done", "dead"]
 OUTBOX_STATUSES = ["held", "sent", "failed"]
 
@@ -454,3 +455,82 @@ def test_dashboard_is_staff_only(client, django_user_model):
 def test_admin_index_links_to_the_dashboard(admin_client):
     html = admin_client.get(reverse("admin:index")).content.decode()
     assert f'href="{reverse("admin-dashboard")}"' in html
+
+
+# --- timers: edited through the same Schedule as add_timer -------------------------------------
+
+
+def timer_form(inbox, **fields):
+    data = {
+        "inbox": inbox.pk,
+        "key": "digest",
+        "due": "",
+        "every": "",
+        "cron": "",
+        "timezone": "UTC",
+        "policy": "coalesce",
+        "catch_up_max": "10",
+        "payload": '{"task": "daily digest"}',
+    }
+    data.update(fields)
+    return data
+
+
+@pytest.mark.django_db
+def test_a_cron_timer_is_added_through_the_schedule(admin_client, make_inbox):
+    inbox = make_inbox()
+    response = admin_client.post(
+        url(Timer, "add"), timer_form(inbox, cron="0 9 * * *", timezone="Europe/Berlin")
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    timer = Timer.objects.get(inbox=inbox, key="digest")
+    assert (timer.cron, timer.timezone, timer.done) == ("0 9 * * *", "Europe/Berlin", False)
+    assert timer.due.astimezone(ZoneInfo("Europe/Berlin")).hour == 9
+    assert timer.payload == {"task": "daily digest"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"cron": "61 * * * *"}, "cron: invalid expression"),
+        ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, "timezone: unknown time zone"),
+        ({"cron": "0 9 * * *", "every": "60"}, "either every or cron"),
+        ({}, "needs due"),
+    ],
+)
+def test_a_bad_timer_is_a_form_error_and_nothing_is_stored(admin_client, make_inbox, fields, error):
+    inbox = make_inbox()
+    response = admin_client.post(url(Timer, "add"), timer_form(inbox, **fields))
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    assert not Timer.objects.exists()
+
+
+@pytest.mark.django_db
+def test_editing_a_timer_reschedules_it_and_keeps_its_identity(admin_client, make_inbox):
+    inbox = make_inbox()
+    add_timer(inbox, "digest", timezone_now_whole(), {"task": "daily digest"}, every=3600)
+    timer = Timer.objects.get()
+    data = timer_form(inbox, every="7200", due=timer.due.strftime("%Y-%m-%d %H:%M:%S"))
+    data.update({"key": "renamed", "inbox": make_inbox().pk})  # read-only on change: ignored
+    response = admin_client.post(url(Timer, "change", timer.pk), data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    timer.refresh_from_db()
+    assert (timer.key, timer.inbox_id, timer.every) == ("digest", inbox.pk, 7200)
+    assert Timer.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_an_approval_expiry_timer_is_view_only(admin_client, make_inbox):
+    inbox = make_inbox()
+    request_approval(inbox, "refund-1", "refund order 1", timedelta(hours=4))
+    timer = Timer.objects.get(inbox=inbox)
+    page = admin_client.get(url(Timer, "change", timer.pk))
+    assert page.status_code == 200
+    assert 'name="_save"' not in page.content.decode()
+    assert admin_client.post(url(Timer, "change", timer.pk), {}).status_code == 403
+
+
+def timezone_now_whole():
+    return timezone.now().replace(microsecond=0)

@@ -1,41 +1,94 @@
-"""Timers in the operator's console: view-only.
+"""Timers in the operator's console: created and edited through the same Schedule that
+add_timer and the agent's run.schedule() use.
 
-A timer is registered through add_timer, which checks the schedule (cron syntax, time zone,
-every-or-cron, fixed event keys only for one-offs) and computes its first due time; the
-scheduler then owns `due` and `done`. A form save would skip those checks and could write a
-stale `due` over the scheduler's, so the console shows timers and leaves them alone.
+A plain form save would skip the schedule's checks (cron syntax, time zone, every-or-cron)
+and could write a stale `due` over the scheduler's. Here the form builds a Schedule (its
+errors become form errors) and the save applies it under the inbox's lease lock, like every
+other write to an inbox. Approval expiry timers belong to their approval and stay view-only.
 """
 
+from django import forms
 from django.contrib import admin
+from django.db import transaction
 
-from inbox.admin import MachineryAdmin, pretty_json
+from inbox import clock
+from inbox.admin import pretty_json
+from inbox.models import Lease
 
 from .models import Timer
+from .services import Schedule
+
+
+class TimerForm(forms.ModelForm):
+    due = forms.DateTimeField(
+        required=False,
+        help_text="UTC, e.g. 2026-12-01 09:00:00. Optional for cron: the next occurrence.",
+    )
+
+    class Meta:
+        model = Timer
+        fields = (
+            "inbox",
+            "key",
+            "due",
+            "every",
+            "cron",
+            "timezone",
+            "policy",
+            "catch_up_max",
+            "payload",
+        )
+
+    def clean(self):
+        data = super().clean()
+        inbox = data.get("inbox") or getattr(self.instance, "inbox", None)
+        key = data.get("key") or self.instance.key
+        if inbox is None or not key or self.errors:
+            return data
+        try:
+            self.schedule = Schedule(
+                inbox.pk,
+                key,
+                due=data.get("due"),
+                every=data.get("every"),
+                cron=data.get("cron") or None,
+                timezone=data.get("timezone") or "UTC",
+                policy=data.get("policy") or Timer.Policy.COALESCE,
+                catch_up_max=data.get("catch_up_max") or 1,
+                payload=data.get("payload") or {},
+            )
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return data
 
 
 @admin.register(Timer)
-class TimerAdmin(MachineryAdmin):
+class TimerAdmin(admin.ModelAdmin):
+    form = TimerForm
+    show_full_result_count = False
     list_display = ("key", "inbox", "due", "schedule", "policy", "event_key", "done")
     list_filter = ("done", "policy", "inbox")
     list_select_related = ("inbox",)
     search_fields = ("key", "=inbox__slug")
     search_help_text = "key (contains) or the exact inbox slug"
     date_hierarchy = "due"
-    fields = (
-        "inbox",
-        "key",
-        "due",
-        "every",
-        "cron",
-        "timezone",
-        "policy",
-        "catch_up_max",
-        "event_source",
-        "event_id",
-        "done",
-        "payload_pretty",
-    )
-    readonly_fields = fields
+    autocomplete_fields = ("inbox",)
+    readonly_fields = ("event_source", "event_id", "done", "payload_pretty")
+
+    def get_readonly_fields(self, request, obj=None):
+        # The (inbox, key) pair is the timer's identity, and its occurrences' event keys.
+        return (*self.readonly_fields, "inbox", "key") if obj else self.readonly_fields
+
+    def has_change_permission(self, request, obj=None):
+        if obj is not None and obj.event_source:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        with transaction.atomic():
+            Lease.objects.select_for_update().get(inbox_id=form.schedule.inbox_id)
+            saved = form.schedule(clock.database_now())
+        obj.pk, obj.due, obj.done = saved.pk, saved.due, saved.done
 
     @admin.display(description="schedule")
     def schedule(self, obj):
