@@ -74,3 +74,43 @@ def make_inbox(django_user_model):
 @pytest.fixture
 def inbox(make_inbox):
     return make_inbox("desk")
+
+
+@pytest.fixture
+def loop_command():
+    """A loop command sets, for the whole process, the "alwayson" log level and the default
+    connection's settings (CONN_MAX_AGE, PostgreSQL's application_name): put them back."""
+    import logging
+
+    from django.db import connections
+
+    logger = logging.getLogger("alwayson")
+    level = logger.level
+    db = connections.settings["default"]
+    saved_db = {key: db[key] for key in ("CONN_MAX_AGE",) if key in db}
+    options = db.setdefault("OPTIONS", {})
+    saved_options = dict(options)
+    yield
+    logger.setLevel(level)
+    db.update(saved_db)
+    options.clear()
+    options.update(saved_options)
+
+
+def wait_until_blocked(pids, timeout, what="backends"):
+    """Wait until every PostgreSQL backend in `pids` waits on a lock another session holds:
+    the way to know a race is really queued, not merely likely."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(
+                "SELECT count(*) FROM unnest(%s::int[]) AS p"
+                " WHERE cardinality(pg_blocking_pids(p)) > 0",
+                [list(pids)],
+            )
+            if cursor.fetchone()[0] == len(pids):
+                return
+            assert time.monotonic() < deadline, f"{what} {pids} never blocked on a lock"
+            time.sleep(0.005)

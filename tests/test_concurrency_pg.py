@@ -41,6 +41,7 @@ from inbox.models import Event, Lease
 from inbox.services import acquire_next
 from inbox.signals import event_stored
 from outbox.models import OutboxMessage
+from tests import conftest
 from timers.models import Timer
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -140,19 +141,7 @@ def together(*fns):
 
 
 def wait_until_blocked(pids, timeout=TIMEOUT):
-    """Wait until every backend in `pids` is waiting for a lock another session holds."""
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(
-                "SELECT count(*) FROM unnest(%s::int[]) AS p"
-                " WHERE cardinality(pg_blocking_pids(p)) > 0",
-                [list(pids)],
-            )
-            if cursor.fetchone()[0] == len(pids):
-                return
-            assert time.monotonic() < deadline, f"backends {pids} never blocked on a lock"
-            time.sleep(0.005)
+    conftest.wait_until_blocked(pids, timeout)
 
 
 @contextmanager

@@ -9,7 +9,6 @@ server, a thread or an event is bounded, and every server is stopped in teardown
 import email
 import email.policy
 import json
-import logging
 import re
 import socket
 import threading
@@ -23,7 +22,7 @@ import pytest
 from django.core import mail
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 
 from alwayson.api import Say, dispatch, dispatch_inbox
@@ -116,20 +115,6 @@ def locmem(settings):
 def fast_parking(settings):
     settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS = 3
     return settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS
-
-
-@pytest.fixture
-def loop_command():
-    """A loop command sets the "alwayson" log level and (PostgreSQL) the connections'
-    application_name for the whole process; put both back afterwards."""
-    logger = logging.getLogger("alwayson")
-    level = logger.level
-    options = connections.settings["default"].setdefault("OPTIONS", {})
-    saved = dict(options)
-    yield
-    logger.setLevel(level)
-    options.clear()
-    options.update(saved)
 
 
 # --- a real HTTP server -----------------------------------------------------------------------

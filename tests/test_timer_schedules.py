@@ -6,7 +6,6 @@ re-registers the schedule, or two schedulers at once. Time is always passed as `
 (runscheduler uses the database clock, so its timers are due in the real past).
 """
 
-import logging
 import threading
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -14,7 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection, connections
+from django.db import connection
 from django.utils import timezone
 
 from alwayson.api import add_timer, run_scheduler
@@ -61,20 +60,6 @@ def run_each_due(inbox, key, until):
         assert run_scheduler(now=due) == 0  # a second pass at the same moment finds nothing
         fired.append(due)
     return fired
-
-
-@pytest.fixture
-def loop_command():
-    """A loop command sets the "alwayson" log level and (PostgreSQL) the connections'
-    application_name for the whole process; put both back afterwards."""
-    logger = logging.getLogger("alwayson")
-    level = logger.level
-    options = connections.settings["default"].setdefault("OPTIONS", {})
-    saved = dict(options)
-    yield
-    logger.setLevel(level)
-    options.clear()
-    options.update(saved)
 
 
 # --- cron in a time zone across DST -----------------------------------------------------------

@@ -10,13 +10,13 @@ a lock_timeout, so a regression fails the test instead of hanging the suite.
 """
 
 import threading
-import time
 
 import pytest
 from django.db import connection, transaction
 from django.test import Client
 
 from inbox.models import Event, Lease
+from tests import conftest
 
 from .test_webhooks import (
     BODY,
@@ -76,18 +76,7 @@ def post_together(n, scheme, slug, body, headers, hold_lease_of=None):
 
 
 def wait_until_blocked(pids):
-    deadline = time.monotonic() + TIMEOUT
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(
-                "SELECT count(*) FROM unnest(%s::int[]) AS p"
-                " WHERE cardinality(pg_blocking_pids(p)) > 0",
-                [list(pids)],
-            )
-            if cursor.fetchone()[0] == len(pids):
-                return
-            assert time.monotonic() < deadline, f"requests {pids} never queued on the lease"
-            time.sleep(0.005)
+    conftest.wait_until_blocked(pids, TIMEOUT, what="requests")
 
 
 @pytest.fixture
