@@ -6,6 +6,15 @@ from .exceptions import UnknownInbox
 
 
 class InboxManager(models.Manager):
+    def pk_of(self, ref) -> int:
+        """The primary key, without a query when `ref` is an Inbox or already an id (the
+        worker's hot path); a slug is looked up."""
+        if isinstance(ref, Inbox):
+            return ref.pk
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            return ref
+        return self.resolve(ref).pk
+
     def resolve(self, ref) -> "Inbox":
         """An Inbox from an instance, a slug or a primary key; UnknownInbox otherwise."""
         if isinstance(ref, Inbox):

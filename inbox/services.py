@@ -142,7 +142,7 @@ def acquire_next(holder, now=None) -> tuple[int, int] | None:
 
 def renew(inbox, holder, generation, now=None) -> bool:
     """Extend a live lease by one TTL; False if (holder, generation) no longer holds it."""
-    inbox_id = inbox.pk if isinstance(inbox, Inbox) else inbox
+    inbox_id = Inbox.objects.pk_of(inbox)
     now = clock.resolve(now)
     renewed = Lease.objects.filter(
         inbox_id=inbox_id, holder=holder, generation=generation, until__gte=now
@@ -152,7 +152,7 @@ def renew(inbox, holder, generation, now=None) -> bool:
 
 def release(inbox, holder, generation) -> bool:
     """Give the lease up early; a no-op (False) once somebody else's generation holds it."""
-    inbox_id = inbox.pk if isinstance(inbox, Inbox) else inbox
+    inbox_id = Inbox.objects.pk_of(inbox)
     released = Lease.objects.filter(
         inbox_id=inbox_id, holder=holder, generation=generation, until__isnull=False
     ).update(until=None)

@@ -78,7 +78,7 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     rule requires. At most once: the rows are marked sent and committed first, then sent
     outside any lock; a crash in between loses them.
     """
-    inbox_id = Inbox.objects.resolve(inbox).pk if not isinstance(inbox, Inbox) else inbox.pk
+    inbox_id = Inbox.objects.resolve(inbox).pk
     Channel.objects.get_or_create(inbox_id=inbox_id)
     with transaction.atomic():
         now = clock.resolve(now)
