@@ -7,6 +7,7 @@ process at start-up instead of being read as a default.
 
 from pathlib import Path
 
+import django
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
@@ -168,14 +169,32 @@ try:
     _email = env.email_url("EMAIL_URL", default="consolemail://")
 except (KeyError, ValueError) as exc:
     raise ImproperlyConfigured(f"EMAIL_URL is not a usable email URL: {exc}") from None
-EMAIL_BACKEND = _email["EMAIL_BACKEND"]
-EMAIL_HOST = _email.get("EMAIL_HOST") or "localhost"
-EMAIL_PORT = _email.get("EMAIL_PORT") or 25
-EMAIL_HOST_USER = _email.get("EMAIL_HOST_USER") or ""
-EMAIL_HOST_PASSWORD = _email.get("EMAIL_HOST_PASSWORD") or ""
-EMAIL_USE_TLS = bool(_email.get("EMAIL_USE_TLS"))
-EMAIL_USE_SSL = bool(_email.get("EMAIL_USE_SSL"))
-EMAIL_TIMEOUT = positive_int("EMAIL_TIMEOUT", 10)
+_smtp = {
+    "host": _email.get("EMAIL_HOST") or "localhost",
+    "port": _email.get("EMAIL_PORT") or 25,
+    "username": _email.get("EMAIL_HOST_USER") or "",
+    "password": _email.get("EMAIL_HOST_PASSWORD") or "",
+    "use_tls": bool(_email.get("EMAIL_USE_TLS")),
+    "use_ssl": bool(_email.get("EMAIL_USE_SSL")),
+    "timeout": positive_int("EMAIL_TIMEOUT", 10),
+}
+if django.VERSION >= (6, 1):
+    # Django 6.1 replaces the EMAIL_* settings with MAILERS (EMAIL_* go in Django 7).
+    MAILERS = {
+        "default": {
+            "BACKEND": _email["EMAIL_BACKEND"],
+            "OPTIONS": _smtp if _email["EMAIL_BACKEND"].endswith("smtp.EmailBackend") else {},
+        }
+    }
+else:
+    EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+    EMAIL_HOST = _smtp["host"]
+    EMAIL_PORT = _smtp["port"]
+    EMAIL_HOST_USER = _smtp["username"]
+    EMAIL_HOST_PASSWORD = _smtp["password"]
+    EMAIL_USE_TLS = _smtp["use_tls"]
+    EMAIL_USE_SSL = _smtp["use_ssl"]
+    EMAIL_TIMEOUT = _smtp["timeout"]
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="alwayson@localhost")
 
 # Where people reach this site: absolute links in the agent's messages start here.

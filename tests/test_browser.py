@@ -29,6 +29,7 @@ from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire, ingest
 from outbox.models import OutboxMessage
 from outbox.services import dispatch
+from tests.conftest import use_email_backend
 from timers.models import Timer
 from timers.services import run_scheduler
 
@@ -111,7 +112,7 @@ def new_page(browser):
 def site(live_server, settings):
     """The live server's URL; the agent's links point at it, and email stays in memory."""
     settings.ALWAYSON_SITE_URL = live_server.url
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    use_email_backend(settings, "django.core.mail.backends.locmem.EmailBackend")
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     mail.outbox = []
     return live_server.url

@@ -29,6 +29,7 @@ from alwayson.api import Say, dispatch, dispatch_inbox
 from outbox.channels import SendFailed
 from outbox.models import Channel, OutboxMessage
 from outbox.services import Delivery
+from tests.conftest import use_email_backend
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -105,7 +106,7 @@ def owner_with_email(django_user_model):
 
 @pytest.fixture
 def locmem(settings):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    use_email_backend(settings, "django.core.mail.backends.locmem.EmailBackend")
     mail.outbox = []
     yield mail.outbox
     mail.outbox = []
@@ -242,14 +243,17 @@ def smtp_server(settings):
     handler = SmtpRecorder()
     controller = Controller(handler, hostname="127.0.0.1", port=free_port(), ready_timeout=WAIT)
     controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST = "127.0.0.1"
-    settings.EMAIL_PORT = controller.port
-    settings.EMAIL_HOST_USER = ""
-    settings.EMAIL_HOST_PASSWORD = ""
-    settings.EMAIL_USE_TLS = False
-    settings.EMAIL_USE_SSL = False
-    settings.EMAIL_TIMEOUT = WAIT
+    use_email_backend(
+        settings,
+        "django.core.mail.backends.smtp.EmailBackend",
+        host="127.0.0.1",
+        port=controller.port,
+        username="",
+        password="",
+        use_tls=False,
+        use_ssl=False,
+        timeout=WAIT,
+    )
     yield handler
     controller.stop()
 
@@ -603,9 +607,13 @@ def test_email_through_a_real_smtp_server(make_inbox, owner_with_email, t0, smtp
 def test_refused_smtp_connection_is_a_recorded_failed_send(
     make_inbox, owner_with_email, t0, settings
 ):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", free_port()  # nothing listens
-    settings.EMAIL_TIMEOUT = WAIT
+    use_email_backend(
+        settings,
+        "django.core.mail.backends.smtp.EmailBackend",
+        host="127.0.0.1",
+        port=free_port(),  # nothing listens
+        timeout=WAIT,
+    )
     inbox = make_inbox("desk", owner=owner_with_email)
     hold(inbox, "hello", t0)
 
