@@ -9,7 +9,7 @@ from django.db import transaction
 from inbox import clock
 from inbox.models import Event, Inbox
 from inbox.services import store_event
-from inbox.validation import require_key
+from inbox.validation import require_duration, require_key
 from timers.services import Schedule
 
 from .models import APPROVAL_SOURCE, Approval, expiry_timer_key
@@ -37,11 +37,7 @@ class Ask:
                 f"request_id may use letters, digits and . _ : - only, not {self.request_id!r}"
             )
         require_key("action", self.action)
-        expires_in = self.expires_in
-        if not isinstance(expires_in, timedelta):
-            if isinstance(expires_in, bool) or not isinstance(expires_in, int | float):
-                raise ValueError(f"expires_in must be seconds or a timedelta, not {expires_in!r}")
-            expires_in = timedelta(seconds=expires_in)
+        expires_in = require_duration("expires_in", self.expires_in)
         if expires_in < timedelta(seconds=1):
             raise ValueError(
                 f"expires_in must be a positive number of seconds, not {self.expires_in!r}"

@@ -1,6 +1,7 @@
 """Checks shared by every entry point that stores something: they run before any write."""
 
 import json
+from datetime import timedelta
 
 MAX_KEY_LENGTH = 255
 
@@ -45,3 +46,12 @@ def require_mapping(field: str, value) -> dict:
     if not isinstance(value, dict):
         raise ValueError(f"{field} must be a JSON object (a dict), not {type(value).__name__}")
     return require_json(field, value)
+
+
+def require_duration(field: str, value) -> timedelta:
+    """Seconds (int or float) or a timedelta, as a timedelta."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{field} must be seconds or a timedelta, not {value!r}")
+    return timedelta(seconds=value)

@@ -26,6 +26,11 @@ MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 EVERY_DAY = int(DAY.total_seconds())
+# The same daily schedule as every-N-seconds and as cron; t0 is noon UTC.
+DAILY_AT_NOON = [
+    pytest.param({"every": EVERY_DAY}, id="every"),
+    pytest.param({"cron": "0 12 * * *", "timezone": "UTC"}, id="cron"),
+]
 BERLIN = "Europe/Berlin"
 NINE_IN_BERLIN = "0 9 * * *"
 
@@ -218,13 +223,7 @@ def test_digest_coalesces_an_outage_into_one_event(inbox):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        pytest.param({"every": EVERY_DAY}, id="every"),
-        pytest.param({"cron": "0 12 * * *", "timezone": "UTC"}, id="cron"),
-    ],
-)
+@pytest.mark.parametrize("schedule", DAILY_AT_NOON)
 def test_billing_catches_up_one_event_per_missed_day_oldest_first(inbox, t0, schedule):
     """The article's billing reconciliation needs every day it missed, each under its own key."""
     due = t0 if "every" in schedule else None
@@ -266,13 +265,7 @@ def test_billing_catches_up_one_event_per_missed_day_oldest_first(inbox, t0, sch
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        pytest.param({"every": EVERY_DAY}, id="every"),
-        pytest.param({"cron": "0 12 * * *", "timezone": "UTC"}, id="cron"),
-    ],
-)
+@pytest.mark.parametrize("schedule", DAILY_AT_NOON)
 def test_catch_up_is_capped_and_counts_the_rest_as_skipped(inbox, t0, schedule):
     due = t0 if "every" in schedule else None
     add_timer(

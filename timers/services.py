@@ -10,19 +10,11 @@ from django.db import transaction
 
 from inbox import clock
 from inbox.models import Inbox, Lease
-from inbox.validation import require_key, require_mapping
+from inbox.validation import require_duration, require_key, require_mapping
 
 from .models import Timer
 
 SCHEDULER_BATCH = 100
-
-
-def _seconds(field_name, value) -> timedelta:
-    if isinstance(value, timedelta):
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{field_name} must be seconds or a timedelta, not {value!r}")
-    return timedelta(seconds=value)
 
 
 @dataclass(frozen=True)
@@ -55,7 +47,7 @@ class Schedule:
         if self.due is not None and (not isinstance(self.due, datetime) or self.due.tzinfo is None):
             raise ValueError(f"due must be an aware datetime, not {self.due!r}")
         if self.delay is not None:
-            delay = _seconds("delay", self.delay)
+            delay = require_duration("delay", self.delay)
             if delay < timedelta(0):
                 raise ValueError(f"delay must not be negative, not {self.delay!r}")
             object.__setattr__(self, "delay", delay)
