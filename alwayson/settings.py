@@ -117,12 +117,34 @@ def database_from_url():
             "application_name", env.str("ALWAYSON_APPLICATION_NAME", default="alwayson")
         )
         config.setdefault("CONN_HEALTH_CHECKS", True)
+        idle = f"-c idle_in_transaction_session_timeout={ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s"
+        options = config["OPTIONS"]
+        options["options"] = f"{options['options']} {idle}" if options.get("options") else idle
     else:
         raise ImproperlyConfigured(
             f"DATABASE_URL must point at SQLite or PostgreSQL, not {engine or url!r}"
         )
     return config
 
+
+def positive_seconds(name, default):
+    try:
+        value = env.float(name, default=default)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number of seconds: {exc}") from None
+    if not value > 0:
+        raise ImproperlyConfigured(f"{name} must be a positive number of seconds, not {value}")
+    return value
+
+
+# A worker frozen inside a transaction (SIGSTOP, a debugger, a swap storm) holds its inbox's
+# lease row. PostgreSQL ends a session left idle in a transaction after this many seconds, so
+# the lock comes free; it must outlast the longest send an at-least-once dispatch makes
+# inside its transaction (the outbox's webhook and email timeouts).
+ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT = positive_int("ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT", 30)
+# Seconds a delivery (ingest) or a person's answer waits for its inbox's lock before it is
+# refused as busy (a webhook then answers 503 with Retry-After): under a sender's timeout.
+ALWAYSON_INGEST_LOCK_WAIT = positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5)
 
 DATABASES = {"default": database_from_url()}
 
@@ -196,6 +218,14 @@ else:
     EMAIL_USE_SSL = _smtp["use_ssl"]
     EMAIL_TIMEOUT = _smtp["timeout"]
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="alwayson@localhost")
+
+_longest_send = max(ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT, _smtp["timeout"])
+if _longest_send >= ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT:
+    raise ImproperlyConfigured(
+        f"ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT ({ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s) must be"
+        f" longer than the outbox's send timeouts ({_longest_send}s): an at-least-once send"
+        " happens inside its transaction"
+    )
 
 # Where people reach this site: absolute links in the agent's messages start here.
 _site = env.url("ALWAYSON_SITE_URL", default="http://127.0.0.1:8000")

@@ -8,11 +8,13 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
+from inbox.exceptions import InboxBusy
 from inbox.models import Inbox
 from inbox.services import ingest
 from outbox.models import OutboxMessage
 
 SHOWN_MESSAGES = 50
+BUSY = "Your agent's inbox is busy right now and nothing was stored. Please send it again."
 
 
 class ChatForm(forms.Form):
@@ -40,16 +42,22 @@ def inbox_page(request, slug):
     status = 200
     if request.method == "POST":
         form = ChatForm(request.POST)
-        if form.is_valid():
-            stored = ingest(
-                inbox,
-                "chat",
-                str(form.cleaned_data["message_id"]),
-                {"text": form.cleaned_data["text"], "from": request.user.get_username()},
-            )
-            messages.success(request, "Sent." if stored else "Already received.")
-            return redirect("inbox", slug=inbox.slug)
         status = 400
+        if form.is_valid():
+            try:
+                stored = ingest(
+                    inbox,
+                    "chat",
+                    str(form.cleaned_data["message_id"]),
+                    {"text": form.cleaned_data["text"], "from": request.user.get_username()},
+                )
+            except InboxBusy:
+                # The form keeps its message_id: sending again is the same message, once.
+                form.add_error(None, BUSY)
+                status = 503
+            else:
+                messages.success(request, "Sent." if stored else "Already received.")
+                return redirect("inbox", slug=inbox.slug)
     else:
         form = ChatForm(initial={"message_id": uuid.uuid4()})
     outbox = OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN_MESSAGES]

@@ -4,11 +4,12 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 
 from inbox import clock
 from inbox.models import Event, Inbox
-from inbox.services import store_event
+from inbox.services import bounded_write, store_event
 from inbox.validation import require_duration, require_key
 from timers.services import Schedule
 
@@ -99,7 +100,8 @@ def answer_approval(inbox, request_id, answer, now=None) -> str:
         raise ValueError(f'answer must be "yes" or "no", not {answer!r}')
     require_key("request_id", request_id)
     inbox = Inbox.objects.resolve(inbox)
-    with transaction.atomic():
+    # A person is waiting on the answer: bounded like a delivery (InboxBusy past the wait).
+    with bounded_write(inbox.pk, settings.ALWAYSON_INGEST_LOCK_WAIT):
         now = clock.resolve(now)
         approval = Approval.objects.filter(inbox=inbox, request_id=request_id).first()
         if approval is None:

@@ -5,6 +5,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
 from inbox import clock
+from inbox.exceptions import InboxBusy
 
 from .models import Approval
 from .services import answer_approval
@@ -37,17 +38,25 @@ def approval_detail(request, slug, request_id):
         inbox__slug=slug,
         request_id=request_id,
     )
+    status = 200
     if request.method == "POST":
         answer = request.POST.get("answer")
         if answer not in (Approval.Answer.YES, Approval.Answer.NO):
             return HttpResponseBadRequest('answer must be "yes" or "no"', content_type="text/plain")
         already = approval.standing_answer(clock.database_now())
-        answer_approval(approval.inbox, approval.request_id, answer)
-        if already:
-            messages.info(request, "This request was already settled; the first outcome stands.")
+        try:
+            answer_approval(approval.inbox, approval.request_id, answer)
+        except InboxBusy:
+            messages.error(request, "The inbox is busy and your answer was not recorded yet.")
+            status = 503
         else:
-            messages.success(request, "Your answer was recorded.")
-        return redirect(approval)
+            if already:
+                messages.info(
+                    request, "This request was already settled; the first outcome stands."
+                )
+            else:
+                messages.success(request, "Your answer was recorded.")
+            return redirect(approval)
     now = clock.database_now()
     return render(
         request,
@@ -58,4 +67,5 @@ def approval_detail(request, slug, request_id):
             "outcome": approval.outcome_words(now),
             "can_answer": not approval.standing_answer(now),
         },
+        status=status,
     )

@@ -11,14 +11,16 @@ locked in the same order and two writers on one inbox can never deadlock.
 
 import random
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
 
 from . import clock
+from .exceptions import InboxBusy
 from .models import Event, Inbox, Lease, Session
 from .signals import event_stored
 from .validation import require_json, require_key
@@ -64,14 +66,63 @@ def _notify_work(inbox_id):
             cursor.execute("SELECT pg_notify(%s, %s)", [WORK_CHANNEL, str(inbox_id)])
 
 
-def store_event(inbox_id, source, source_id, payload, now) -> bool:
+@contextmanager
+def bounded_write(inbox_id, wait: float | None):
+    """A transaction on one inbox whose wait for that inbox's lock is bounded: InboxBusy
+    after `wait` seconds (None: wait as long as the database's own timeouts allow).
+
+    Deliveries and people's answers use it: a worker frozen inside a transaction (SIGSTOP,
+    a debugger, a swap storm) holds its inbox's lease row until PostgreSQL ends its idle
+    session (idle_in_transaction_session_timeout), longer than a webhook sender waits. On
+    PostgreSQL the bound is the transaction's lock_timeout; on SQLite, whose IMMEDIATE
+    transaction takes the database's write lock at BEGIN, it is the busy timeout.
+    """
+    bounded_sqlite = (
+        wait is not None and connection.vendor == "sqlite" and not connection.in_atomic_block
+    )
+    try:
+        if bounded_sqlite:
+            restore = _sqlite_busy_timeout(wait)
+        with transaction.atomic():
+            if wait is not None and connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    # Local to this transaction: the next one on the connection waits as usual.
+                    cursor.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", [f"{round(wait * 1000)}ms"]
+                    )
+            yield
+    except OperationalError as exc:
+        if wait is not None and _is_lock_timeout(exc):
+            raise InboxBusy(inbox_id, wait) from exc
+        raise
+    finally:
+        if bounded_sqlite:
+            _sqlite_busy_timeout(restore)
+
+
+def _sqlite_busy_timeout(seconds: float) -> float:
+    """Set the connection's busy timeout; the previous one, in seconds."""
+    connection.ensure_connection()
+    raw = connection.connection
+    previous = raw.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
+    raw.execute(f"PRAGMA busy_timeout = {round(seconds * 1000)}")
+    return previous
+
+
+def _is_lock_timeout(exc: OperationalError) -> bool:
+    # PostgreSQL: lock_not_available (55P03). SQLite: SQLITE_BUSY after the busy timeout.
+    return getattr(exc.__cause__, "sqlstate", None) == "55P03" or "database is locked" in str(exc)
+
+
+def store_event(inbox_id, source, source_id, payload, now, lock_wait=None) -> bool:
     """Insert one event; False if (inbox, source, source_id) is already stored.
 
     For callers that validated their input (ingest does). The UNIQUE constraint decides, not
     a prior SELECT, so two concurrent deliveries of one key store one row. The savepoint keeps
-    a caller's surrounding transaction usable after the conflict.
+    a caller's surrounding transaction usable after the conflict. `lock_wait` bounds the wait
+    for the inbox's lock (InboxBusy past it), see bounded_write.
     """
-    with transaction.atomic():
+    with bounded_write(inbox_id, lock_wait):
         lease = _locked_lease(inbox_id)
         try:
             with transaction.atomic():
@@ -100,7 +151,9 @@ def store_event(inbox_id, source, source_id, payload, now) -> bool:
 def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     """Store an event; False for a duplicate delivery of the same (source, source_id).
 
-    Call it after the sender's signature check, then acknowledge.
+    Call it after the sender's signature check, then acknowledge. InboxBusy when the
+    inbox's lock stays taken past ALWAYSON_INGEST_LOCK_WAIT: nothing is stored, the sender
+    is told to retry.
     """
     require_key("source", source)
     if source in RESERVED_SOURCES:
@@ -108,7 +161,14 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     require_key("source_id", source_id)
     payload = require_json("payload", {} if payload is None else payload)
     inbox = Inbox.objects.resolve(inbox)
-    return store_event(inbox.pk, source, source_id, payload, clock.resolve(now))
+    return store_event(
+        inbox.pk,
+        source,
+        source_id,
+        payload,
+        clock.resolve(now),
+        lock_wait=settings.ALWAYSON_INGEST_LOCK_WAIT,
+    )
 
 
 def acquire(inbox, holder, now=None) -> int | None:

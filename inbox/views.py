@@ -13,7 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from . import webhooks
 from .clock import database_now
-from .exceptions import UnknownInbox
+from .exceptions import InboxBusy, UnknownInbox
 from .models import Inbox
 from .services import ingest
 
@@ -79,11 +79,21 @@ def _receive(request, slug, scheme, verify):
         stored = ingest(inbox, delivery.source, delivery.source_id, delivery.payload)
     except UnknownInbox:
         return _error(404, f"no inbox named {slug!r}")
+    except InboxBusy:
+        return busy_response()
     except ValueError as exc:
         return _error(400, str(exc))
     if stored:
         return JsonResponse({"stored": True, "duplicate": False}, status=202)
     return JsonResponse({"stored": False, "duplicate": True}, status=200)
+
+
+def busy_response():
+    """503: the inbox's lock stayed taken (a frozen worker's transaction); nothing was stored.
+    Retry-After is the longest the database lets a frozen transaction hold it."""
+    response = _error(503, "the inbox is busy; nothing was stored, retry later")
+    response["Retry-After"] = str(settings.ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT)
+    return response
 
 
 @csrf_exempt
