@@ -39,6 +39,7 @@ class Run:
         self.state = copy.deepcopy(state) if state is not None else {}
         self._effects = []
         self._lost = threading.Event()
+        self._http = None
         self.said = 0
         self.asked = 0
 
@@ -84,6 +85,17 @@ class Run:
             [str(self.inbox.pk), name, *sorted(f"{e.source}\x1f{e.source_id}" for e in events)]
         )
         return f"{name}-{hashlib.sha256(basis.encode()).hexdigest()[:32]}"
+
+    @property
+    def http(self):
+        """Outbound HTTP through the egress gateway (alwayson/egress.py): name a service and
+        a path; the gateway checks the allowlist and adds the credential this run never sees.
+        """
+        if self._http is None:
+            from .egress import Egress
+
+            self._http = Egress(self.inbox)
+        return self._http
 
     def renew(self):
         """Renew the lease between steps; LeaseLost if this run has been fenced off."""

@@ -167,7 +167,13 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"alwayson": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+    "loggers": {
+        "alwayson": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # httpx logs each request's full URL at INFO, and an egress service's credential may
+        # be a query parameter: the gateway logs its calls itself, without it.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+    },
 }
 
 # --- alwayson -----------------------------------------------------------------------------
@@ -280,3 +286,44 @@ ALWAYSON_WEBHOOK_MAX_BYTES = positive_int("ALWAYSON_WEBHOOK_MAX_BYTES", 1024 * 1
 # Seconds a Stripe signature stays valid; positive_int refuses 0, which would disable the check.
 ALWAYSON_STRIPE_TOLERANCE = positive_int("ALWAYSON_STRIPE_TOLERANCE", 300)
 # --- end of webhooks ------------------------------------------------------------------------
+
+# --- egress and outbox signing (alwayson/egress.py, outbox/channels.py) --------------------
+# Services an agent may call through the egress gateway, JSON by name:
+# {"payments": {"base_url": "https://api.example.com", "methods": ["POST"],
+#               "paths": ["/v1/refunds"], "secret_env": "PAYMENTS_TOKEN", "inboxes": ["desk"]}}
+# The credential itself stays in the variable `secret_env` names, read at each call; it is
+# never in settings, the database or the agent's reach.
+
+
+def egress_services(name):
+    from alwayson.egress import check_services
+
+    try:
+        return check_services(env.json(name, default={}))
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+
+
+def outbox_signing_secrets(name):
+    """{"<inbox slug>": ["whsec_...", ...]}: the webhook channel signs each send with every
+    listed secret (Standard Webhooks), so a receiver can rotate without missing one."""
+    from inbox.webhooks import check_secret
+
+    try:
+        config = env.json(name, default={})
+        if not isinstance(config, dict):
+            raise ValueError("expected a JSON object of secrets by inbox slug")
+        return {
+            slug: [check_secret("standard", s) for s in ([v] if isinstance(v, str) else v)]
+            for slug, v in config.items()
+        }
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+
+
+ALWAYSON_EGRESS_SERVICES = egress_services("ALWAYSON_EGRESS_SERVICES")
+# Port of `manage.py runegress` (127.0.0.1) for agents running out of process; runall starts
+# it when set.
+ALWAYSON_EGRESS_PORT = env.int("ALWAYSON_EGRESS_PORT", default=0)
+ALWAYSON_OUTBOX_SIGNING_SECRETS = outbox_signing_secrets("ALWAYSON_OUTBOX_SIGNING_SECRETS")
+# --- end of egress ---------------------------------------------------------------------------

@@ -254,6 +254,16 @@ def verify_stripe(
     return timestamp
 
 
+def sign_standard(body: bytes, msg_id: str, timestamp: int, secrets: Iterable[str]) -> str:
+    """The `webhook-signature` value for a send: one `v1,<base64>` per secret, so a receiver
+    holding either the old or the new secret during a rotation verifies it."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return " ".join(
+        "v1," + base64.b64encode(_hmac(standard_key(s), signed)).decode()
+        for s in _require_secrets(secrets)
+    )
+
+
 def verify_standard(
     body: bytes,
     msg_id: str | None,

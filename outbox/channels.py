@@ -7,11 +7,14 @@ connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
 import http.client
 import json
 import smtplib
+import time
 import urllib.error
 import urllib.request
 
 from django.conf import settings
 from django.core.mail import EmailMessage
+
+from inbox.webhooks import sign_standard
 
 
 class SendFailed(Exception):
@@ -48,6 +51,21 @@ class RefuseRedirects(urllib.request.HTTPRedirectHandler):
 _opener = urllib.request.build_opener(RefuseRedirects)
 
 
+def signature_headers(delivery, body: bytes) -> dict:
+    """Standard Webhooks headers when the inbox has signing secrets: `webhook-id` is the
+    send's idempotency key (a repeat carries the same one), the timestamp is this attempt's,
+    so a receiver's replay window applies to each attempt."""
+    secrets = settings.ALWAYSON_OUTBOX_SIGNING_SECRETS.get(delivery.inbox.slug)
+    if not secrets:
+        return {}
+    timestamp = int(time.time())
+    return {
+        "webhook-id": delivery.idempotency_key,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign_standard(body, delivery.idempotency_key, timestamp, secrets),
+    }
+
+
 def send_webhook(delivery, channel):
     body = json.dumps(
         {
@@ -60,16 +78,13 @@ def send_webhook(delivery, channel):
             ],
         }
     ).encode()
-    request = urllib.request.Request(
-        channel.url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "Idempotency-Key": delivery.idempotency_key,
-            "User-Agent": "alwayson-dispatcher",
-        },
-    )
+    headers = {
+        "Content-Type": "application/json",
+        "Idempotency-Key": delivery.idempotency_key,
+        "User-Agent": "alwayson-dispatcher",
+    }
+    headers.update(signature_headers(delivery, body))
+    request = urllib.request.Request(channel.url, data=body, method="POST", headers=headers)
     timeout = settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT
     try:
         with _opener.open(request, timeout=timeout) as response:

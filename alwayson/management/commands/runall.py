@@ -48,6 +48,9 @@ class Command(BaseCommand):
             "scheduler": [*manage, "runscheduler"],
             "dispatcher": [*manage, "rundispatcher"],
         }
+        if settings.ALWAYSON_EGRESS_PORT:
+            # Out-of-process agents reach their services through it (alwayson/egress.py).
+            commands["egress"] = [*manage, "runegress"]
         # The agent's links must point where this server listens, unless configured.
         env = {"ALWAYSON_SITE_URL": f"http://{addr}", **os.environ}
         supervisor = Supervisor(commands, env)
