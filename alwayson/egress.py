@@ -19,7 +19,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import httpx
 from django.db.models.functions import Now
@@ -30,6 +30,7 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,49}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 REDACTED = "[redacted]"
+SECRET_SLOT = "{secret}"
 # Headers an agent may not set: the transport's own, and anything that could redirect the
 # request or smuggle a second credential past the one the gateway adds.
 RESERVED_HEADERS = frozenset(
@@ -71,7 +72,8 @@ class Service:
     methods: frozenset = frozenset({"GET"})
     paths: tuple = ("/",)
     # The credential: the environment variable that holds it, read at call time, and where
-    # it goes: `header` with `prefix` before it, or the query parameter `query`.
+    # it goes: `header` with `prefix` before it, the query parameter `query`, or in place of
+    # `{secret}` in base_url (APIs such as Telegram's that put the token in the path).
     secret_env: str = ""
     header: str = "Authorization"
     prefix: str = "Bearer "
@@ -97,6 +99,8 @@ class Service:
             raise ValueError(f"{name}.base_url must be an http(s) URL, not {base!r}")
         if parts.query or parts.fragment or parts.username or parts.password:
             raise ValueError(f"{name}.base_url must not carry a query, fragment or user")
+        if SECRET_SLOT in base and not config.get("secret_env"):
+            raise ValueError(f"{name}.base_url has {SECRET_SLOT} but no secret_env fills it")
         methods = config.get("methods", ["GET"])
         if not isinstance(methods, list) or not methods:
             raise ValueError(f"{name}.methods must be a non-empty list")
@@ -138,6 +142,10 @@ class Service:
             timeout=float(timeout),
             max_bytes=int(max_bytes),
         )
+
+    @property
+    def secret_in_path(self) -> bool:
+        return SECRET_SLOT in self.base_url
 
     def allows_inbox(self, slug) -> bool:
         return not self.inboxes or slug in self.inboxes
@@ -268,7 +276,10 @@ class Egress:
     def _send(self, target, method, path, params, json, content, headers, secret):
         headers = {str(k): str(v) for k, v in (headers or {}).items()}
         params = _pairs(params)
-        if secret and target.query:
+        base_url = target.base_url
+        if target.secret_in_path:
+            base_url = base_url.replace(SECRET_SLOT, quote(secret, safe=":"))
+        elif secret and target.query:
             params.append((target.query, secret))
         elif secret:
             headers[target.header] = f"{target.prefix}{secret}"
@@ -285,7 +296,7 @@ class Egress:
                 client,
                 client.stream(
                     method,
-                    target.base_url + path,
+                    base_url + path,
                     params=params,
                     json=json,
                     content=content,

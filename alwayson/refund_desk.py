@@ -1,6 +1,7 @@
 """The example agent: a refund desk. No model call; the shape is what a real agent keeps.
 
-- A chat message "refund order 881" asks the owner for approval `refund-881` (4 hours).
+- A chat message "refund order 881" asks the owner for approval `refund-881` (4 hours);
+  any other message gets a short help text.
 - The answer comes back as an event: "yes" refunds through the payments tool under an
   idempotency key and says so; "no" and "expired" say nothing was refunded, and why.
 - The daily digest timer sums up the last day, dead events included: a poison event nobody
@@ -19,6 +20,12 @@ APPROVAL_WINDOW = timedelta(hours=4)
 DIGEST_EVERY = 24 * 3600
 REFUND_REQUEST = re.compile(r"\brefund\s+order\s+#?(\d+)\b", re.IGNORECASE)
 
+UNCLEAR = object()  # what on_chat returns for a message it does not understand
+HELP = (
+    'I\'m the refund desk. Write "refund order" and the order number, for example '
+    '"refund order 881", and I\'ll ask you to approve it before anything is refunded.'
+)
+
 NOT_REFUNDED = {
     "no": "Did not refund order {order}: the request was denied.",
     "expired": "Did not refund order {order}: nobody approved it in time.",
@@ -26,16 +33,20 @@ NOT_REFUNDED = {
 
 
 def agent(run):
+    unclear = False
     for event in run.events:
         handler = HANDLERS.get(event.source)
-        if handler:
-            handler(run, event)
+        if handler and handler(run, event) is UNCLEAR:
+            unclear = True
+    if unclear:
+        # A first-time user must never be met with silence: once per run, however many.
+        run.say(HELP, urgent=True)
 
 
 def on_chat(run, event):
     match = REFUND_REQUEST.search(str(event.payload.get("text", "")))
     if not match:
-        return  # nothing to do: the run ends without a message
+        return UNCLEAR
     order = match.group(1)
     awaiting = run.state.setdefault("awaiting", {})
     waiting = next((rid for rid, o in awaiting.items() if o == order), None)

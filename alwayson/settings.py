@@ -71,6 +71,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -326,4 +327,9 @@ ALWAYSON_EGRESS_SERVICES = egress_services("ALWAYSON_EGRESS_SERVICES")
 # it when set.
 ALWAYSON_EGRESS_PORT = env.int("ALWAYSON_EGRESS_PORT", default=0)
 ALWAYSON_OUTBOX_SIGNING_SECRETS = outbox_signing_secrets("ALWAYSON_OUTBOX_SIGNING_SECRETS")
+# Chat channels of the outbox. The bot tokens are read from the environment at each send
+# (ALWAYSON_SLACK_BOT_TOKEN, ALWAYSON_TELEGRAM_BOT_TOKEN) and never stored; the API URLs
+# change only for a proxy or a test server.
+ALWAYSON_SLACK_API_URL = env.str("ALWAYSON_SLACK_API_URL", default="https://slack.com/api")
+ALWAYSON_TELEGRAM_API_URL = env.str("ALWAYSON_TELEGRAM_API_URL", default="https://api.telegram.org")
 # --- end of egress ---------------------------------------------------------------------------

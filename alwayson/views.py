@@ -1,19 +1,23 @@
 """The owner's pages: their inboxes, and one inbox's chat form and the agent's messages."""
 
+import hashlib
 import uuid
 
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
 
+from inbox import clock
 from inbox.exceptions import InboxBusy
 from inbox.models import Inbox
 from inbox.services import ingest
-from outbox.models import OutboxMessage
 
-SHOWN_MESSAGES = 50
+from . import conversation
+
 BUSY = "Your agent's inbox is busy right now and nothing was stored. Please send it again."
 
 
@@ -60,10 +64,26 @@ def inbox_page(request, slug):
                 return redirect("inbox", slug=inbox.slug)
     else:
         form = ChatForm(initial={"message_id": uuid.uuid4()})
-    outbox = OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN_MESSAGES]
-    return render(
-        request,
-        "alwayson/inbox.html",
-        {"inbox": inbox, "form": form, "outbox": outbox},
-        status=status,
-    )
+    live = conversation_context(request, inbox)
+    if request.htmx:
+        # The page polls this every second: 204 (htmx keeps what it shows) unless something
+        # changed, so an idle page costs a few queries and no bytes.
+        if request.GET.get("v") == live["version"]:
+            return HttpResponse(status=204)
+        return render(request, "alwayson/_conversation.html", live)
+    return render(request, "alwayson/inbox.html", {**live, "form": form}, status=status)
+
+
+def conversation_context(request, inbox):
+    """What the conversation shows, and `version`: a digest of it, for the polls."""
+    now = clock.database_now()
+    live = {
+        "inbox": inbox,
+        "now": now,
+        "entries": conversation.entries(inbox, now),
+        "working": conversation.is_working(inbox, now),
+        "version": "",
+    }
+    shown = render_to_string("alwayson/_conversation.html", live, request=request)
+    live["version"] = hashlib.sha256(shown.encode()).hexdigest()[:16]
+    return live

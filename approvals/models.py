@@ -1,3 +1,5 @@
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -79,6 +81,9 @@ class Approval(models.Model):
             return self.answer
         return self.Answer.EXPIRED if self.has_expired(now) else ""
 
+    def time_left(self, now) -> str:
+        return time_left(self.expires_at, now)
+
     def outcome_words(self, now) -> str:
         answer = self.standing_answer(now)
         if answer == self.Answer.YES:
@@ -88,6 +93,24 @@ class Approval(models.Model):
         if answer == self.Answer.EXPIRED:
             return f"This request expired at {self.expires_at:%H:%M} UTC; nothing was done."
         return ""
+
+
+def time_left(until, now) -> str:
+    """Time left in a person's words: "less than a minute", "12 min", "3 h 12 min"."""
+    left = until - now
+    if left <= timedelta(0):
+        return "no time"
+    minutes = int(left.total_seconds() // 60)
+    if minutes < 1:
+        return "less than a minute"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 1:
+        return f"{minutes} min"
+    days, hours = divmod(hours, 24)
+    if days < 1:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    day_word = "day" if days == 1 else "days"
+    return f"{days} {day_word} {hours} h" if hours else f"{days} {day_word}"
 
 
 def expiry_timer_key(request_id):

@@ -2,6 +2,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods
 
 from inbox import clock
@@ -56,6 +57,10 @@ def approval_detail(request, slug, request_id):
                 )
             else:
                 messages.success(request, "Your answer was recorded.")
+            # Answered inline on the conversation page: back there, to see what comes next.
+            back = request.POST.get("next", "")
+            if url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+                return redirect(back)
             return redirect(approval)
     now = clock.database_now()
     return render(

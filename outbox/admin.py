@@ -95,8 +95,8 @@ class ChannelAdmin(admin.ModelAdmin):
     )
     list_filter = ("kind", "mode")
     list_select_related = ("inbox__owner",)
-    search_fields = ("=inbox__slug", "email", "url")
-    search_help_text = "the exact inbox slug, the email address or the URL (contains)"
+    search_fields = ("=inbox__slug", "email", "url", "=target")
+    search_help_text = "the exact inbox slug or chat id, the email address or the URL (contains)"
     autocomplete_fields = ("inbox",)
     ordering = ("inbox_id",)
     show_full_result_count = False
@@ -112,6 +112,8 @@ class ChannelAdmin(admin.ModelAdmin):
     def destination(self, obj):
         if obj.kind == Channel.Kind.WEBHOOK:
             return obj.url
+        if obj.kind in (Channel.Kind.SLACK, Channel.Kind.TELEGRAM):
+            return obj.target
         return obj.email or f"{obj.inbox.owner.email or '-'} (owner)"
 
     @admin.display(description="last error")

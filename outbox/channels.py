@@ -1,4 +1,5 @@
-"""Where a merged send goes: email to the inbox owner, or a JSON POST to a webhook.
+"""Where a merged send goes: email to the inbox owner, a JSON POST to a webhook, or a chat
+message in Slack (chat.postMessage) or Telegram (sendMessage).
 
 A channel raises SendFailed for a failure the dispatcher should retry (a refused SMTP
 connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
@@ -6,13 +7,15 @@ connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
 
 import http.client
 import json
+import re
 import smtplib
 import time
 import urllib.error
 import urllib.request
 
 from django.conf import settings
-from django.core.mail import EmailMessage
+from django.core.mail import EmailMultiAlternatives
+from django.utils.html import escape, linebreaks, urlize
 
 from inbox.webhooks import sign_standard
 
@@ -26,7 +29,7 @@ def send_email(delivery, channel):
     if not address:
         raise SendFailed("no address: set the channel's email or the inbox owner's")
     first_line = delivery.body.splitlines()[0] if delivery.body else ""
-    message = EmailMessage(
+    message = EmailMultiAlternatives(
         subject=f"[{delivery.inbox.slug}] {first_line[:80]}",
         body=delivery.body,
         from_email=settings.DEFAULT_FROM_EMAIL,
@@ -34,6 +37,8 @@ def send_email(delivery, channel):
         # A stable Message-ID: a repeat after a crash is recognisable as the same message.
         headers={"Message-ID": f"<{delivery.idempotency_key}@alwayson>"},
     )
+    # The plain text stays the message; the HTML part only turns its links into links.
+    message.attach_alternative(linebreaks(urlize(escape(delivery.body))), "text/html")
     try:
         message.send(fail_silently=False)
     except (smtplib.SMTPException, OSError) as exc:
@@ -96,7 +101,116 @@ def send_webhook(delivery, channel):
         raise SendFailed(f"webhook {channel.url}: {exc!r}") from exc
 
 
-SENDERS = {"email": send_email, "webhook": send_webhook}
+# --- chat APIs, called through the egress gateway: the bot token stays in the environment,
+# is added at call time, and is scrubbed from anything the API answers.
+
+URL = re.compile(r"https?://[^\s<>]+[^\s<>.,;:!?)\]'\"]")
+
+
+def slack_text(body: str) -> str:
+    """Slack mrkdwn: &, < and > escaped, links as <url> so Slack shows them as links."""
+    escaped = body.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return URL.sub(lambda m: f"<{m.group(0)}>", escaped)
+
+
+def telegram_html(body: str) -> str:
+    """Telegram's HTML parse mode: the text escaped, links as <a href>."""
+    parts, last = [], 0
+    for match in URL.finditer(body):
+        parts.append(escape(body[last : match.start()]))
+        url = escape(match.group(0))
+        parts.append(f'<a href="{url}">{url}</a>')
+        last = match.end()
+    parts.append(escape(body[last:]))
+    return "".join(parts)
+
+
+def chat_service(kind):
+    from alwayson.egress import Service
+
+    if kind == "slack":
+        return Service(
+            name="slack",
+            base_url=settings.ALWAYSON_SLACK_API_URL,
+            methods=frozenset({"POST"}),
+            paths=("/chat.postMessage",),
+            secret_env="ALWAYSON_SLACK_BOT_TOKEN",
+            timeout=settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT,
+        )
+    return Service(
+        name="telegram",
+        base_url=settings.ALWAYSON_TELEGRAM_API_URL.rstrip("/") + "/bot{secret}",
+        methods=frozenset({"POST"}),
+        paths=("/sendMessage",),
+        secret_env="ALWAYSON_TELEGRAM_BOT_TOKEN",
+        timeout=settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT,
+    )
+
+
+def _post_chat(delivery, channel, path, payload):
+    from alwayson.egress import Egress, EgressFailed, EgressRefused
+
+    service = chat_service(channel.kind)
+    try:
+        answer = Egress(delivery.inbox, {service.name: service}).post(
+            service.name, path, json=payload
+        )
+    except (EgressFailed, EgressRefused) as exc:
+        raise SendFailed(str(exc)) from None
+    try:
+        result = answer.json()
+    except ValueError:
+        result = {}
+    # Both APIs answer {"ok": false, ...} for a refused message, Slack even with a 200.
+    if not answer.ok or not isinstance(result, dict) or not result.get("ok"):
+        reason = (
+            result.get("error") or result.get("description") if isinstance(result, dict) else ""
+        )
+        raise SendFailed(f"{service.name} {path}: HTTP {answer.status} {reason or ''}".strip())
+
+
+def send_slack(delivery, channel):
+    _post_chat(
+        delivery,
+        channel,
+        "/chat.postMessage",
+        {
+            "channel": channel.target,
+            "text": slack_text(delivery.body),
+            "unfurl_links": False,
+            # Slack has no idempotency header; the send's key travels as message metadata,
+            # so a reader of the channel's history can tell a repeat.
+            "metadata": {
+                "event_type": "alwayson_send",
+                "event_payload": {
+                    "inbox": delivery.inbox.slug,
+                    "idempotency_key": delivery.idempotency_key,
+                },
+            },
+        },
+    )
+
+
+def send_telegram(delivery, channel):
+    _post_chat(
+        delivery,
+        channel,
+        "/sendMessage",
+        {
+            "chat_id": channel.target,
+            "text": telegram_html(delivery.body),
+            "parse_mode": "HTML",
+            "link_preview_options": {"is_disabled": True},
+        },
+    )
+
+
+SENDERS = {
+    "email": send_email,
+    "webhook": send_webhook,
+    "slack": send_slack,
+    "telegram": send_telegram,
+}
 
 
 def sender_for(channel):

@@ -71,6 +71,8 @@ class Channel(models.Model):
     class Kind(models.TextChoices):
         EMAIL = "email"
         WEBHOOK = "webhook"
+        SLACK = "slack"
+        TELEGRAM = "telegram"
 
     class Mode(models.TextChoices):
         # Send inside the transaction, mark sent after: a crash in between sends again.
@@ -84,6 +86,11 @@ class Channel(models.Model):
     kind = models.CharField(max_length=10, choices=Kind.choices, default=Kind.EMAIL)
     email = models.EmailField(blank=True, help_text="default: the inbox owner's address")
     url = models.URLField(blank=True, help_text="webhook channel: where to POST")
+    target = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="Slack: the channel id (C0123...); Telegram: the chat id",
+    )
     mode = models.CharField(max_length=15, choices=Mode.choices, default=Mode.AT_LEAST_ONCE)
     gap = models.PositiveIntegerField(
         null=True, blank=True, help_text="seconds between sends; default ALWAYSON_OUTBOX_GAP"
@@ -97,6 +104,10 @@ class Channel(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=~Q(kind="webhook") | ~Q(url=""), name="channel_webhook_needs_url"
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind__in=["slack", "telegram"]) | ~Q(target=""),
+                name="channel_chat_needs_target",
             ),
         ]
 

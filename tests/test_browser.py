@@ -14,6 +14,7 @@ module only (the ORM calls here are plain synchronous code).
 
 import os
 import re
+import time
 from datetime import timedelta
 
 import pytest
@@ -26,7 +27,7 @@ from approvals.models import Approval
 from approvals.services import request_approval
 from inbox import clock
 from inbox.models import Event, Inbox, Lease
-from inbox.services import acquire, ingest
+from inbox.services import acquire, ingest, release
 from outbox.models import OutboxMessage
 from outbox.services import dispatch
 from tests.conftest import use_email_backend
@@ -214,16 +215,17 @@ def test_the_refund_walkthrough(new_page, site, desk, staff_user):
     assert mail.outbox[0].to == ["owner@example.com"]
     assert link in mail.outbox[0].body
 
-    page.reload()
-    expect(page.locator(".messages-list li").first).to_contain_text("Refund order 881?")
+    # No reload: the conversation polls, and the reply and its approval card appear.
+    expect(page.locator(".entry.agent").last).to_contain_text("Refund order 881?")
     expect(page.get_by_role("link", name=link)).to_have_attribute("href", link)
+    expect(page.locator(".approval-card")).to_contain_text("Refund order 881")
 
     # The approvals page lists it; its own page has the buttons.
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Approvals").click()
     expect(page).to_have_url(f"{site}/approvals/")
     waiting = page.locator("section", has=page.locator("#waiting-heading"))
     expect(waiting).to_contain_text("Refund order 881")
-    expect(waiting).to_contain_text(re.compile(r"\d+\shours?,\s\d+\sminutes?\sleft"))
+    expect(waiting).to_contain_text(re.compile(r"\d+ h \d+ min left"))
     waiting.get_by_role("link", name="Refund order 881").click()
     expect(page).to_have_url(link)
     expect(page.get_by_role("heading", level=1)).to_have_text("Refund order 881?")
@@ -254,9 +256,10 @@ def test_the_refund_walkthrough(new_page, site, desk, staff_user):
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Inboxes").click()
     page.get_by_role("link", name="Refund desk").click()
     expect(page).to_have_url(f"{site}/inbox/desk/")
-    newest = page.locator(".messages-list li").first
+    newest = page.locator(".entry.agent").last
     expect(newest).to_contain_text("Refunded order 881")
-    expect(page.locator(".messages-list li")).to_have_count(2)
+    expect(page.locator(".entry.agent")).to_have_count(2)
+    expect(page.locator(".approval-card .outcome")).to_have_text("Approved.")
     page.set_viewport_size(PHONE)
     assert_fits_a_phone(page)
     screenshot(page, "inbox-page-phone")
@@ -278,6 +281,99 @@ def test_the_refund_walkthrough(new_page, site, desk, staff_user):
     page.locator("#changelist-search input[type=submit]").click()
     expect(rows).to_have_count(1)
     expect(rows.first).to_contain_text("refund-881")
+
+
+# --- the live conversation ---------------------------------------------------------------------
+
+REPLY_TIMES = SCREENSHOTS.parent / "reply-times.txt"
+
+
+def mark_page(page):
+    """A marker a reload would wipe: proof that what appears came without one."""
+    page.evaluate("window.__noReload = true")
+
+
+def assert_not_reloaded(page):
+    assert page.evaluate("window.__noReload === true"), "the page reloaded"
+
+
+def test_a_message_and_its_reply_appear_without_reload(new_page, site, desk):
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/inbox/desk/")
+    page.get_by_label("Message to your agent").fill("hello?")
+    page.get_by_role("button", name="Send").click()
+    person = page.locator(".entry.person").last
+    expect(person).to_contain_text("hello?")
+    expect(person.locator(".state")).to_have_text("received")
+    mark_page(page)
+
+    assert step_worker().outcome == "said 1"  # committed when step() returns
+    committed = time.monotonic()
+    expect(page.locator(".entry.agent").last).to_contain_text("I'm the refund desk")
+    seconds = time.monotonic() - committed
+    expect(person.locator(".state")).to_have_text("answered")
+    assert_not_reloaded(page)
+    REPLY_TIMES.parent.mkdir(parents=True, exist_ok=True)
+    with REPLY_TIMES.open("a") as times:
+        times.write(f"reply visible {seconds:.3f}s after its commit\n")
+    print(f"reply visible {seconds:.3f}s after its commit")
+    assert_fits_a_phone(page)
+    screenshot(page, "conversation-phone")
+
+
+def test_the_page_says_the_agent_is_working_while_a_run_holds_the_lease(new_page, site, desk):
+    page = new_page()
+    log_in(page, site, "owner", "/inbox/desk/")
+    mark_page(page)
+    working = page.locator(".working")
+    expect(working).to_have_text("")
+
+    generation = acquire(desk, "worker-7")  # a run holds the lease
+    expect(working).to_contain_text("Your agent is working…")
+    screenshot(page, "conversation-working")
+    release(desk, "worker-7", generation)
+    expect(working).to_have_text("")
+    assert_not_reloaded(page)
+
+
+def test_approving_inline_with_the_keyboard_comes_back_to_the_conversation(new_page, site, desk):
+    request_approval(desk, "refund-881", "refund order 881", timedelta(hours=4))
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/inbox/desk/")
+    card = page.locator(".approval-card")
+    expect(card).to_contain_text("Refund order 881")
+    expect(card).to_contain_text(re.compile(r"3 h 59 min left to answer"))
+    assert_fits_a_phone(page)
+    screenshot(page, "conversation-approval-phone")
+
+    card.get_by_role("button", name="Approve").focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{site}/inbox/desk/")
+    expect(card.locator(".outcome")).to_have_text("Approved.")
+    assert Approval.objects.get(request_id="refund-881").answer == "yes"
+
+
+def test_every_page_fits_a_phone(new_page, site, desk, django_user_model):
+    request_approval(desk, "refund-881", "refund order 881", timedelta(hours=4))
+    django_user_model.objects.create_user(username="newcomer", password=PASSWORD)
+    page = new_page(PHONE)
+    page.goto(f"{site}/accounts/login/")
+    assert_fits_a_phone(page)
+    screenshot(page, "login-phone")
+    log_in(page, site, "owner")
+    for name, path in (
+        ("home-phone", "/"),
+        ("approvals-phone", "/approvals/"),
+        ("approval-detail-phone", "/approvals/desk/refund-881/"),
+    ):
+        page.goto(f"{site}{path}")
+        assert_fits_a_phone(page)
+        screenshot(page, name)
+    newcomer = new_page(PHONE)
+    log_in(newcomer, site, "newcomer")
+    expect(newcomer.locator(".empty")).to_contain_text("Ask your administrator")
+    assert_fits_a_phone(newcomer)
+    screenshot(newcomer, "home-empty-phone")
 
 
 # --- an expired request --------------------------------------------------------------------

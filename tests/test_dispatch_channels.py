@@ -598,8 +598,10 @@ def test_email_through_a_real_smtp_server(make_inbox, owner_with_email, t0, smtp
     assert message["Message-ID"] == f"<{key}@alwayson>"
     assert message["To"] == "ada@example.org"
     assert message["Subject"] == "[desk] first line"
-    body = message.get_content().replace("\r\n", "\n").strip()  # CRLF on the wire
-    assert body == "first line\n\nsecond message"
+    text = message.get_body(preferencelist=("plain",)).get_content()
+    assert text.replace("\r\n", "\n").strip() == "first line\n\nsecond message"  # CRLF on the wire
+    html = message.get_body(preferencelist=("html",)).get_content()
+    assert "<p>first line</p>" in html
     assert statuses(inbox) == [SENT, SENT]
 
 

@@ -88,19 +88,20 @@ def test_refund_request_asks_for_approval_with_a_four_hour_window(inbox):
     assert not Refund.objects.exists()
 
 
-def test_chat_that_is_not_a_refund_request_ends_quietly(inbox):
+def test_chat_that_is_not_a_refund_request_gets_one_help_message(inbox):
     Session.objects.filter(inbox=inbox).update(state={"awaiting": {}})
     ingest(inbox, "chat", "msg-1", {"text": "hello, how are you?"})
     ingest(inbox, "chat", "msg-2", {"text": "refund my order please"})  # no order number
 
     result = step()
 
-    assert (result.events, result.outcome) == (2, "quiet")
+    assert (result.events, result.outcome) == (2, "said 1")
     assert list(Event.objects.values_list("source_id", "status")) == [
         ("msg-1", "done"),
         ("msg-2", "done"),
     ]
-    assert messages(inbox) == []
+    assert messages(inbox) == [(refund_desk.HELP, True)]
+    assert "refund order 881" in refund_desk.HELP
     assert not Approval.objects.exists()
     assert not Timer.objects.exists()
     assert session_state(inbox) == {"awaiting": {}}
@@ -208,8 +209,8 @@ def test_run_retried_after_a_crash_mid_run_refunds_once(inbox):
 def test_digest_sums_up_events_settled_in_the_last_day(inbox):
     """Counted by when an event was handled or died, whenever it arrived."""
     now = database_now()
-    ingest(inbox, "chat", "hello", {"text": "hello"})
-    ingest(inbox, "chat", "last-week", {"text": "old news"}, now=now - 7 * DAY)
+    ingest(inbox, "webhook", "hello", {"text": "hello"})
+    ingest(inbox, "webhook", "last-week", {"text": "old news"}, now=now - 7 * DAY)
     step()  # both done today
     ingest(inbox, "chat", "settled-long-ago", {"text": "x"}, now=now - 3 * DAY)
     Event.objects.filter(source_id="settled-long-ago").update(status="done", updated=now - 2 * DAY)

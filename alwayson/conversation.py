@@ -1,0 +1,74 @@
+"""One inbox's conversation as its owner reads it: what they sent, what the agent said, and
+the approvals it asked for, in order, in the person's words rather than the tables'."""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from approvals.models import Approval
+from inbox.models import Event, Inbox, Lease
+from outbox.models import OutboxMessage
+
+SHOWN = 50  # of each kind, newest; the page is a conversation, the admin is the archive
+
+# What a person's message is doing, by its event's status.
+MESSAGE_STATE = {
+    Event.Status.PENDING: "received",
+    Event.Status.RUNNING: "being handled",
+    Event.Status.DONE: "answered",
+    Event.Status.DEAD: "could not be handled",
+}
+# What happened to something the agent said, by its outbox row's status.
+SAID_STATE = {
+    OutboxMessage.Status.HELD: "waiting to be sent",
+    OutboxMessage.Status.SENT: "sent",
+    OutboxMessage.Status.FAILED: "could not be sent",
+}
+
+
+@dataclass
+class Entry:
+    side: str  # "person", "agent" or "approval"
+    at: datetime
+    text: str
+    state: str
+    approval: Approval | None = None
+    open: bool = False  # an approval a person may still answer
+
+    @property
+    def order(self):
+        # A reply and the message it answers can share a timestamp in tests; people first.
+        return (self.at, {"person": 0, "approval": 1, "agent": 2}[self.side])
+
+
+def entries(inbox: Inbox, now) -> list[Entry]:
+    said = [
+        Entry("agent", m.created, m.body, SAID_STATE[m.status])
+        for m in OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN]
+    ]
+    sent = [
+        Entry("person", e.created, str(e.payload.get("text", "")), _message_state(e))
+        for e in Event.objects.filter(inbox=inbox, source="chat").order_by("-id")[:SHOWN]
+    ]
+    asked = [
+        Entry(
+            "approval",
+            a.requested_at,
+            a.action,
+            a.outcome_words(now),
+            approval=a,
+            open=not a.standing_answer(now),
+        )
+        for a in Approval.objects.filter(inbox=inbox).order_by("-id")[:SHOWN]
+    ]
+    return sorted([*said, *sent, *asked], key=lambda entry: entry.order)
+
+
+def _message_state(event: Event) -> str:
+    if event.status == Event.Status.PENDING and event.attempts:
+        return "trying again"
+    return MESSAGE_STATE[event.status]
+
+
+def is_working(inbox: Inbox, now) -> bool:
+    """A run of this inbox holds its lease right now."""
+    return Lease.objects.filter(inbox=inbox, until__gt=now).exclude(holder="").exists()
