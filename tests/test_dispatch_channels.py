@@ -661,7 +661,7 @@ def test_resending_one_message_of_a_parked_send_resends_the_whole_send_under_its
     [parked_key] = {key for _, _, key, _ in broken.sent}
     three = hold(inbox, "three", now)
     send = Recorder()
-    assert dispatch(send, now=now) == 1  # a later send went out meanwhile
+    assert dispatch(send, now=now + HOUR) == 1  # a later send went out meanwhile
 
     assert "resent 2 message(s)" in _call("deadletters", "--resend", str(two.pk))
 
@@ -670,7 +670,7 @@ def test_resending_one_message_of_a_parked_send_resends_the_whole_send_under_its
         ("two", HELD, 0),
         ("three", SENT, 0),
     ]
-    assert dispatch(send, now=now + HOUR) == 2
+    assert dispatch(send, now=now + 2 * HOUR) == 2
     assert send.sent == [
         ("desk", "three", send.sent[0][2], [three.pk]),
         ("desk", "one\n\ntwo", parked_key, [one.pk, two.pk]),
