@@ -59,7 +59,8 @@ class OutboxMessage(models.Model):
     class Meta:
         ordering = ["id"]
         indexes = [
-            # dispatch: the held messages of one inbox in order, and which inboxes have any.
+            # dispatch: the held messages of one inbox in order (and those of the send it
+            # just stamped), and which inboxes have any.
             models.Index(
                 fields=["inbox", "id"], condition=Q(status="held"), name="outbox_held_idx"
             ),

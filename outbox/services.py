@@ -148,12 +148,14 @@ def _next_send(channel, now, may_start) -> list:
         return []
     if channel.waits_for_gap(now) and not any(message.urgent for message in batch):
         return []
-    if not stamped:
-        key = send_key_for(channel.pk, [message.pk for message in batch])
-        OutboxMessage.objects.filter(pk__in=[message.pk for message in batch]).update(send_key=key)
-        for message in batch:
-            message.send_key = key
-    return batch
+    if stamped:
+        return batch
+    key = send_key_for(channel.pk, [message.pk for message in batch])
+    OutboxMessage.objects.filter(pk__in=[message.pk for message in batch]).update(send_key=key)
+    # Read back what was stamped: an admin edit that committed after the read above is in
+    # the rows now, and from here on nobody may change them.
+    stamped_rows = OutboxMessage.objects.filter(inbox_id=channel.pk, send_key=key).held()
+    return list(stamped_rows.order_by("id"))
 
 
 def _send_at_most_once(channel, batch, send) -> int:
