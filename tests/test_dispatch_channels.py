@@ -9,11 +9,8 @@ server, a thread or an event is bounded, and every server is stopped in teardown
 import email
 import email.policy
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from contextlib import suppress
@@ -33,7 +30,7 @@ from inbox import clock
 from outbox.channels import SendFailed
 from outbox.models import Channel, OutboxMessage, send_key_for
 from tests.conftest import use_email_backend
-from tests.test_worker_processes_pg import ROOT, database_url, wait_for
+from tests.test_worker_processes_pg import start_command, wait_for
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -1190,23 +1187,9 @@ def dispatcher_process(tmp_path):
 
     def start(*args):
         log_path = tmp_path / f"dispatcher-{len(started)}.log"
-        with open(log_path, "wb") as log:
-            started.append(
-                subprocess.Popen(
-                    [sys.executable, "manage.py", "rundispatcher", *args],
-                    cwd=ROOT,
-                    env={
-                        **os.environ,
-                        "DATABASE_URL": database_url(),
-                        "no_proxy": "127.0.0.1,localhost",
-                        "NO_PROXY": "127.0.0.1,localhost",
-                        "PYTHONUNBUFFERED": "1",
-                    },
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+        loopback = "127.0.0.1,localhost"
+        env = {"no_proxy": loopback, "NO_PROXY": loopback}
+        started.append(start_command("rundispatcher", args, log_path, env))
         return started[-1], log_path
 
     yield start
