@@ -6,6 +6,7 @@ from django.db.models import Q
 from django.urls import reverse
 
 from inbox.models import Event, Inbox
+from timers.models import RESERVED_KEY_PREFIX
 
 # The inbox event that carries an approval's outcome: ("approval", request_id). Whichever is
 # stored there first, the user's answer or the expiry, is the answer that stands.
@@ -114,7 +115,7 @@ def time_left(until, now) -> str:
 
 
 def expiry_timer_key(request_id):
-    return f"expire:{request_id}"
+    return f"{RESERVED_KEY_PREFIX}{request_id}"
 
 
 def record_answer(sender, event: Event, now, **kwargs):

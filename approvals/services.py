@@ -58,7 +58,7 @@ class Ask:
                     f"request_id {self.request_id!r} was already used for {approval.action!r}"
                 )
             return approval
-        Schedule(
+        Schedule.reserved(
             self.inbox_id,
             expiry_timer_key(self.request_id),
             due=expires_at,

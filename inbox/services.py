@@ -37,6 +37,13 @@ Effect = Callable[[datetime], object]
 # ingested from outside could take the key of a real occurrence or bypass a deadline.
 RESERVED_SOURCES = frozenset({"timer", "approval"})
 
+
+def require_unreserved_source(field: str, source: str) -> str:
+    if source in RESERVED_SOURCES:
+        raise ValueError(f"{field} {source!r} is reserved for alwayson's own timers and approvals")
+    return source
+
+
 _jitter = random.Random()
 
 
@@ -155,9 +162,7 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     inbox's lock stays taken past ALWAYSON_INGEST_LOCK_WAIT: nothing is stored, the sender
     is told to retry.
     """
-    require_key("source", source)
-    if source in RESERVED_SOURCES:
-        raise ValueError(f"source {source!r} is reserved for alwayson's own timers and approvals")
+    require_unreserved_source("source", require_key("source", source))
     require_key("source_id", source_id)
     payload = require_json("payload", {} if payload is None else payload)
     inbox = Inbox.objects.resolve(inbox)

@@ -1,9 +1,10 @@
 """The outbox in the operator's console.
 
-The dispatcher owns a message's status, sent time, attempts and error, and a channel's
-failure count, backoff and last error: those are read-only. A held message's body and
-urgency may be edited before it goes out; a sent or failed message is history. Failed
-messages go back to held through the same service as `manage.py deadletters --resend`.
+The dispatcher owns a message's status, sent time, attempts, error and send key, and a
+channel's failure count, backoff and last error: those are read-only. A held message's body
+and urgency may be edited until its send is first attempted (a retry must carry the body the
+receiver may already have under that key); after that it is history. Parked sends go back to
+held, whole and under their keys, through the same service as `deadletters --resend`.
 """
 
 from django.contrib import admin, messages
@@ -27,16 +28,28 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         "sent_at",
         "attempts",
         "error_excerpt",
+        "send_key",
     )
     list_filter = ("status", "urgent", "inbox")
     list_select_related = ("inbox",)
-    search_fields = ("=inbox__slug", "body")
-    search_help_text = "the exact inbox slug, or the body (contains)"
+    # A receiver reports the key it got: "=send_key" finds that send's messages.
+    search_fields = ("=inbox__slug", "=send_key", "body")
+    search_help_text = "the exact inbox slug or send key, or the body (contains)"
     date_hierarchy = "created"
     ordering = ("-id",)
     show_full_result_count = False
-    fields = ("inbox", "body", "urgent", "status", "created", "sent_at", "attempts", "error")
-    readonly_fields = ("inbox", "status", "created", "sent_at", "attempts", "error")
+    fields = (
+        "inbox",
+        "body",
+        "urgent",
+        "status",
+        "created",
+        "sent_at",
+        "attempts",
+        "error",
+        "send_key",
+    )
+    readonly_fields = ("inbox", "status", "created", "sent_at", "attempts", "error", "send_key")
     actions = ("resend",)
 
     @admin.display(description="body")
@@ -52,20 +65,20 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
-        held = obj is None or obj.status == OutboxMessage.Status.HELD
-        return held and super().has_change_permission(request, obj)
+        editable = obj is None or (obj.status == OutboxMessage.Status.HELD and not obj.send_key)
+        return editable and super().has_change_permission(request, obj)
 
     def save_model(self, request, obj, form, change):
-        # Only the edited columns, and only while still held: a full save would write the
-        # status and attempts loaded with the form over the dispatcher's.
+        # Only the edited columns, and only while held and not yet in a send: a full save
+        # would write the status and attempts loaded with the form over the dispatcher's.
         changed = {name: getattr(obj, name) for name in form.changed_data}
         if not changed:
             return
-        updated = OutboxMessage.objects.held().filter(pk=obj.pk).update(**changed)
+        updated = OutboxMessage.objects.held().filter(pk=obj.pk, send_key="").update(**changed)
         if not updated:
             self.message_user(
                 request,
-                "The message left the outbox while you edited it; nothing was changed.",
+                "The message went into a send while you edited it; nothing was changed.",
                 messages.WARNING,
             )
 
@@ -74,8 +87,13 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         selected = queryset.count()  # before: a status filter stops matching the resent
         ids = list(queryset.failed().values_list("pk", flat=True))
         resent = sum(services.resend(chunk) for chunk in chunks(ids))
-        left = selected - resent
         text = f"{resent} message(s) put back in the outbox (held, attempts reset)."
+        if resent > len(ids):
+            text += (
+                f" {resent - len(ids)} of them were not selected: they were parked in the same"
+                " send(s) as selected ones, and go again with them under the same key."
+            )
+        left = selected - len(ids)
         if left:
             text += f" {left} selected message(s) had not failed and were left alone."
         self.message_user(request, text, messages.SUCCESS if resent else messages.WARNING)

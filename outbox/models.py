@@ -1,3 +1,4 @@
+import hashlib
 from datetime import timedelta
 
 from django.conf import settings
@@ -25,6 +26,12 @@ class OutboxQuerySet(models.QuerySet):
         return self.held().values_list("inbox_id", flat=True).distinct().order_by("inbox_id")
 
 
+def send_key_for(inbox_id, message_ids) -> str:
+    """The key of a send: from its rows, so the same rows always make the same key."""
+    ids = ",".join(str(pk) for pk in message_ids)
+    return hashlib.sha256(f"{inbox_id}:{ids}".encode()).hexdigest()[:32]
+
+
 class OutboxMessage(models.Model):
     """Something the agent wants to tell its owner, held until the dispatcher's gap allows."""
 
@@ -42,13 +49,18 @@ class OutboxMessage(models.Model):
     sent_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
+    # The send this message belongs to, for good: stamped on its rows and committed before
+    # the send's first attempt. Every retry and every resend carries exactly the rows with
+    # this key, under it; messages queued later go in a later send.
+    send_key = models.CharField(max_length=32, blank=True)
 
     objects = OutboxQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
         indexes = [
-            # dispatch: the held messages of one inbox in order, and which inboxes have any.
+            # dispatch: the held messages of one inbox in order (and those of the send it
+            # just stamped), and which inboxes have any.
             models.Index(
                 fields=["inbox", "id"], condition=Q(status="held"), name="outbox_held_idx"
             ),

@@ -1,20 +1,19 @@
 """The paced outbox: queue messages with a run, dispatch them at most once per gap."""
 
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from inbox import clock
 from inbox.models import Inbox
 from inbox.services import retry_delay
 
 from .channels import SendFailed, sender_for
-from .models import Channel, OutboxMessage
+from .models import Channel, OutboxMessage, send_key_for
 
 log = logging.getLogger("alwayson.outbox")
 
@@ -41,7 +40,7 @@ class Say:
 
 @dataclass(frozen=True)
 class Delivery:
-    """One merged send: the held messages of one inbox, in order, under one stable key."""
+    """One send: held messages of one inbox, in order, under the key stamped on them."""
 
     inbox: Inbox
     messages: list
@@ -52,9 +51,9 @@ class Delivery:
 
     @property
     def idempotency_key(self) -> str:
-        """The same for the same rows, so a receiver can recognise a repeat after a crash."""
-        ids = ",".join(str(message.pk) for message in self.messages)
-        return hashlib.sha256(f"{self.inbox.pk}:{ids}".encode()).hexdigest()[:32]
+        """The send's key, stamped on every one of its rows before the first attempt: the
+        same on every retry, so a receiver can recognise a repeat."""
+        return self.messages[0].send_key
 
 
 def dispatch(send: Send | None = None, now=None) -> int:
@@ -68,62 +67,112 @@ def dispatch(send: Send | None = None, now=None) -> int:
 
 
 def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
-    """One inbox's turn: merge the held messages, in order, into one send if the gap allows
-    (or one of them is urgent) and the channel is not backing off after a failure.
+    """One inbox's turn: one send, if the gap allows (or one of its messages is urgent) and
+    the channel is not backing off after a failure.
 
-    At least once (the default): the send happens inside the transaction, under the
+    A send's rows are fixed before its first attempt: a short transaction stamps them with
+    the send's key and commits. Until that send is sent or parked, every turn retries
+    exactly those rows under that key, whatever was queued meanwhile; the messages queued
+    meanwhile make the next send. So a repeat, after a timeout or a crash, always carries
+    the key and the body the receiver may already have.
+
+    At least once (the default): the send happens inside a second transaction, under the
     channel's row lock, and the rows are marked sent after it. Two dispatchers can't both
-    send the same rows, and a crash after send() and before COMMIT sends them again: the
-    receiver dedupes on the idempotency key. Holding the lock across the send is what the
-    rule requires. At most once: the rows are marked sent and committed first, then sent
-    outside any lock; a crash in between loses them.
+    send the same rows, and a crash after send() and before COMMIT sends them again under
+    the same key: the receiver dedupes on it. Holding the lock across the send is what the
+    rule requires. At most once: the rows are stamped, marked sent and committed in the
+    first transaction, then sent outside any lock; a crash in between loses them.
     """
     inbox_id = Inbox.objects.resolve(inbox).pk
     Channel.objects.get_or_create(inbox_id=inbox_id)
     with transaction.atomic():
-        now = clock.resolve(now)
-        channel = (
-            # OF self: the joined inbox and owner rows stay unlocked, so events and outbox
-            # rows for this inbox (whose foreign keys lock the inbox row) are never blocked
-            # by a slow send.
-            Channel.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("inbox__owner")
-            .filter(pk=inbox_id)
-            .first()
-        )
+        at = clock.resolve(now)
+        channel = _locked_channel(inbox_id)
         if channel is None:
             return 0  # another dispatcher has this inbox right now
-        held = list(OutboxMessage.objects.filter(inbox_id=inbox_id).held().order_by("id"))
-        if not held or channel.backing_off(now):
+        batch = _next_send(channel, at, may_start=True)
+        if not batch:
             return 0
-        if channel.waits_for_gap(now) and not any(message.urgent for message in held):
+        at_most_once = channel.mode == Channel.Mode.AT_MOST_ONCE
+        if at_most_once:
+            _mark_sent(channel, batch, at)
+    if at_most_once:
+        return _send_at_most_once(channel, batch, send)
+    with transaction.atomic():
+        at = clock.resolve(now)
+        channel = _locked_channel(inbox_id)
+        if channel is None:
+            return 0  # another dispatcher took the channel in between: it sends this
+        # Only the send committed above (or one committed before): a send started here
+        # would be attempted before its rows and key were committed.
+        batch = _next_send(channel, at, may_start=False)
+        if not batch:
+            return 0  # another dispatcher sent it in between
+        try:
+            (send or sender_for(channel))(Delivery(channel.inbox, batch))
+        except SendFailed as exc:
+            _record_failure(channel, batch, str(exc), at)
             return 0
-        delivery = Delivery(channel.inbox, held)
-        deliver = send or sender_for(channel)
-        if channel.mode == Channel.Mode.AT_MOST_ONCE:
-            _mark_sent(channel, held, now)
-        else:
-            try:
-                deliver(delivery)
-            except SendFailed as exc:
-                _record_failure(channel, held, str(exc), now)
-                return 0
-            _mark_sent(channel, held, now)
-            return len(held)
+        _mark_sent(channel, batch, at)
+        return len(batch)
+
+
+def _locked_channel(inbox_id):
+    return (
+        # OF self: the joined inbox and owner rows stay unlocked, so events and outbox rows
+        # for this inbox (whose foreign keys lock the inbox row) are never blocked by a slow
+        # send.
+        Channel.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("inbox__owner")
+        .filter(pk=inbox_id)
+        .first()
+    )
+
+
+def _next_send(channel, now, may_start) -> list:
+    """The rows of the inbox's next send, in order, if it may go now; [] if not.
+
+    A send already stamped (attempted, or resent by an operator) comes first, the oldest
+    if there are several, exactly as stamped. Otherwise, if `may_start`, every held message
+    makes a new send, stamped here with its key; the caller commits that before sending.
+    """
+    held = list(OutboxMessage.objects.filter(inbox_id=channel.pk).held().order_by("id"))
+    if not held or channel.backing_off(now):
+        return []
+    stamped = next((message.send_key for message in held if message.send_key), "")
+    if stamped:
+        batch = [message for message in held if message.send_key == stamped]
+    elif may_start:
+        batch = held
+    else:
+        return []
+    if channel.waits_for_gap(now) and not any(message.urgent for message in batch):
+        return []
+    if stamped:
+        return batch
+    key = send_key_for(channel.pk, [message.pk for message in batch])
+    OutboxMessage.objects.filter(pk__in=[message.pk for message in batch]).update(send_key=key)
+    # Read back what was stamped: an admin edit that committed after the read above is in
+    # the rows now, and from here on nobody may change them.
+    stamped_rows = OutboxMessage.objects.filter(inbox_id=channel.pk, send_key=key).held()
+    return list(stamped_rows.order_by("id"))
+
+
+def _send_at_most_once(channel, batch, send) -> int:
     try:
-        deliver(delivery)
+        (send or sender_for(channel))(Delivery(channel.inbox, batch))
     except SendFailed as exc:
-        # At most once: the rows were given up when they were marked sent; say why.
-        OutboxMessage.objects.filter(pk__in=[m.pk for m in held]).update(
+        # The rows were given up when they were marked sent; say why.
+        OutboxMessage.objects.filter(pk__in=[m.pk for m in batch]).update(
             status=OutboxMessage.Status.FAILED, attempts=F("attempts") + 1, error=str(exc)
         )
-        log.warning("at-most-once send failed, not retried: inbox=%s: %s", inbox_id, exc)
+        log.warning("at-most-once send failed, not retried: inbox=%s: %s", channel.pk, exc)
         return 0
-    return len(held)
+    return len(batch)
 
 
-def _mark_sent(channel, held, now):
-    OutboxMessage.objects.filter(pk__in=[m.pk for m in held]).update(
+def _mark_sent(channel, batch, now):
+    OutboxMessage.objects.filter(pk__in=[m.pk for m in batch]).update(
         status=OutboxMessage.Status.SENT, sent_at=now, error=""
     )
     if channel.failures or channel.retry_at or channel.last_error:
@@ -131,32 +180,45 @@ def _mark_sent(channel, held, now):
         channel.save(update_fields=["failures", "retry_at", "last_error"])
 
 
-def _record_failure(channel, held, error, now):
-    """Retry later with backoff; a message that has failed ALWAYSON_OUTBOX_MAX_ATTEMPTS times
+def _record_failure(channel, batch, error, now):
+    """Retry later with backoff; a send that has failed ALWAYSON_OUTBOX_MAX_ATTEMPTS times
     is parked as failed, so one broken channel neither blocks other inboxes nor retries
-    forever. Each row counts its own attempts: a message that joined a failing send late
-    gets its full share of tries."""
-    ids = [m.pk for m in held]
-    OutboxMessage.objects.filter(pk__in=ids).update(attempts=F("attempts") + 1, error=error)
-    parked = OutboxMessage.objects.filter(
-        pk__in=ids, attempts__gte=settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS
-    ).update(status=OutboxMessage.Status.FAILED)
-    if parked:
-        log.warning("parked %s message(s) as failed: inbox=%s: %s", parked, channel.pk, error)
+    forever. A send is parked whole: its rows are attempted together and share one fate,
+    so a resend never has to split it."""
+    ids = [m.pk for m in batch]
+    parked = max(m.attempts for m in batch) + 1 >= settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS
+    OutboxMessage.objects.filter(pk__in=ids).update(
+        attempts=F("attempts") + 1,
+        error=error,
+        **({"status": OutboxMessage.Status.FAILED} if parked else {}),
+    )
     channel.last_error = error
-    if parked < len(ids):
+    if parked:
+        log.warning("parked %s message(s) as failed: inbox=%s: %s", len(ids), channel.pk, error)
+        # Nothing of this send is left to retry: the next send starts a fresh series.
+        channel.failures, channel.retry_at = 0, None
+    else:
         channel.failures += 1
         channel.retry_at = now + retry_delay(channel.failures)
-    else:
-        # Nothing of this send is left to retry: the next message starts a fresh series.
-        channel.failures, channel.retry_at = 0, None
     channel.save(update_fields=["failures", "retry_at", "last_error"])
 
 
 def resend(message_ids) -> int:
-    """Put messages parked as failed back to held, attempts reset; the number changed."""
-    return (
-        OutboxMessage.objects.failed()
-        .filter(pk__in=list(message_ids))
-        .update(status=OutboxMessage.Status.HELD, sent_at=None, attempts=0, error="")
-    )
+    """Put parked sends back to held, attempts reset; the number of messages put back.
+
+    A resend is the same send again: the same rows under the same key, so a receiver that
+    got it before (its answer lost) recognises it. Resending one message of a parked send
+    therefore puts back the whole send.
+    """
+    ids = list(message_ids)
+    failed = OutboxMessage.objects.failed()
+    with transaction.atomic():
+        chosen = list(
+            failed.filter(pk__in=ids).exclude(send_key="").values_list("inbox_id", "send_key")
+        )
+        same_send = Q(
+            inbox_id__in={inbox for inbox, _ in chosen}, send_key__in={key for _, key in chosen}
+        )
+        return failed.filter(Q(pk__in=ids) | same_send).update(
+            status=OutboxMessage.Status.HELD, sent_at=None, attempts=0, error=""
+        )

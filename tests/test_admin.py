@@ -14,10 +14,11 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from alwayson.api import acquire, add_timer, answer_approval, ingest, request_approval
+from alwayson.api import acquire, add_timer, answer_approval, dispatch, ingest, request_approval
 from alwayson.models import Refund
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease, Session
+from outbox.channels import SendFailed
 from outbox.models import Channel, OutboxMessage
 from timers.models import Timer
 
@@ -264,6 +265,59 @@ def test_resend_puts_back_only_failed_messages(admin_client, inbox, t0):
         "h1": ("held", 0, ""),
         "s1": ("sent", 0, ""),
     }
+
+
+def test_resend_puts_back_whole_sends_and_says_so(admin_client, inbox, t0):
+    def message(body, send_key):
+        return OutboxMessage.objects.create(
+            inbox=inbox,
+            body=body,
+            created=t0,
+            status="failed",
+            attempts=5,
+            error="smtp down",
+            send_key=send_key,
+        )
+
+    first = message("a1", "a" * 32)
+    message("a2", "a" * 32)
+    message("b1", "b" * 32)
+
+    response = post_action(
+        admin_client, OutboxMessage, "resend", OutboxMessage.objects.filter(pk=first.pk)
+    )
+
+    assert messages_of(response) == [
+        "2 message(s) put back in the outbox (held, attempts reset). 1 of them were not"
+        " selected: they were parked in the same send(s) as selected ones, and go again with"
+        " them under the same key."
+    ]
+    rows = {m.body: (m.status, m.attempts, m.send_key) for m in OutboxMessage.objects.all()}
+    assert rows == {
+        "a1": ("held", 0, "a" * 32),
+        "a2": ("held", 0, "a" * 32),
+        "b1": ("failed", 5, "b" * 32),
+    }
+
+
+def test_a_message_whose_send_was_attempted_cannot_be_edited(admin_client, inbox, t0):
+    """A retry carries the body the receiver may already have under the send's key."""
+    message = OutboxMessage.objects.create(inbox=inbox, body="draft", created=t0)
+
+    def timed_out(delivery):
+        raise SendFailed("timed out")
+
+    assert dispatch(timed_out, now=t0) == 0
+    message.refresh_from_db()
+    assert (message.status, message.attempts) == ("held", 1)
+
+    response = admin_client.post(
+        url(OutboxMessage, "change", message.pk), {"body": "edited", "urgent": "on"}
+    )
+
+    assert response.status_code == 403
+    message.refresh_from_db()
+    assert (message.body, message.urgent) == ("draft", False)
 
 
 def test_event_fields_cannot_be_changed_through_the_form(admin_client, inbox):

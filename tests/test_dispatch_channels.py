@@ -26,10 +26,11 @@ from django.db import connection
 from django.utils import timezone
 
 from alwayson.api import Say, dispatch, dispatch_inbox
+from inbox import clock
 from outbox.channels import SendFailed
-from outbox.models import Channel, OutboxMessage
-from outbox.services import Delivery
+from outbox.models import Channel, OutboxMessage, send_key_for
 from tests.conftest import use_email_backend
+from tests.test_worker_processes_pg import start_command, wait_for
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
@@ -96,7 +97,7 @@ def _call(*args):
 
 
 def expected_key(inbox, messages):
-    return Delivery(inbox, list(messages)).idempotency_key
+    return send_key_for(inbox.pk, [message.pk for message in messages])
 
 
 @pytest.fixture
@@ -531,6 +532,161 @@ def test_idempotency_key_differs_for_different_rows(make_inbox, t0):
     assert expected_key(a, [two]) != expected_key(a, [two, three]) != expected_key(a, [three])
 
 
+# --- a send is retried as it was: the same rows, the same key ---------------------------------
+
+
+def posted(server):
+    """(Idempotency-Key, raw body, message ids) of each POST the server received."""
+    return [
+        (
+            post["headers"]["Idempotency-Key"],
+            post["body"],
+            [m["id"] for m in json.loads(post["body"])["messages"]],
+        )
+        for post in server.posts()
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("urgent", [False, True], ids=["plain", "urgent"])
+def test_a_send_that_timed_out_is_retried_as_it_was_and_later_messages_go_next(
+    webhook_inbox, webhook, t0, settings, urgent
+):
+    """The receiver got the first POST and answered too late: the retry must be the same
+    send (same key, same body), and what was queued meanwhile a send of its own."""
+    settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT = 1
+    webhook.delay = 3  # longer than the timeout; teardown wakes the handler early
+    one, two = hold(webhook_inbox, "one", t0), hold(webhook_inbox, "two", t0)
+    assert dispatch(now=t0) == 0
+    retry_at = Channel.objects.get(inbox=webhook_inbox).retry_at
+    three = hold(webhook_inbox, "three", t0 + SECOND, urgent=urgent)
+    webhook.delay = 0
+
+    assert dispatch(now=retry_at) == 2
+
+    [(key, body, ids), repeat] = posted(webhook)
+    assert repeat == (key, body, [one.pk, two.pk])
+    assert statuses(webhook_inbox) == [SENT, SENT, HELD]
+    # The retry that went out started the gap: a plain message waits for it, an urgent one
+    # goes at once.
+    next_send = retry_at if urgent else retry_at + HOUR
+    if not urgent:
+        assert dispatch(now=next_send - SECOND) == 0
+    assert dispatch(now=next_send) == 1
+    later_key, _, later_ids = posted(webhook)[2]
+    assert later_ids == [three.pk]
+    assert later_key != key
+    assert statuses(webhook_inbox) == [SENT, SENT, SENT]
+
+
+@pytest.mark.django_db
+def test_messages_queued_after_a_crashed_send_wait_for_its_repeat(inbox, t0):
+    one, two = hold(inbox, "one", t0), hold(inbox, "two", t0)
+    crashed = Recorder()
+
+    def send_then_crash(delivery):
+        crashed(delivery)
+        raise Crash("killed after send, before commit")
+
+    with pytest.raises(Crash):
+        dispatch(send_then_crash, now=t0)
+    three = hold(inbox, "three", t0 + SECOND, urgent=True)
+
+    send = Recorder()
+    assert dispatch(send, now=t0 + SECOND) == 2
+    assert dispatch(send, now=t0 + SECOND) == 1  # urgent: at once, in a send of its own
+
+    [(_, body, key, ids)] = crashed.sent
+    assert (body, ids) == ("one\n\ntwo", [one.pk, two.pk])
+    assert send.sent[0] == ("desk", body, key, ids)  # the repeat: the same send
+    [(_, later_body, later_key, later_ids)] = send.sent[1:]
+    assert (later_body, later_ids) == ("three", [three.pk])
+    assert later_key != key
+    assert statuses(inbox) == [SENT, SENT, SENT]
+
+
+def _fail_until_parked(inbox, send, now, max_attempts, queue_after_first=None):
+    """Dispatch through a failing `send` until its send is parked; the time of the last try."""
+    for attempt in range(1, max_attempts + 1):
+        assert dispatch(send, now=now) == 0
+        if attempt == 1 and queue_after_first:
+            queue_after_first()
+        if attempt < max_attempts:
+            now = Channel.objects.get(inbox=inbox).retry_at
+    return now
+
+
+@pytest.mark.django_db
+def test_a_failing_send_is_parked_whole_and_later_messages_make_their_own(inbox, t0, fast_parking):
+    one, two = hold(inbox, "one", t0), hold(inbox, "two", t0)
+    later = []
+    broken = Recorder(fail={"desk"})
+
+    now = _fail_until_parked(
+        inbox,
+        broken,
+        t0,
+        fast_parking,
+        queue_after_first=lambda: later.append(hold(inbox, "three", t0 + SECOND, urgent=True)),
+    )
+
+    assert len(broken.sent) == fast_parking
+    assert {(body, key, tuple(ids)) for _, body, key, ids in broken.sent} == {
+        ("one\n\ntwo", broken.sent[0][2], (one.pk, two.pk))
+    }
+    assert rows(inbox) == [
+        ("one", FAILED, None, fast_parking),
+        ("two", FAILED, None, fast_parking),
+        ("three", HELD, None, 0),  # never attempted: its own send gets every attempt
+    ]
+    send = Recorder()
+    assert dispatch(send, now=now) == 1
+    assert [(body, ids) for _, body, _, ids in send.sent] == [("three", [later[0].pk])]
+    assert send.sent[0][2] != broken.sent[0][2]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("mode", [Channel.Mode.AT_LEAST_ONCE, Channel.Mode.AT_MOST_ONCE])
+def test_resending_one_message_of_a_parked_send_resends_the_whole_send_under_its_key(
+    inbox, t0, fast_parking, mode
+):
+    channel_for(inbox, mode=mode)
+    one, two = hold(inbox, "one", t0), hold(inbox, "two", t0)
+    broken = Recorder(fail={"desk"})
+    attempts = fast_parking if mode == Channel.Mode.AT_LEAST_ONCE else 1
+    now = _fail_until_parked(inbox, broken, t0, attempts)
+    [parked_key] = {key for _, _, key, _ in broken.sent}
+    three = hold(inbox, "three", now)
+    send = Recorder()
+    assert dispatch(send, now=now + HOUR) == 1  # a later send went out meanwhile
+
+    assert "resent 2 message(s)" in _call("deadletters", "--resend", str(two.pk))
+
+    assert [(b, s, a) for b, s, _, a in rows(inbox)] == [
+        ("one", HELD, 0),
+        ("two", HELD, 0),
+        ("three", SENT, 0),
+    ]
+    assert dispatch(send, now=now + 2 * HOUR) == 2
+    assert send.sent == [
+        ("desk", "three", send.sent[0][2], [three.pk]),
+        ("desk", "one\n\ntwo", parked_key, [one.pk, two.pk]),
+    ]
+
+
+@pytest.mark.django_db
+def test_deadletters_lists_each_parked_message_with_its_send_key(inbox, t0, fast_parking):
+    one, two = hold(inbox, "one", t0), hold(inbox, "two", t0)
+    broken = Recorder(fail={"desk"})
+    _fail_until_parked(inbox, broken, t0, fast_parking)
+    key = broken.sent[0][2]
+
+    out = _call("deadletters")
+
+    assert f"  {one.pk}\tdesk\t{fast_parking}\tdesk: channel down\t'one'\t{key}\n" in out
+    assert f"  {two.pk}\tdesk\t{fast_parking}\tdesk: channel down\t'two'\t{key}\n" in out
+
+
 # --- the email channel ------------------------------------------------------------------------
 
 
@@ -906,18 +1062,24 @@ def test_another_connection_sees_what_is_committed_during_the_send(
     inbox, t0, mode, seen_during_send
 ):
     """At most once: marked sent and committed before the send. At least once: the mark is
-    not committed until the send has returned."""
+    not committed until the send has returned. In both, the send's key is committed on its
+    rows before the send, so a crash during it cannot change what a retry sends."""
     channel_for(inbox, mode=mode)
     hold(inbox, "one", t0)
     hold(inbox, "two", t0)
     seen = []
 
+    def committed():
+        rows = OutboxMessage.objects.filter(inbox=inbox).order_by("id")
+        return list(rows.values_list("status", "send_key"))
+
     def send(delivery):
-        seen.append(_from_another_connection(lambda: statuses(inbox)))
+        seen.append((delivery.idempotency_key, _from_another_connection(committed)))
 
     assert dispatch(send, now=t0) == 2
 
-    assert seen == [seen_during_send]
+    [(key, during_send)] = seen
+    assert during_send == [(status, key) for status in seen_during_send]
     assert statuses(inbox) == [SENT, SENT]
 
 
@@ -1018,3 +1180,51 @@ def test_second_dispatcher_skips_an_inbox_while_the_first_is_sending(inbox, t0, 
     assert sorted(results) == [0, 3]
     assert len(sends) == 1
     assert statuses(inbox) == [SENT, SENT, SENT]
+
+
+@pytest.fixture
+def dispatcher_process(tmp_path):
+    """Start `manage.py rundispatcher` on the test database; killed at teardown."""
+    started = []
+
+    def start(*args):
+        log_path = tmp_path / f"dispatcher-{len(started)}.log"
+        loopback = "127.0.0.1,localhost"
+        env = {"no_proxy": loopback, "NO_PROXY": loopback}
+        started.append(start_command("rundispatcher", args, log_path, env))
+        return started[-1], log_path
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait(WAIT)
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_dispatcher_killed_mid_send_is_repeated_with_the_same_rows_and_key(
+    webhook_inbox, webhook, dispatcher_process
+):
+    """A real fault: the receiver has the POST, the dispatcher is SIGKILLed before it could
+    commit; an urgent message arrives. The repeat is the same send; the urgent one follows."""
+    webhook.delay = 3 * WAIT  # never answers the first POST; teardown wakes the handler
+    now = clock.database_now()
+    one, two = hold(webhook_inbox, "one", now), hold(webhook_inbox, "two", now)
+    proc, log_path = dispatcher_process("--once", "--verbosity", "0")
+    wait_for(lambda: webhook.posts() or proc.poll() is not None, 3 * WAIT, "the first POST")
+    assert webhook.posts(), log_path.read_text(errors="replace")
+    proc.kill()
+    proc.wait(WAIT)
+    three = hold(webhook_inbox, "three", now, urgent=True)
+    webhook.delay = 0
+
+    # The killed session's channel lock goes when PostgreSQL notices the dead client.
+    assert wait_for(lambda: dispatch(), WAIT, "the retry") == 2
+    assert dispatch() == 1
+
+    [(key, body, ids), repeat, (later_key, _, later_ids)] = posted(webhook)
+    assert ids == [one.pk, two.pk]
+    assert repeat == (key, body, ids)
+    assert later_ids == [three.pk]
+    assert later_key != key
+    assert statuses(webhook_inbox) == [SENT, SENT, SENT]

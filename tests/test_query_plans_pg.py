@@ -264,6 +264,8 @@ def test_held_messages_use_the_partial_held_index(world):
     held = OutboxMessage.objects.filter(inbox_id=world.pk).held().order_by("id")
     assert_uses(plan_of(lambda: list(held)), "outbox_held_idx")
     assert_uses(plan_of(lambda: list(OutboxMessage.objects.inboxes_with_held())), "outbox_held_idx")
+    stamped = OutboxMessage.objects.filter(inbox_id=world.pk, send_key="k" * 32).held()
+    assert_uses(plan_of(lambda: list(stamped.order_by("id"))), "outbox_held_idx")
 
 
 def test_last_send_uses_the_sent_index(world):

@@ -63,6 +63,26 @@ def database_url():
     return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+def start_command(command, args, log_path, env=None):
+    """`manage.py <command> <args>` as a process on the test database, its output in
+    `log_path`; `env` adds to the environment."""
+    environment = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", command, *args],
+            cwd=ROOT,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
 class WorkerProcess:
     def __init__(self, worker_id, proc, log_path):
         self.worker_id = worker_id
@@ -118,28 +138,13 @@ def spawn(side_tables, tmp_path):
     started = []
 
     def start(worker_id, *args, env=None, wait_listening=True, pythonpath=None):
-        environment = {
-            **os.environ,
-            "DATABASE_URL": database_url(),
-            "ALWAYSON_AGENT": AGENT,
-            "ALWAYSON_RETRY_BASE": "1",
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
+        environment = {"ALWAYSON_AGENT": AGENT, "ALWAYSON_RETRY_BASE": "1", **(env or {})}
         if pythonpath:
             environment["PYTHONPATH"] = os.pathsep.join(
                 [str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])]
             )
         log_path = tmp_path / f"{worker_id}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "manage.py", "runworker", "--worker-id", worker_id, *args],
-                cwd=ROOT,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        proc = start_command("runworker", ["--worker-id", worker_id, *args], log_path, environment)
         worker = WorkerProcess(worker_id, proc, log_path)
         started.append(worker)
         if wait_listening:

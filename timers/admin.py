@@ -4,7 +4,9 @@ add_timer and the agent's run.schedule() use.
 A plain form save would skip the schedule's checks (cron syntax, time zone, every-or-cron)
 and could write a stale `due` over the scheduler's. Here the form builds a Schedule (its
 errors become form errors) and the save applies it under the inbox's lease lock, like every
-other write to an inbox. Approval expiry timers belong to their approval and stay view-only.
+other write to an inbox. The Schedule refuses reserved keys (an approval's expiry timer's),
+so the form does too. Approval expiry timers belong to their approval: view-only, and deleted
+only with their inbox (an approval without its expiry would never resume the session).
 """
 
 from django import forms
@@ -12,7 +14,7 @@ from django.contrib import admin
 from django.db import transaction
 
 from inbox import clock
-from inbox.admin import pretty_json
+from inbox.admin import deleting_inbox, pretty_json
 from inbox.models import Lease
 
 from .models import Timer
@@ -83,6 +85,11 @@ class TimerAdmin(admin.ModelAdmin):
         if obj is not None and obj.event_source:
             return False
         return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and obj.reserved and not deleting_inbox(request):
+            return False
+        return super().has_delete_permission(request, obj)
 
     def save_model(self, request, obj, form, change):
         with transaction.atomic():

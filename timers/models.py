@@ -8,7 +8,13 @@ from django.db.models import Q
 
 from inbox import clock
 from inbox.models import Inbox
-from inbox.services import store_event
+from inbox.services import RESERVED_SOURCES, store_event
+
+# The source of every occurrence's event, unless a one-off fixes its event key.
+TIMER_SOURCE = "timer"
+# Timer keys only alwayson's own machinery writes: an approval's expiry timer is
+# "expire:<request id>", and a timer registered under that key would replace it.
+RESERVED_KEY_PREFIX = "expire:"
 
 
 class TimerQuerySet(models.QuerySet):
@@ -71,6 +77,11 @@ class Timer(models.Model):
         return f"{self.inbox_id}:{self.key} @ {self.due:%Y-%m-%d %H:%M:%S}"
 
     @property
+    def reserved(self) -> bool:
+        """Written only by alwayson's machinery (an approval's expiry timer)."""
+        return self.key.startswith(RESERVED_KEY_PREFIX) or self.event_source in RESERVED_SOURCES
+
+    @property
     def recurring(self) -> bool:
         return bool(self.every or self.cron)
 
@@ -124,7 +135,7 @@ class Timer(models.Model):
             )
             stored += store_event(
                 self.inbox_id,
-                self.event_source or "timer",
+                self.event_source or TIMER_SOURCE,
                 self.event_id or f"{self.key}@{label}",
                 payload,
                 now,

@@ -3,6 +3,7 @@
 import random
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import ClassVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -10,9 +11,10 @@ from django.db import transaction
 
 from inbox import clock
 from inbox.models import Inbox, Lease
+from inbox.services import require_unreserved_source
 from inbox.validation import require_duration, require_key, require_mapping
 
-from .models import Timer
+from .models import RESERVED_KEY_PREFIX, TIMER_SOURCE, Timer
 
 SCHEDULER_BATCH = 100
 
@@ -24,7 +26,16 @@ class Schedule:
     As a run effect it commits with the run's finish. A one-off or `every` timer starts at
     `due` (an aware datetime) or `delay` after the moment it is applied; a `cron` timer at
     its next occurrence after `due` (or after that moment), read in `timezone`.
+
+    Every timer is registered through a Schedule (add_timer, run.schedule(), the admin's
+    form, an approval's expiry), so this is the one place that refuses what only alwayson
+    writes: a key starting "expire:" (an approval's expiry timer, which it would replace)
+    and a fixed event key under a reserved source (a forged approval answer, or an
+    occurrence's key). Only `Schedule.reserved()`, which the approvals app uses, may take
+    the first two; a fixed "timer" event key is refused to everyone.
     """
+
+    may_reserve: ClassVar[bool] = False
 
     inbox_id: int
     key: str
@@ -38,8 +49,18 @@ class Schedule:
     policy: str = Timer.Policy.COALESCE
     catch_up_max: int = 10
 
+    @classmethod
+    def reserved(cls, *args, **kwargs) -> "Schedule":
+        """A timer of alwayson's own machinery: an approval's expiry."""
+        return _ReservedSchedule(*args, **kwargs)
+
     def __post_init__(self):
         require_key("key", self.key)
+        if self.key.startswith(RESERVED_KEY_PREFIX) and not self.may_reserve:
+            raise ValueError(
+                f"key {self.key!r}: keys starting {RESERVED_KEY_PREFIX!r} are reserved for"
+                " approval expiry timers"
+            )
         if self.due is not None and self.delay is not None:
             raise ValueError("due: give either due (a datetime) or delay, not both")
         if self.due is None and self.delay is None and not self.cron:
@@ -67,6 +88,8 @@ class Schedule:
                 raise ValueError("event_key: a recurring timer can't use a fixed event key")
             source, source_id = self.event_key
             require_key("event_key source", source)
+            if not self.may_reserve or source == TIMER_SOURCE:
+                require_unreserved_source("event_key source", source)
             require_key("event_key source_id", source_id)
         object.__setattr__(
             self,
@@ -129,6 +152,10 @@ class Schedule:
             },
         )
         return timer
+
+
+class _ReservedSchedule(Schedule):
+    may_reserve = True
 
 
 def add_timer(

@@ -9,7 +9,8 @@ from outbox.services import resend as resend_messages
 class Command(BaseCommand):
     help = (
         "List dead events and outbox messages parked after failed sends; "
-        "--requeue puts events back to pending, --resend puts messages back to held."
+        "--requeue puts events back to pending, --resend puts parked sends back to held, "
+        "each whole and under its key."
     )
 
     def add_arguments(self, parser):
@@ -18,7 +19,11 @@ class Command(BaseCommand):
             "--requeue", nargs="+", type=int, metavar="ID", help="dead event ids to run again"
         )
         parser.add_argument(
-            "--resend", nargs="+", type=int, metavar="ID", help="failed outbox message ids"
+            "--resend",
+            nargs="+",
+            type=int,
+            metavar="ID",
+            help="failed outbox message ids; each goes again with the rest of its send",
         )
 
     def handle(self, *args, inbox=None, requeue=None, resend=None, **options):
@@ -48,7 +53,7 @@ class Command(BaseCommand):
         for message in messages:
             self.stdout.write(
                 f"  {message.pk}\t{message.inbox.slug}\t{message.attempts}\t{message.error}"
-                f"\t{message.body[:60]!r}"
+                f"\t{message.body[:60]!r}\t{message.send_key}"
             )
 
     def check_ids(self, queryset, ids, what):
