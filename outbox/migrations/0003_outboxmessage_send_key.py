@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('outbox', '0001_initial'),
+        ('outbox', '0002_chat_channels'),
     ]
 
     operations = [
