@@ -6,7 +6,7 @@ would make the ledger disagree with the payments it records.
 
 from django.contrib import admin
 
-from .models import Refund
+from .models import PasswordResetRequest, Refund
 
 
 @admin.register(Refund)
@@ -27,4 +27,22 @@ class RefundAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(PasswordResetRequest)
+class PasswordResetRequestAdmin(admin.ModelAdmin):
+    """The password reset throttle's record (alwayson/views.py): who asked, when; view-only."""
+
+    list_display = ("email", "created")
+    search_fields = ("=email",)
+    ordering = ("-id",)
+    show_full_result_count = False
+    fields = ("email", "created")
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
         return False

@@ -57,7 +57,7 @@ class RefuseUnstorableInput:
         headers = [value for key, value in request.META.items() if key.startswith("HTTP_")]
         if _unstorable(*(value for value in headers if isinstance(value, str))):
             return _refused(HttpResponseBadRequest, "a header")
-        if request.method == "POST" and request.content_type in _FORM_TYPES:
-            if _unstorable_query(request.POST):
-                return _refused(HttpResponseBadRequest, "the posted form")
+        posts_a_form = request.method == "POST" and request.content_type in _FORM_TYPES
+        if posts_a_form and _unstorable_query(request.POST):
+            return _refused(HttpResponseBadRequest, "the posted form")
         return None

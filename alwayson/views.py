@@ -1,16 +1,23 @@
-"""The owner's pages: their inboxes, and one inbox's chat form and the agent's messages."""
+"""The owner's pages: their inboxes, and one inbox's chat form and the agent's messages; and
+the throttles' answers on login and password reset."""
 
+import math
 import uuid
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
+from inbox import clock
 from inbox.models import Inbox
 from inbox.services import ingest
 from outbox.models import OutboxMessage
+
+from .models import PasswordResetRequest
 
 SHOWN_MESSAGES = 50
 
@@ -59,3 +66,40 @@ def inbox_page(request, slug):
         {"inbox": inbox, "form": form, "outbox": outbox},
         status=status,
     )
+
+
+# --- throttles -------------------------------------------------------------------------------
+
+
+def cool_off_minutes() -> int:
+    return math.ceil(settings.ALWAYSON_LOGIN_COOLOFF.total_seconds() / 60)
+
+
+def login_locked_out(request, response=None, credentials=None):
+    """django-axes' answer (AXES_LOCKOUT_CALLABLE) to a login for a locked-out username, the
+    right password included, on the site's and the admin's login alike."""
+    return render(
+        request, "registration/locked_out.html", {"minutes": cool_off_minutes()}, status=429
+    )
+
+
+class ThrottledPasswordResetView(auth_views.PasswordResetView):
+    """Django's password reset, at most ALWAYSON_PASSWORD_RESET_LIMIT emails per address per
+    cool-off: otherwise anybody could mail an address as often as they post the form."""
+
+    def form_valid(self, form):
+        allowed = PasswordResetRequest.objects.allow(
+            form.cleaned_data["email"],
+            clock.database_now(),
+            settings.ALWAYSON_PASSWORD_RESET_LIMIT,
+            settings.ALWAYSON_LOGIN_COOLOFF,
+        )
+        if allowed:
+            return super().form_valid(form)
+        minutes = cool_off_minutes()
+        form.add_error(
+            "email",
+            "Too many password reset requests for this address: "
+            f"try again in {minutes} minute{'s' if minutes != 1 else ''}.",
+        )
+        return self.render_to_response(self.get_context_data(form=form), status=429)

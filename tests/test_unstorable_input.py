@@ -108,4 +108,6 @@ def test_the_same_requests_without_the_nul_still_work(staff_client, inbox):
     assert staff_client.get("/admin/inbox/event/?source__exact=github").status_code == 200
     autocomplete = "/admin/autocomplete/?app_label=timers&model_name=timer&field_name=inbox&term=d"
     assert staff_client.get(autocomplete).status_code == 200
-    assert Client().get("/accounts/login/", headers={"User-Agent": "Mozilla/5.0"}).status_code == 200
+    assert (
+        Client().get("/accounts/login/", headers={"User-Agent": "Mozilla/5.0"}).status_code == 200
+    )
