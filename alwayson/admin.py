@@ -17,7 +17,7 @@ from inbox import clock
 from inbox.admin import InboxAdmin
 from inbox.models import Inbox
 
-from .models import EgressCall, Refund
+from .models import EgressCall, PasswordResetRequest, Refund
 
 
 @admin.register(Refund)
@@ -53,6 +53,24 @@ class EgressCallAdmin(admin.ModelAdmin):
     ordering = ("-id",)
     show_full_result_count = False
     readonly_fields = list_display
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(PasswordResetRequest)
+class PasswordResetRequestAdmin(admin.ModelAdmin):
+    """The password reset throttle's record (alwayson/views.py): who asked, when; view-only."""
+
+    list_display = ("email", "created")
+    search_fields = ("=email",)
+    ordering = ("-id",)
+    show_full_result_count = False
+    fields = ("email", "created")
+    readonly_fields = fields
 
     def has_add_permission(self, request):
         return False

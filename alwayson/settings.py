@@ -5,6 +5,7 @@ One switch picks the database: `DATABASE_URL`. SQLite is the embedded default; P
 process at start-up instead of being read as a default.
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import django
@@ -46,7 +47,11 @@ SECRET_KEY = env.str("SECRET_KEY", default="")
 if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
-    SECRET_KEY = "dev-only-insecure-key-set-SECRET_KEY-in-production"
+    # Named so that Django's checks flag it (security.W009 under `check --deploy`).
+    SECRET_KEY = "django-insecure-alwayson-development-key-set-SECRET_KEY-in-production"
+
+# Debug pages and error emails mask credentials, in URLs too (DATABASE_URL, EMAIL_URL).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "alwayson.error_reports.CredentialFilter"
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
@@ -57,6 +62,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "inbox",
     "timers",
     "approvals",
@@ -65,6 +71,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a NUL in the address, query, form or headers is refused before any lookup.
+    "alwayson.middleware.RefuseUnstorableInput",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -73,6 +81,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a locked-out login into its answer.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "alwayson.urls"
@@ -150,6 +160,12 @@ ALWAYSON_INGEST_LOCK_WAIT = positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5)
 DATABASES = {"default": database_from_url()}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -246,6 +262,23 @@ LOGOUT_REDIRECT_URL = "login"
 
 # The agent the worker runs: a callable taking a Run (alwayson/runtime.py).
 ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.refund_desk.agent")
+
+# --- login and password reset throttles (django-axes; alwayson/views.py) --------------------
+# A username is locked out after this many failed logins in a row, from any address (by
+# address alone, an attacker rotates addresses, and behind a proxy every user shares one);
+# while locked out, the right password is refused too. The admin's login is the same gate.
+AXES_FAILURE_LIMIT = positive_int("ALWAYSON_LOGIN_FAILURE_LIMIT", 5)
+AXES_LOCKOUT_PARAMETERS = ["username"]
+# axes.W006 asks for the address among the parameters, against a lock that rotating the
+# User-Agent or cookies escapes; a lock per username escapes neither, nor a new address.
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
+# Seconds a lockout lasts after the last failure; also the password reset throttle's window.
+ALWAYSON_LOGIN_COOLOFF = timedelta(seconds=positive_int("ALWAYSON_LOGIN_COOLOFF", 900))
+AXES_COOLOFF_TIME = ALWAYSON_LOGIN_COOLOFF
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "alwayson.views.login_locked_out"
+# Password reset emails per address per cool-off.
+ALWAYSON_PASSWORD_RESET_LIMIT = positive_int("ALWAYSON_PASSWORD_RESET_LIMIT", 3)
 
 # --- webhooks (inbox/webhooks.py, inbox/views.py) ----------------------------------------
 # Secrets per scheme, comma-separated; several at once while a secret is rotated. An inbox

@@ -1,10 +1,14 @@
-"""The owner's pages: their inboxes, and one inbox's chat form and the agent's messages."""
+"""The owner's pages: their inboxes, and one inbox's chat form and the agent's messages; and
+the throttles' answers on login and password reset."""
 
 import hashlib
+import math
 import uuid
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -17,6 +21,7 @@ from inbox.models import Inbox
 from inbox.services import ingest
 
 from . import conversation
+from .models import PasswordResetRequest
 
 BUSY = "Your agent's inbox is busy right now and nothing was stored. Please send it again."
 
@@ -87,3 +92,40 @@ def conversation_context(request, inbox):
     shown = render_to_string("alwayson/_conversation.html", live, request=request)
     live["version"] = hashlib.sha256(shown.encode()).hexdigest()[:16]
     return live
+
+
+# --- throttles -------------------------------------------------------------------------------
+
+
+def cool_off_minutes() -> int:
+    return math.ceil(settings.ALWAYSON_LOGIN_COOLOFF.total_seconds() / 60)
+
+
+def login_locked_out(request, response=None, credentials=None):
+    """django-axes' answer (AXES_LOCKOUT_CALLABLE) to a login for a locked-out username, the
+    right password included, on the site's and the admin's login alike."""
+    return render(
+        request, "registration/locked_out.html", {"minutes": cool_off_minutes()}, status=429
+    )
+
+
+class ThrottledPasswordResetView(auth_views.PasswordResetView):
+    """Django's password reset, at most ALWAYSON_PASSWORD_RESET_LIMIT emails per address per
+    cool-off: otherwise anybody could mail an address as often as they post the form."""
+
+    def form_valid(self, form):
+        allowed = PasswordResetRequest.objects.allow(
+            form.cleaned_data["email"],
+            clock.database_now(),
+            settings.ALWAYSON_PASSWORD_RESET_LIMIT,
+            settings.ALWAYSON_LOGIN_COOLOFF,
+        )
+        if allowed:
+            return super().form_valid(form)
+        minutes = cool_off_minutes()
+        form.add_error(
+            "email",
+            "Too many password reset requests for this address: "
+            f"try again in {minutes} minute{'s' if minutes != 1 else ''}.",
+        )
+        return self.render_to_response(self.get_context_data(form=form), status=429)

@@ -34,7 +34,7 @@ from inbox.services import (
     renew,
 )
 
-from .management.loop import OUTAGE_BACKOFF
+from .management.loop import OutageBackoff
 from .runtime import LeaseLost, Run, load_agent
 
 log = logging.getLogger("alwayson.worker")
@@ -104,6 +104,11 @@ class StepResult:
     events: int
     outcome: str
     seconds: float
+
+    @property
+    def ran(self) -> bool:
+        """Whether the agent ran: a lease taken whose claim found nothing is not a run."""
+        return self.events > 0
 
 
 class Worker:
@@ -234,27 +239,27 @@ class WorkerPool:
                 self._pending -= 1
 
     def _count_run(self) -> bool:
-        """Count a finished run; True when --max-runs is reached."""
+        """Count a run that ran; True when --max-runs is reached."""
         with self._runs_lock:
             self.runs += 1
             return self.max_runs is not None and self.runs >= self.max_runs
 
     def slot(self):
-        backoff = OUTAGE_BACKOFF[0]
+        backoff = OutageBackoff()
         try:
             while not self.stop.is_set():
                 close_old_connections()
                 try:
                     result = self.worker.step()
                 except DatabaseError:
-                    log.warning("database unavailable; retrying in %.1fs", backoff, exc_info=True)
+                    delay = backoff.next()
+                    log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
                     connection.close()
-                    self.stop.wait(backoff)
-                    backoff = min(backoff * 2, OUTAGE_BACKOFF[1])
+                    self.stop.wait(delay)
                     continue
-                backoff = OUTAGE_BACKOFF[0]
+                backoff.reset()
                 if result is not None:
-                    if self._count_run():
+                    if result.ran and self._count_run():
                         self.request_stop()
                     continue
                 if self.once:
@@ -271,20 +276,20 @@ class WorkerPool:
         params = connections["default"].get_connection_params()
         keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
         conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}
-        backoff = OUTAGE_BACKOFF[0]
+        backoff = OutageBackoff()
         while not self.stop.is_set():
             try:
                 with psycopg.connect(autocommit=True, **conninfo) as conn:
                     conn.execute(f"LISTEN {WORK_CHANNEL}")
-                    backoff = OUTAGE_BACKOFF[0]
+                    backoff.reset()
                     self.wake()  # anything that arrived while we were not listening
                     while not self.stop.is_set():
                         for _ in conn.notifies(timeout=0.5, stop_after=1):
                             self.wake()
             except psycopg.Error:
-                log.warning("LISTEN connection lost; retrying in %.1fs", backoff, exc_info=True)
-                self.stop.wait(backoff)
-                backoff = min(backoff * 2, OUTAGE_BACKOFF[1])
+                delay = backoff.next()
+                log.warning("LISTEN connection lost; retrying in %.1fs", delay, exc_info=True)
+                self.stop.wait(delay)
 
     def run(self):
         """Run the slots until they drain (--once), --max-runs is reached, or a stop."""

@@ -1,9 +1,15 @@
 """Checks shared by every entry point that stores something: they run before any write."""
 
 import json
+import re
 from datetime import timedelta
 
 MAX_KEY_LENGTH = 255
+
+# What PostgreSQL's text and jsonb cannot hold: NUL (psycopg refuses it before sending) and
+# unpaired surrogates (not UTF-8). SQLite keeps both; refusing them on both databases gives
+# the same answer whatever the engine.
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def require_key(field: str, value) -> str:

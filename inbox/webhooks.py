@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from .validation import UNSTORABLE
+
 SCHEMES = ("github", "stripe", "standard")
 
 STRIPE_DEFAULT_TOLERANCE = 300
@@ -50,9 +52,6 @@ _SECONDS = re.compile(r"[0-9]{1,15}")
 _GITHUB_SIGNATURE = re.compile(r"sha256=([0-9a-fA-F]{64})")
 _HEX_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-# PostgreSQL's jsonb refuses NUL and unpaired surrogates (SQLite stores them): refuse them on
-# both, so the same body gets the same answer whichever database is behind the endpoint.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 class WebhookError(Exception):
@@ -340,7 +339,7 @@ def parse_json(body: bytes) -> Any:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            if _UNSTORABLE.search(item):
+            if UNSTORABLE.search(item):
                 raise Malformed("body contains a NUL character or an unpaired surrogate")
         elif isinstance(item, dict | list):
             if depth > MAX_JSON_DEPTH:

@@ -506,6 +506,27 @@ def test_dashboard_is_staff_only(client, django_user_model):
     assert client.get(path).status_code == 302
 
 
+def test_dashboard_needs_the_permission_to_view_events(client, django_user_model, make_inbox):
+    make_inbox("payroll-desk")
+    clerk = django_user_model.objects.create_user("clerk", is_staff=True)
+    client.force_login(clerk)
+    path = reverse("admin-dashboard")
+
+    refused = client.get(path)
+    assert refused.status_code == 403
+    assert b"payroll-desk" not in refused.content
+    index = client.get(reverse("admin:index")).content.decode()
+    assert f'href="{path}"' not in index
+
+    clerk.user_permissions.add(
+        Permission.objects.get(content_type__app_label="inbox", codename="view_event")
+    )
+    allowed = client.get(path)
+    assert allowed.status_code == 200
+    assert [row["slug"] for row in allowed.context["rows"]] == ["payroll-desk"]
+    assert f'href="{path}"' in client.get(reverse("admin:index")).content.decode()
+
+
 def test_admin_index_links_to_the_dashboard(admin_client):
     html = admin_client.get(reverse("admin:index")).content.decode()
     assert f'href="{reverse("admin-dashboard")}"' in html

@@ -116,6 +116,12 @@ def signed(scheme, body, **kwargs):
 
 
 SCHEMES = ["github", "stripe", "standard"]
+# A well-formed secret of each scheme that is not the configured one.
+OTHER_SECRETS = {
+    "github": "not-the-secret",
+    "stripe": STRIPE_OLD_SECRET,
+    "standard": OTHER_STANDARD_SECRET,
+}
 BODY = stripe_event()  # a JSON object every scheme accepts
 
 
@@ -603,6 +609,29 @@ class TestEndpoints:
         assert events() == []
 
     @pytest.mark.parametrize("scheme", SCHEMES)
+    @pytest.mark.parametrize("unsigned", ["missing", "other secret", "tampered", "no secret"])
+    def test_an_unsigned_delivery_cannot_tell_whether_an_inbox_exists(
+        self, client, secrets, inbox, scheme, unsigned
+    ):
+        body, headers = BODY, signed(scheme, BODY)
+        if unsigned == "missing":
+            headers = {}
+        elif unsigned == "other secret":
+            headers = signed(scheme, BODY, secret=OTHER_SECRETS[scheme])
+        elif unsigned == "tampered":
+            body = flip(BODY, 10)
+        else:
+            secrets.ALWAYSON_GITHUB_SECRETS = []
+            secrets.ALWAYSON_STRIPE_SECRETS = []
+            secrets.ALWAYSON_STANDARD_SECRETS = []
+        known = post(client, scheme, inbox.slug, body, headers)
+        unknown = post(client, scheme, "nobody", body, headers)
+        assert (known.status_code, known.json()) == (unknown.status_code, unknown.json())
+        assert known.status_code == 401
+        assert inbox.slug not in known.content.decode()
+        assert events() == []
+
+    @pytest.mark.parametrize("scheme", SCHEMES)
     @pytest.mark.parametrize("method", ["get", "put", "delete", "patch", "head", "options"])
     def test_other_methods_are_405(self, client, secrets, inbox, scheme, method):
         response = getattr(client, method)(f"/hooks/{scheme}/{inbox.slug}/")
@@ -651,11 +680,7 @@ class TestEndpoints:
 
     @pytest.mark.parametrize("scheme", SCHEMES)
     def test_another_secret_is_401(self, client, secrets, inbox, scheme):
-        other = {
-            "github": "not-the-secret",
-            "stripe": STRIPE_OLD_SECRET,
-            "standard": OTHER_STANDARD_SECRET,
-        }[scheme]
+        other = OTHER_SECRETS[scheme]
         response = post(client, scheme, inbox.slug, BODY, signed(scheme, BODY, secret=other))
         assert response.status_code == 401
         assert events() == []

@@ -8,14 +8,20 @@ connections, so those tests commit their data (transaction=True).
 import logging
 import re
 import signal
+import threading
 from datetime import timedelta
 from io import StringIO
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import DatabaseError
+from django.utils import timezone
 
 from alwayson.api import acquire, claim_batch, ingest
-from alwayson.worker import Worker
+from alwayson.management import loop as loop_module
+from alwayson.management.loop import LoopCommand
+from alwayson.worker import Worker, WorkerPool
 from approvals.models import Approval
 from inbox.models import Event, Lease, Session
 from inbox.services import mark_dead
@@ -299,6 +305,21 @@ def test_runworker_max_runs_stops_after_that_many_runs(make_inbox, keep_signal_h
     assert (last.holder, last.generation, last.until) == ("", 0, None)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_runworker_max_runs_counts_only_runs_that_ran(make_inbox, keep_signal_handlers):
+    empty, busy = make_inbox("empty"), make_inbox("busy")
+    ingest(busy, "chat", "m1", {"text": "hello"})
+    # A lease that says work is due where nothing is claimable (a race or a crash leaves one):
+    # the worker takes it first, its claim finds nothing, and that is not a run.
+    Lease.objects.filter(inbox=empty).update(work_at=timezone.now() - timedelta(hours=1))
+
+    runworker("--max-runs", "1", "--interval", "0.05", "--agent", ECHO, "--worker-id", "w1")
+
+    assert statuses(busy) == [("m1", "done")]
+    assert list(OutboxMessage.objects.values_list("body", flat=True)) == ["echo: hello"]
+    assert lease(empty).work_at is None
+
+
 BAD_FLAGS = [
     (["--concurrency", "0"], "concurrency"),
     (["--interval", "0"], "interval"),
@@ -406,3 +427,84 @@ def test_deadletters_requeue_of_a_non_dead_id_raises_and_changes_nothing(dead_ev
     assert list(Event.objects.order_by("id").values()) == before
     assert list(Lease.objects.order_by("inbox_id").values()) == leases
     assert Event.objects.get(pk=poison.pk).status == "dead"
+
+
+# --- database outages --------------------------------------------------------------------------
+
+# Seconds between retries while the database is unreachable: doubling from half a second, and
+# never more than two, so a loop is back within two seconds of the database. No test sleeps:
+# the stop event's wait records what it was asked and returns at once.
+RETRIES = [0.5, 1.0, 2.0, 2.0, 2.0, 2.0]
+
+
+class RecordedWaits(threading.Event):
+    def __init__(self):
+        super().__init__()
+        self.asked = []
+
+    def wait(self, timeout=None):
+        self.asked.append(timeout)
+        return self.is_set()
+
+
+def outage(outcomes):
+    """A step that plays `outcomes`: an exception is raised, anything else returned."""
+    outcomes = iter(outcomes)
+
+    def step():
+        outcome = next(outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return step
+
+
+DOWN = DatabaseError("connection refused")
+
+
+@pytest.mark.django_db  # the loops close and health-check their connection
+def test_a_loop_command_is_back_within_two_seconds_of_the_database(
+    monkeypatch, keep_signal_handlers
+):
+    stop = RecordedWaits()
+    monkeypatch.setattr(loop_module, "threading", SimpleNamespace(Event=lambda: stop))
+    command = LoopCommand()
+    # Six failures, one pass with work (the backoff starts over), two failures, then idle.
+    command.step = outage([DOWN] * 6 + [True] + [DOWN] * 2 + [False])
+
+    command.loop(once=True, interval=1.0)
+
+    assert stop.asked == RETRIES + [0.5, 1.0]
+
+
+@pytest.mark.django_db  # the loops close and health-check their connection
+def test_a_worker_slot_is_back_within_two_seconds_of_the_database():
+    pool = WorkerPool(agent=Recorder(), once=True)
+    pool.stop = RecordedWaits()
+    pool.worker.step = outage([DOWN] * 6 + [None])
+
+    pool.slot()
+
+    assert pool.stop.asked == RETRIES
+
+
+@pytest.mark.django_db  # the loops close and health-check their connection
+def test_the_listen_connection_is_back_within_two_seconds_of_the_database(monkeypatch):
+    import psycopg
+
+    pool = WorkerPool(agent=Recorder())
+    pool.stop = RecordedWaits()
+    attempts = []
+
+    def connect(**conninfo):
+        attempts.append(conninfo)
+        if len(attempts) == len(RETRIES):
+            pool.stop.set()
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+
+    pool.listen()
+
+    assert pool.stop.asked == RETRIES

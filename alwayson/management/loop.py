@@ -71,18 +71,18 @@ class LoopCommand(BaseCommand):
         stop = threading.Event()
         self.install_signals(stop.set)
         log = logging.getLogger(f"alwayson.{self.role}")
-        backoff = OUTAGE_BACKOFF[0]
+        backoff = OutageBackoff()
         while not stop.is_set():
             close_old_connections()
             try:
                 had_work = self.step()
             except DatabaseError:
-                log.warning("database unavailable; retrying in %.1fs", backoff, exc_info=True)
+                delay = backoff.next()
+                log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
                 connections["default"].close()
-                stop.wait(backoff)
-                backoff = min(backoff * 2, OUTAGE_BACKOFF[1])
+                stop.wait(delay)
                 continue
-            backoff = OUTAGE_BACKOFF[0]
+            backoff.reset()
             if had_work:
                 continue
             if once:
@@ -91,5 +91,22 @@ class LoopCommand(BaseCommand):
         connections["default"].close()
 
 
-#: seconds to wait before retrying after the database was unreachable, doubling, capped.
-OUTAGE_BACKOFF = (0.5, 30.0)
+class OutageBackoff:
+    """Seconds to wait before the next try while the database is unreachable: doubling from
+    FIRST, capped at CAP, so a loop is back within CAP seconds of the database returning
+    (a 30 s cap left loops idle long after an outage had ended). A try every CAP seconds
+    per loop is one failed connection attempt, nothing the database notices."""
+
+    FIRST = 0.5
+    CAP = 2.0
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.delay = self.FIRST
+
+    def next(self) -> float:
+        delay = self.delay
+        self.delay = min(delay * 2, self.CAP)
+        return delay
