@@ -1,3 +1,5 @@
+import json
+
 from django import template
 
 register = template.Library()
@@ -6,3 +8,11 @@ register = template.Library()
 @register.filter
 def outcome(approval, now):
     return approval.outcome_words(now)
+
+
+@register.filter
+def json_value(value):
+    """A tool argument as the person should read it: strings as they are, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
