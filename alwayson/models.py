@@ -160,3 +160,35 @@ class ModelCall(models.Model):
             + self.cache_read_tokens
             + self.cache_write_tokens
         )
+
+
+class ToolResult(models.Model):
+    """The result of one application tool call, kept under the call's idempotency key.
+
+    Written the moment the tool returns, outside the run's transaction, like ModelCall: a
+    run retried after a crash gives the model the result the tool gave the first time instead
+    of running it again, so its next request is the same one and is answered from the cache.
+    A crash between the tool's side effect and this row runs the tool again, with the same
+    idempotency key.
+    """
+
+    inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="tool_results")
+    idempotency_key = models.CharField(max_length=200)
+    tool = models.CharField(max_length=64)
+    arguments = models.JSONField(default=dict)
+    result = models.JSONField()  # the tool_result block given to the model
+    approved = models.BooleanField(default=False)
+    generation = models.PositiveBigIntegerField()
+    created = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # The Claude agent's lookup before running a tool.
+            models.UniqueConstraint(
+                fields=["inbox", "idempotency_key"], name="toolresult_unique_key"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.tool} ({self.idempotency_key})"

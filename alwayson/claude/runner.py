@@ -10,9 +10,11 @@ expired, the model gets an error result that says so. Events that arrive while a
 are kept in the session and reach the model in the turn that resumes it.
 
 Everything the run produces (messages, approvals, timers, the transcript) commits in its
-fenced finish, or not at all. Only the model's answers are stored at once (`client.call`),
-so a retry does not pay for them twice, and each tool call passes an idempotency key derived
-from its tool-use id, the same on every retry.
+fenced finish, or not at all. Only the model's answers (`ModelCall`) and the application
+tools' results (`ToolResult`) are stored at once, outside the fence: a run retried after a
+crash replays them, so it neither pays for a model call twice nor runs a tool twice. Each
+tool call passes an idempotency key derived from its tool-use id, the same on every retry,
+for the window between a tool's side effect and its journal row.
 """
 
 import copy
@@ -22,11 +24,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import IntegrityError, transaction
 
 from approvals.models import APPROVAL_SOURCE, approval_url
+from inbox import clock
 from inbox.services import retry_delay
 
-from ..models import AgentConfig
+from ..models import AgentConfig, ToolResult
 from . import client, transcript
 from .policy import ALLOW, ASK, DENY, check_policy, decide
 from .tools import BUILTINS, SCHEDULE, SEND_MESSAGE, Tool, ToolCall, ToolError, offered_tools
@@ -288,13 +292,36 @@ class ClaudeRun:
         if tool is SCHEDULE:
             return self._schedule(tool_use_id, arguments)
         key = self.run.key(f"{name}-{tool_use_id}", self.key_event)
+        journal = ToolResult.objects.filter(inbox_id=self.run.inbox.pk, idempotency_key=key)
+        earlier = journal.values_list("result", flat=True).first()
+        if earlier is not None:
+            return earlier  # ran before this run's crash: the same result, not a second run
         try:
             output = tool.function(
                 ToolCall(self.run, name, arguments, tool_use_id, key, approved), **arguments
             )
         except ToolError as exc:
-            return error_result(tool_use_id, str(exc) or f"{name} failed")
-        return ok_result(tool_use_id, output)
+            result = error_result(tool_use_id, str(exc) or f"{name} failed")
+        else:
+            result = ok_result(tool_use_id, output)
+        self._journal(key, name, arguments, result, approved)
+        return result
+
+    def _journal(self, key, name, arguments, result, approved):
+        try:
+            with transaction.atomic():
+                ToolResult.objects.create(
+                    inbox_id=self.run.inbox.pk,
+                    idempotency_key=key,
+                    tool=name,
+                    arguments=arguments,
+                    result=result,
+                    approved=approved,
+                    generation=self.run.generation,
+                    created=clock.database_now(),
+                )
+        except IntegrityError:
+            pass  # a run fenced off a moment ago ran it too; its row stands
 
     def _schedule(self, tool_use_id, arguments) -> dict:
         delay, cron = arguments.get("delay_seconds"), arguments.get("cron")
