@@ -22,7 +22,6 @@ from inbox.models import Event, Lease, Session
 from inbox.services import ingest
 from outbox.models import OutboxMessage
 from tests import claude_tools
-from tests.claude_tools import Crash
 from tests.claude_api import (
     bad_request,
     malformed,
@@ -33,6 +32,7 @@ from tests.claude_api import (
     tool_use,
     usage,
 )
+from tests.claude_tools import Crash
 from timers.models import Timer
 from timers.services import run_scheduler
 
