@@ -7,14 +7,15 @@ hand would make the ledger disagree with the payments it records, so it is view-
 
 from django.conf import settings
 from django.contrib import admin
+from django.db.models import OuterRef, Subquery, Sum
 from django.urls import reverse
 from django.utils.html import format_html
 
 from inbox import clock
 from inbox.admin import MachineryAdmin, pretty_json
 
-from .claude.client import tokens_today
-from .models import AgentConfig, ModelCall, Refund, ToolResult
+from .claude.client import day_start
+from .models import TOTAL_TOKENS, AgentConfig, ModelCall, Refund, ToolResult
 
 
 @admin.register(Refund)
@@ -67,6 +68,18 @@ class AgentConfigAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         return (*self.readonly_fields, "inbox") if obj else self.readonly_fields
 
+    def get_queryset(self, request):
+        # Today's tokens in the same query as the rows, not one query per row.
+        spent = (
+            ModelCall.objects.filter(
+                inbox_id=OuterRef("inbox_id"), created__gte=day_start(clock.database_now())
+            )
+            .values("inbox_id")
+            .annotate(total=Sum(TOTAL_TOKENS))
+            .values("total")
+        )
+        return super().get_queryset(request).annotate(spent_today=Subquery(spent))
+
     @admin.display(description="agent")
     def agent_shown(self, obj):
         return obj.agent or f"{settings.ALWAYSON_AGENT} (default)"
@@ -77,9 +90,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
 
     @admin.display(description="tokens today (UTC)")
     def tokens_today(self, obj):
-        if obj is None or obj.pk is None:
-            return "-"
-        return tokens_today(obj.inbox_id, clock.database_now())
+        return getattr(obj, "spent_today", None) or 0
 
 
 @admin.register(ModelCall)

@@ -12,7 +12,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
-from django.db.models import Count, F, Min, Q, Sum
+from django.db.models import Count, Min, Q, Sum
 from django.shortcuts import render
 
 from inbox import clock
@@ -20,7 +20,7 @@ from inbox.models import Event, Inbox, Lease
 from outbox.models import OutboxMessage
 
 from .claude.client import day_start
-from .models import AgentConfig, ModelCall
+from .models import TOTAL_TOKENS, AgentConfig, ModelCall
 
 STATUSES = Event.Status.values
 
@@ -59,9 +59,6 @@ def outbox_by_inbox():
     return {row["inbox_id"]: row for row in rows}
 
 
-TOTAL_TOKENS = (
-    F("input_tokens") + F("output_tokens") + F("cache_read_tokens") + F("cache_write_tokens")
-)
 RECENT_RUNS = 10
 
 

@@ -99,6 +99,15 @@ class AgentConfig(models.Model):
             raise ValidationError(errors)
 
 
+# Every token counts toward the usage and the budget: input, output, cache reads and writes.
+TOTAL_TOKENS = (
+    models.F("input_tokens")
+    + models.F("output_tokens")
+    + models.F("cache_read_tokens")
+    + models.F("cache_write_tokens")
+)
+
+
 class ModelCallQuerySet(models.QuerySet):
     def tokens(self) -> dict:
         """Summed usage: input, output, cache_read, cache_write and total."""
