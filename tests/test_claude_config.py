@@ -361,3 +361,23 @@ def test_the_dashboard_shows_tokens_per_inbox_today_and_per_run(admin_client, ma
     html = response.content.decode()
     assert 'id="tokens-today">1068<' in html
     assert "spent: events wait for midnight UTC" in html
+
+
+@pytest.mark.django_db
+def test_the_model_call_list_filters_one_run(admin_client, make_inbox):
+    inbox = make_inbox("a")
+    for n, generation in enumerate((1, 2, 2)):
+        ModelCall.objects.create(
+            inbox=inbox,
+            request_key=f"{n:064d}",
+            generation=generation,
+            model="claude-sonnet-5-5",
+            response={},
+            input_tokens=10,
+            created=timezone.now(),
+        )
+    changelist = reverse("admin:alwayson_modelcall_changelist")
+    response = admin_client.get(changelist, {"inbox__id__exact": inbox.pk, "generation": 2})
+    assert response.status_code == 200
+    assert {c.generation for c in response.context["cl"].result_list} == {2}
+    assert response.context["cl"].result_count == 2
