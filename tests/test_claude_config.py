@@ -219,7 +219,7 @@ def test_the_worker_refuses_to_start_without_a_key_when_an_inbox_runs_claude(
         call_command("runworker", "--once")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_worker_refuses_to_start_with_a_key_the_api_refuses(
     messages_api, settings, loop_command
 ):
