@@ -1,4 +1,8 @@
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models, transaction
+from django.db.models import Sum
+from django.db.models.functions import Coalesce
 
 
 class Refund(models.Model):
@@ -82,3 +86,189 @@ class PasswordResetRequest(models.Model):
 
     def __str__(self):
         return f"password reset for {self.email}"
+
+
+class AgentConfig(models.Model):
+    """Which agent an inbox runs, and that agent's configuration (for the Claude agent: model,
+    system prompt, tool set, permission policy, budget). An inbox without one runs
+    ALWAYSON_AGENT with the ALWAYSON_CLAUDE_* defaults. Edited in the admin; `clean()` refuses
+    an agent that cannot be loaded, an unknown tool and a malformed policy."""
+
+    inbox = models.OneToOneField(
+        "inbox.Inbox", on_delete=models.CASCADE, primary_key=True, related_name="agent_config"
+    )
+    agent = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Dotted path of the agent callable, e.g. alwayson.claude.agent or "
+        "alwayson.refund_desk.agent. Blank: ALWAYSON_AGENT.",
+    )
+    model = models.CharField(
+        max_length=100, blank=True, help_text="Claude model. Blank: ALWAYSON_CLAUDE_MODEL."
+    )
+    system_prompt = models.TextField(
+        blank=True, help_text="Blank: the built-in prompt (alwayson/claude/agent.py)."
+    )
+    tools = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='Application tools offered, a JSON list such as ["refund"]; [] for none. '
+        "Blank: every tool of the ALWAYSON_CLAUDE_TOOLS modules. send_message and schedule "
+        "are always offered.",
+    )
+    policy = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Per-tool permission policy, e.g. {"refund": [{"when": {"amount": {"lt": 50}}, '
+        '"then": "allow"}, {"then": "ask"}], "delete_account": "deny"}. Tools not named '
+        "follow ALWAYSON_CLAUDE_POLICY, then: built-ins allow, application tools ask.",
+    )
+    daily_token_budget = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens per UTC day (input, output, cache reads and writes). "
+        "Blank: ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET.",
+    )
+    approval_window = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(60)],
+        help_text="Seconds a person has to answer a tool call that asks. "
+        "Blank: ALWAYSON_CLAUDE_APPROVAL_WINDOW.",
+    )
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "agent configuration"
+
+    def __str__(self):
+        return f"agent of {self.inbox}"
+
+    def clean(self):
+        from .claude.policy import check_policy
+        from .claude.tools import check_tool_names, offered_tools
+        from .runtime import load_agent
+
+        errors = {}
+        if self.agent:
+            try:
+                load_agent(self.agent, field="agent")
+            except ValueError as exc:
+                errors["agent"] = str(exc)
+        try:
+            check_tool_names(self.tools)
+        except ValueError as exc:
+            errors["tools"] = str(exc)
+        if "tools" not in errors:
+            try:
+                offered = offered_tools(self.tools)
+                check_policy(self.policy, {n: t.input_schema for n, t in offered.items()})
+            except ValueError as exc:
+                errors["policy"] = str(exc)
+        if errors:
+            raise ValidationError(errors)
+
+
+# Every token counts toward the usage and the budget: input, output, cache reads and writes.
+TOTAL_TOKENS = (
+    models.F("input_tokens")
+    + models.F("output_tokens")
+    + models.F("cache_read_tokens")
+    + models.F("cache_write_tokens")
+)
+
+
+class ModelCallQuerySet(models.QuerySet):
+    def tokens(self) -> dict:
+        """Summed usage: input, output, cache_read, cache_write and total."""
+        sums = self.aggregate(
+            input=Coalesce(Sum("input_tokens"), 0),
+            output=Coalesce(Sum("output_tokens"), 0),
+            cache_read=Coalesce(Sum("cache_read_tokens"), 0),
+            cache_write=Coalesce(Sum("cache_write_tokens"), 0),
+        )
+        return {**sums, "total": sum(sums.values())}
+
+
+class ModelCall(models.Model):
+    """One answer of the Messages API, kept under the request it answered.
+
+    Written the moment the answer arrives, outside the run's transaction: the fence does not
+    roll it back, so a run retried after a crash finds it and does not pay again, and the
+    day's usage counts every token that was paid for, even by a run whose finish was refused.
+    """
+
+    inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="model_calls")
+    # sha256 of the request (model, system, tools, messages, max_tokens) as canonical JSON.
+    request_key = models.CharField(max_length=64)
+    # The lease generation of the run that paid for it: one run, one generation.
+    generation = models.PositiveBigIntegerField()
+    model = models.CharField(max_length=100)
+    stop_reason = models.CharField(max_length=50, blank=True)
+    response = models.JSONField()
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cache_read_tokens = models.PositiveIntegerField(default=0)
+    cache_write_tokens = models.PositiveIntegerField(default=0)
+    created = models.DateTimeField()
+
+    objects = ModelCallQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # The Claude agent's cache lookup, before every model call.
+            models.UniqueConstraint(
+                fields=["inbox", "request_key"], name="modelcall_unique_request"
+            ),
+        ]
+        indexes = [
+            # The budget check before every model call (one inbox's usage since midnight),
+            # and the dashboard's usage per inbox.
+            models.Index(fields=["inbox", "created"], name="modelcall_inbox_created_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.model} for {self.inbox_id} gen {self.generation}"
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.output_tokens
+            + self.cache_read_tokens
+            + self.cache_write_tokens
+        )
+
+
+class ToolResult(models.Model):
+    """The result of one application tool call, kept under the call's idempotency key.
+
+    Written the moment the tool returns, outside the run's transaction, like ModelCall: a
+    run retried after a crash gives the model the result the tool gave the first time instead
+    of running it again, so its next request is the same one and is answered from the cache.
+    A crash between the tool's side effect and this row runs the tool again, with the same
+    idempotency key.
+    """
+
+    inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="tool_results")
+    idempotency_key = models.CharField(max_length=200)
+    tool = models.CharField(max_length=64)
+    arguments = models.JSONField(default=dict)
+    result = models.JSONField()  # the tool_result block given to the model
+    approved = models.BooleanField(default=False)
+    generation = models.PositiveBigIntegerField()
+    created = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # The Claude agent's lookup before running a tool.
+            models.UniqueConstraint(
+                fields=["inbox", "idempotency_key"], name="toolresult_unique_key"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.tool} ({self.idempotency_key})"

@@ -6,7 +6,8 @@ written until the run's fenced finish commits it; a run that raises, or loses it
 leaves no trace but the attempt it was counted at claim.
 
 The three ways a run ends (the article's): a message goes out (`say`), nothing goes out,
-or a deferred tool call asks the user (`ask`).
+or a deferred tool call asks the user (`ask`). A fourth gives the batch back untouched
+(`defer`): the run could not do its work yet, through no fault of its events.
 """
 
 import copy
@@ -19,7 +20,7 @@ from django.utils.module_loading import import_string
 
 from approvals.services import Ask
 from inbox.models import Event, Inbox
-from inbox.services import SaveState, renew
+from inbox.services import Defer, SaveState, renew
 from outbox.services import Say
 from timers.services import Schedule
 
@@ -42,6 +43,7 @@ class Run:
         self._http = None
         self.said = 0
         self.asked = 0
+        self.deferred: Defer | None = None
 
     def __repr__(self):
         return f"<Run {self.inbox.slug} gen {self.generation} events {len(self.events)}>"
@@ -53,9 +55,13 @@ class Run:
         self._effects.append(Say(self.inbox.pk, text, urgent=bool(urgent)))
         self.said += 1
 
-    def ask(self, request_id: str, action: str, expires_in):
-        """A deferred approval: its answer or expiry comes back as ("approval", request_id)."""
-        self._effects.append(Ask(self.inbox.pk, request_id, action, expires_in))
+    def ask(self, request_id: str, action: str, expires_in, details: dict | None = None):
+        """A deferred approval: its answer or expiry comes back as ("approval", request_id).
+
+        `details` ({"tool", "arguments", "asked_by", "context"}) are shown on the approval
+        page, so the person sees exactly what they approve.
+        """
+        self._effects.append(Ask(self.inbox.pk, request_id, action, expires_in, details or {}))
         self.asked += 1
 
     def schedule(
@@ -66,11 +72,35 @@ class Run:
         delay: timedelta | float | None = None,
         every: int | None = None,
         payload: dict | None = None,
+        cron: str | None = None,
+        timezone: str = "UTC",
     ):
-        """A one-off or recurring timer, at `due` or `delay` after the run finishes."""
+        """A one-off or recurring timer, at `due` or `delay` after the run finishes, or on a
+        `cron` schedule read in `timezone`."""
         self._effects.append(
-            Schedule(self.inbox.pk, key, due=due, delay=delay, every=every, payload=payload or {})
+            Schedule(
+                self.inbox.pk,
+                key,
+                due=due,
+                delay=delay,
+                every=every,
+                payload=payload or {},
+                cron=cron,
+                timezone=timezone,
+            )
         )
+
+    def defer(self, reason: str, *, until: datetime | None = None, delay=None):
+        """Give the batch back untouched, to be claimed again at `until` (or `delay` after the
+        finish), without counting the attempt: for a run that cannot do its work yet through
+        no fault of its events (a spent budget, a service that is down).
+
+        What the verbs recorded before this call is dropped; verbs called after it (a notice
+        to the owner) and the session state commit with the deferral.
+        """
+        self.deferred = Defer(reason, until=until, delay=delay)
+        self._effects = []
+        self.said = self.asked = 0
 
     def key(self, name: str, event: Event | None = None) -> str:
         """An idempotency key for an external call, the same on every retry.
@@ -114,6 +144,8 @@ class Run:
 
     @property
     def outcome(self) -> str:
+        if self.deferred is not None:
+            return f"deferred: {self.deferred.reason.splitlines()[0]}"
         if self.asked:
             return f"asked {self.asked}" + (f", said {self.said}" if self.said else "")
         return f"said {self.said}" if self.said else "quiet"
@@ -122,12 +154,54 @@ class Run:
         return [*self._effects, SaveState(self.inbox.pk, self.state)]
 
 
-def load_agent(path: str | None = None):
+def load_agent(path: str | None = None, field: str = "ALWAYSON_AGENT"):
     path = path or settings.ALWAYSON_AGENT
     try:
         agent = import_string(path)
     except ImportError as exc:
-        raise ValueError(f"ALWAYSON_AGENT: cannot import {path!r}: {exc}") from None
+        raise ValueError(f"{field}: cannot import {path!r}: {exc}") from None
     if not callable(agent):
-        raise ValueError(f"ALWAYSON_AGENT: {path!r} is not callable")
+        raise ValueError(f"{field}: {path!r} is not callable")
     return agent
+
+
+class Agents:
+    """Which agent runs an inbox: its AgentConfig's, or the default (ALWAYSON_AGENT, or the
+    one a Worker was given). Loaded once per dotted path."""
+
+    def __init__(self, default=None):
+        self.default = default or load_agent()
+        self._loaded = {}
+
+    def for_inbox(self, inbox):
+        from .models import AgentConfig
+
+        path = AgentConfig.objects.filter(inbox_id=inbox.pk).values_list("agent", flat=True)
+        path = path.first()
+        if not path:
+            return self.default
+        if path not in self._loaded:
+            self._loaded[path] = load_agent(path, field=f"agent of inbox {inbox.slug}")
+        return self._loaded[path]
+
+    def in_use(self) -> list:
+        """The default agent and every agent an inbox names, each once."""
+        from .models import AgentConfig
+
+        paths = AgentConfig.objects.exclude(agent="").values_list("agent", flat=True).distinct()
+        agents = [self.default]
+        for path in sorted(paths):
+            agent = self._loaded.get(path) or load_agent(path, field=f"an inbox's agent {path}")
+            self._loaded[path] = agent
+            if agent not in agents:
+                agents.append(agent)
+        return agents
+
+    def preflight(self):
+        """Each agent in use may check its configuration once, at worker start-up, through a
+        `preflight()` attribute (the Claude agent checks its API key there); its error stops
+        the worker with that message instead of failing every run."""
+        for agent in self.in_use():
+            check = getattr(agent, "preflight", None)
+            if callable(check):
+                check()

@@ -366,3 +366,49 @@ ALWAYSON_OUTBOX_SIGNING_SECRETS = outbox_signing_secrets("ALWAYSON_OUTBOX_SIGNIN
 ALWAYSON_SLACK_API_URL = env.str("ALWAYSON_SLACK_API_URL", default="https://slack.com/api")
 ALWAYSON_TELEGRAM_API_URL = env.str("ALWAYSON_TELEGRAM_API_URL", default="https://api.telegram.org")
 # --- end of egress ---------------------------------------------------------------------------
+
+
+# --- Claude agent (alwayson/claude/) ---------------------------------------------------------
+# Read only where a Claude agent runs: an inbox whose agent is alwayson.claude.agent, or every
+# inbox when ALWAYSON_AGENT names it. `runworker` checks the key at start-up in that case, so
+# the refund desk (the default) needs none of these. Each inbox may override the model, the
+# prompt, the tools, the policy, the budget and the approval window in the admin (AgentConfig).
+
+
+def optional_positive_int(name):
+    if not env.str(name, default="").strip():
+        return None
+    return positive_int(name, None)
+
+
+def claude_policy(name):
+    from alwayson.claude.policy import check_policy_syntax
+
+    try:
+        return check_policy_syntax(env.json(name, default={}))
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+
+
+ANTHROPIC_API_KEY = env.str("ANTHROPIC_API_KEY", default="")
+# Another endpoint that speaks the Messages API (a proxy; the tests' loopback server).
+ANTHROPIC_BASE_URL = env.str("ANTHROPIC_BASE_URL", default="")
+ALWAYSON_CLAUDE_MODEL = env.str("ALWAYSON_CLAUDE_MODEL", default="claude-sonnet-5-5")
+# Modules whose @tool functions the agent may offer (imported when a Claude agent starts).
+ALWAYSON_CLAUDE_TOOLS = env.list("ALWAYSON_CLAUDE_TOOLS", default=[])
+# The default permission policy, JSON; an inbox's own policy replaces it tool by tool.
+ALWAYSON_CLAUDE_POLICY = claude_policy("ALWAYSON_CLAUDE_POLICY")
+# Tokens per UTC day per inbox; unset means no budget.
+ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET = optional_positive_int("ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET")
+ALWAYSON_CLAUDE_APPROVAL_WINDOW = positive_int("ALWAYSON_CLAUDE_APPROVAL_WINDOW", 4 * 3600)
+ALWAYSON_CLAUDE_MAX_TOKENS = positive_int("ALWAYSON_CLAUDE_MAX_TOKENS", 4096)
+# Model calls one run may make before it fails as runaway (an agent bug).
+ALWAYSON_CLAUDE_MAX_CALLS = positive_int("ALWAYSON_CLAUDE_MAX_CALLS", 20)
+# Seconds one Messages API request may take before it counts as a transient failure.
+ALWAYSON_CLAUDE_TIMEOUT = positive_int("ALWAYSON_CLAUDE_TIMEOUT", 120)
+# The transcript bound: the last N runs are kept, tool results only of the last M of them,
+# and older runs go first while the transcript is longer than the character limit.
+ALWAYSON_CLAUDE_KEEP_RUNS = positive_int("ALWAYSON_CLAUDE_KEEP_RUNS", 20)
+ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS = positive_int("ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS", 3)
+ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS = positive_int("ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS", 200_000)
+# --- end of Claude agent ---------------------------------------------------------------------

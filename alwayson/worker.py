@@ -35,7 +35,7 @@ from inbox.services import (
 )
 
 from .management.loop import OutageBackoff
-from .runtime import LeaseLost, Run, load_agent
+from .runtime import Agents, LeaseLost, Run
 
 log = logging.getLogger("alwayson.worker")
 
@@ -116,7 +116,8 @@ class Worker:
         self, worker_id: str | None = None, agent=None, heartbeat: Heartbeat | None = None
     ):
         self.worker_id = worker_id or default_worker_id()
-        self.agent = agent or load_agent()
+        # `agent` runs every inbox without an agent of its own (default: ALWAYSON_AGENT).
+        self.agents = Agents(agent)
         self.heartbeat = heartbeat
 
     def step(self) -> StepResult | None:
@@ -145,7 +146,7 @@ class Worker:
         if self.heartbeat:
             self.heartbeat.track(run)
         try:
-            self.agent(run)
+            self.agents.for_inbox(inbox)(run)
         except LeaseLost:
             return self._result(inbox, generation, len(ids), "fenced", started)
         except Exception as exc:
@@ -155,7 +156,15 @@ class Worker:
             if self.heartbeat:
                 self.heartbeat.untrack(run)
         try:
-            finished = finish(inbox_id, holder, generation, ids, run.effects(), error=error)
+            finished = finish(
+                inbox_id,
+                holder,
+                generation,
+                ids,
+                run.effects(),
+                error=error,
+                defer=None if error else run.deferred,
+            )
         except (OperationalError, InterfaceError):
             # The database, not the run, failed: nothing was committed, the events stay
             # claimed until the lease lapses, and the next claim retries them.

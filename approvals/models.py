@@ -40,6 +40,9 @@ class Approval(models.Model):
     inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="approvals")
     request_id = models.CharField(max_length=200)
     action = models.TextField()
+    # What exactly is asked, shown on the approval page: {"tool", "arguments", "asked_by",
+    # "context"} for a tool call; empty for a plain action.
+    details = models.JSONField(default=dict, blank=True)
     requested_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     answer = models.CharField(max_length=10, choices=Answer.choices, blank=True)

@@ -1,7 +1,7 @@
 """Deferred approvals: request_approval and answer_approval."""
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -10,7 +10,7 @@ from django.db import transaction
 from inbox import clock
 from inbox.models import Event, Inbox
 from inbox.services import bounded_write, store_event
-from inbox.validation import require_duration, require_key
+from inbox.validation import require_duration, require_key, require_mapping
 from timers.services import Schedule
 
 from .models import APPROVAL_SOURCE, Approval, expiry_timer_key
@@ -30,6 +30,7 @@ class Ask:
     request_id: str
     action: str
     expires_in: timedelta
+    details: dict = field(default_factory=dict)
 
     def __post_init__(self):
         require_key("request_id", self.request_id)
@@ -44,13 +45,19 @@ class Ask:
                 f"expires_in must be a positive number of seconds, not {self.expires_in!r}"
             )
         object.__setattr__(self, "expires_in", expires_in)
+        require_mapping("details", self.details)
 
     def __call__(self, now) -> Approval:
         expires_at = clock.whole_seconds(now + self.expires_in)
         approval, created = Approval.objects.get_or_create(
             inbox_id=self.inbox_id,
             request_id=self.request_id,
-            defaults={"action": self.action, "requested_at": now, "expires_at": expires_at},
+            defaults={
+                "action": self.action,
+                "details": self.details,
+                "requested_at": now,
+                "expires_at": expires_at,
+            },
         )
         if not created:
             if approval.action != self.action:

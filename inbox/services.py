@@ -18,12 +18,13 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import F
+from django.db.models.functions import Greatest
 
 from . import clock
 from .exceptions import InboxBusy
 from .models import Event, Inbox, Lease, Session
 from .signals import event_stored
-from .validation import require_json, require_key
+from .validation import require_duration, require_json, require_key
 
 # Idle workers LISTEN here; a stored event NOTIFYs with its inbox id (sent at commit).
 WORK_CHANNEL = "alwayson_work"
@@ -271,6 +272,37 @@ def _dead_reason(last_error, max_attempts):
     return f"{reason}; last error: {last_error}" if last_error else reason
 
 
+@dataclass(frozen=True)
+class Defer:
+    """A run that could not do its work yet, through no fault of its events (a spent budget,
+    a service that is down): the events go back to pending, claimable again at `until` (or
+    `delay` after the finish), with `reason` as their error, and the attempt their claim
+    counted is given back, so waiting never makes an event dead.
+    """
+
+    reason: str
+    until: datetime | None = None
+    delay: timedelta | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError(f"reason must be a non-empty string, not {self.reason!r}")
+        if (self.until is None) == (self.delay is None):
+            raise ValueError("defer: give either until (a datetime) or delay, not both or none")
+        if self.until is not None and (
+            not isinstance(self.until, datetime) or self.until.tzinfo is None
+        ):
+            raise ValueError(f"until must be an aware datetime, not {self.until!r}")
+        if self.delay is not None:
+            delay = require_duration("delay", self.delay)
+            if delay < timedelta(0):
+                raise ValueError(f"delay must not be negative, not {self.delay!r}")
+            object.__setattr__(self, "delay", delay)
+
+    def available_at(self, now) -> datetime:
+        return max(now, self.until) if self.until is not None else now + self.delay
+
+
 def finish(
     inbox,
     holder,
@@ -279,14 +311,18 @@ def finish(
     effects: Iterable[Effect] = (),
     error: str | None = None,
     now=None,
+    defer: Defer | None = None,
 ) -> bool:
     """Record a run's outcome, and commit what it produced, in one fenced transaction.
 
     Refused (False, nothing written) unless (holder, generation) still holds the lease and
     every event is still running under that generation. With `error`, the events go back to
     pending after a backoff, with the error, and the effects are dropped; the attempt was
-    counted at claim.
+    counted at claim. With `defer`, the events go back to pending until the deferral's time
+    with their attempt given back, and the effects commit (a notice, the session state).
     """
+    if error and defer is not None:
+        raise ValueError("finish: a run ends with an error or a deferral, not both")
     event_ids = sorted(set(event_ids))
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
@@ -306,6 +342,15 @@ def finish(
                 event.updated = now
                 event.save(update_fields=["status", "error", "available_at", "updated"])
             finished = len(failed)
+        elif defer is not None:
+            finished = claimed.update(
+                status=Event.Status.PENDING,
+                error=defer.reason,
+                available_at=defer.available_at(now),
+                # Claimed means counted; a deferral is not the events' failure.
+                attempts=Greatest(F("attempts") - 1, 0),
+                updated=now,
+            )
         else:
             finished = claimed.update(status=Event.Status.DONE, error="", updated=now)
         if finished != len(event_ids):

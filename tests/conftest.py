@@ -134,3 +134,45 @@ def use_email_backend(settings, backend, **smtp):
     }
     for option, value in smtp.items():
         setattr(settings, names[option], value)
+
+
+@pytest.fixture
+def messages_api(settings):
+    """A loopback Messages API (tests/claude_api.py) that the Claude agent reaches, with the
+    test tools module registered and its call log emptied."""
+    from alwayson.claude.client import _client
+    from tests import claude_tools
+    from tests.claude_api import MessagesAPI
+
+    api = MessagesAPI().start()
+    settings.ANTHROPIC_API_KEY = api.api_key
+    settings.ANTHROPIC_BASE_URL = api.url
+    settings.ALWAYSON_CLAUDE_TOOLS = ["tests.claude_tools"]
+    claude_tools.CALLS.clear()
+    claude_tools.CRASH_AFTER_REFUND.clear()
+    yield api
+    api.stop()
+    _client.cache_clear()
+    assert not api.unexpected, f"requests past the script: {api.unexpected}"
+
+
+@pytest.fixture
+def claude_inbox(make_inbox):
+    """An inbox whose own agent is Claude (the default agent stays the refund desk). Refunds
+    under 50 run, larger ones ask; delete_account is denied."""
+    from alwayson.models import AgentConfig
+
+    def make(slug="support", **config):
+        inbox = make_inbox(slug)
+        config.setdefault(
+            "policy",
+            {
+                "refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}],
+                "lookup_order": "allow",
+                "delete_account": "deny",
+            },
+        )
+        AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent", **config)
+        return inbox
+
+    return make

@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from alwayson.api import acquire, add_timer, answer_approval, dispatch, ingest, request_approval
-from alwayson.models import Refund
+from alwayson.models import AgentConfig, ModelCall, Refund, ToolResult
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease, Session
 from outbox.channels import SendFailed
@@ -24,8 +24,21 @@ from timers.models import Timer
 
 pytestmark = pytest.mark.django_db
 
-MODELS = [Inbox, Event, Lease, Session, Timer, Approval, OutboxMessage, Channel, Refund]
-MACHINERY = [Event, Lease, Session, Approval, Refund]
+MODELS = [
+    Inbox,
+    Event,
+    Lease,
+    Session,
+    Timer,
+    Approval,
+    OutboxMessage,
+    Channel,
+    Refund,
+    AgentConfig,
+    ModelCall,
+    ToolResult,
+]
+MACHINERY = [Event, Lease, Session, Approval, Refund, ModelCall, ToolResult]
 STATUSES = ["pending", "running", "done", "dead"]
 OUTBOX_STATUSES = ["held", "sent", "failed"]
 
@@ -61,6 +74,26 @@ def grow(make_inbox, count):
         )
         Channel.objects.create(inbox=inbox, email=f"owner{n}@example.com" if n % 2 else "")
         Refund.objects.create(idempotency_key=f"refund-{n}", order=str(n))
+        AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent", policy={})
+        ModelCall.objects.create(
+            inbox=inbox,
+            request_key=f"{n:064d}",
+            generation=1,
+            model="claude-sonnet-5-5",
+            response={"content": []},
+            input_tokens=n,
+            output_tokens=1,
+            created=now,
+        )
+        ToolResult.objects.create(
+            inbox=inbox,
+            idempotency_key=f"refund-{n}",
+            tool="refund",
+            arguments={"order": str(n)},
+            result={"type": "tool_result", "content": "ok"},
+            generation=1,
+            created=now,
+        )
 
 
 def queries_for(client, path):

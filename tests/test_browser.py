@@ -172,6 +172,7 @@ def log_in_to_admin(page, site, username, next_path="/admin/"):
 
 
 def step_worker():
+    # The refund desk by default; an inbox with an AgentConfig runs its own agent.
     return Worker(worker_id="browser-test", agent=refund_desk.agent).step()
 
 
@@ -501,3 +502,64 @@ def test_the_admin_dashboard(new_page, site, desk, staff_user, make_inbox):
         expect(page.locator("#content")).to_contain_text("desk")
         expect(page.locator("#content")).to_contain_text("ops-desk")
         screenshot(page, name)
+
+
+# --- a Claude agent's tool call, approved in the browser ---------------------------------------
+
+
+def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
+    new_page, site, desk, messages_api
+):
+    from alwayson.models import AgentConfig, Refund
+    from tests.claude_api import message, tool_use
+
+    AgentConfig.objects.create(
+        inbox=desk,
+        agent="alwayson.claude.agent",
+        policy={"refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}]},
+    )
+    page = new_page()
+    log_in(page, site, "owner", "/inbox/desk/")
+    page.get_by_label("Message to your agent").fill("Please refund order 881, 120 EUR")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("status")).to_have_text("Sent.")
+
+    # The model wants a refund over the policy's limit: the run ends asking the owner.
+    call = tool_use("refund", {"order": "881", "amount": 120})
+    messages_api.reply(message("This refund needs approval.", call))
+    assert run_background_once().outcome == "asked 1, said 1"
+    notice = page.locator(".entry.agent").last  # the conversation updates itself
+    expect(notice).to_contain_text("Approval needed: refund order 881 (120 EUR)")
+
+    # The approval page shows the tool, its arguments and who asked.
+    notice.get_by_role("link").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Refund order 881 (120 EUR)?")
+    details = page.get_by_label("What you are asked to approve")
+    expect(details).to_contain_text("refund")
+    arguments = details.locator("table.arguments")
+    expect(arguments.locator("tr", has_text="order")).to_contain_text("881")
+    expect(arguments.locator("tr", has_text="amount")).to_contain_text("120")
+    expect(details).to_contain_text("the Claude agent of desk (claude-sonnet-5-5)")
+    expect(details).to_contain_text("a chat message from owner: “Please refund order 881, 120 EUR”")
+    screenshot(page, "claude-approval-page")
+    page.set_viewport_size(PHONE)
+    assert_fits_a_phone(page)
+    screenshot(page, "claude-approval-page-phone")
+    page.set_viewport_size(DESKTOP)
+    page.get_by_role("button", name="Approve").click()
+    expect(page.locator(".outcome")).to_have_text("Approved.")
+
+    # The next run resumes the call: the refund runs, the model reads its result and says so.
+    follow_up = tool_use("send_message", {"text": "Refunded 120 EUR on order 881.", "urgent": True})
+    messages_api.reply(message(follow_up), message("Done."))
+    assert run_background_once().outcome == "said 1"
+    assert Refund.objects.get().order == "881"
+    resumed = messages_api.messages_requests[1].body["messages"][-1]["content"][0]
+    assert (resumed["type"], resumed["tool_use_id"]) == ("tool_result", call["id"])
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Inboxes").click()
+    page.get_by_role("link", name="Refund desk").click()
+    expect(page.locator(".entry.agent").last).to_contain_text("Refunded 120 EUR on order 881.")
+    screenshot(page, "claude-follow-up")
+    assert run_background_once() is None
+    assert len(messages_api.messages_requests) == 3

@@ -29,6 +29,8 @@ from alwayson.api import (
     request_approval,
     run_scheduler,
 )
+from alwayson.claude.client import day_start
+from alwayson.models import ModelCall, ToolResult
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire_next, release, renew
@@ -72,7 +74,7 @@ def assert_uses(plan, index):
 
 def analyze():
     with connection.cursor() as cursor:
-        for model in (Event, Lease, Timer, OutboxMessage, Approval, Inbox):
+        for model in (Event, Lease, Timer, OutboxMessage, Approval, Inbox, ModelCall, ToolResult):
             cursor.execute(f"ANALYZE {model._meta.db_table}")
 
 
@@ -141,6 +143,30 @@ def _build_world(t0=T0):
             expires_at=past + HOUR,
             answer=Approval.Answer.YES,
             answered_at=past,
+        )
+        for n, owner_inbox in enumerate(history)
+    )
+
+    ModelCall.objects.bulk_create(
+        ModelCall(
+            inbox=owner_inbox,
+            request_key=f"{n:064x}",
+            generation=1,
+            model="claude-sonnet-5-5",
+            response={"content": []},
+            input_tokens=100,
+            created=past + n * SECOND,
+        )
+        for n, owner_inbox in enumerate(history)
+    )
+    ToolResult.objects.bulk_create(
+        ToolResult(
+            inbox=owner_inbox,
+            idempotency_key=f"refund-{n}",
+            tool="refund",
+            result={"content": "ok"},
+            generation=1,
+            created=past + n * SECOND,
         )
         for n, owner_inbox in enumerate(history)
     )
@@ -279,6 +305,26 @@ def test_last_send_uses_the_sent_index(world):
 def test_an_answer_finds_its_request_by_the_unique_index(world):
     request = Approval.objects.filter(inbox=world, request_id="r1")
     assert_uses(plan_of(request.first), "approval_unique_request")
+
+
+# --- the Claude agent ------------------------------------------------------------------------
+
+
+def test_the_model_call_cache_is_read_by_its_unique_key(world):
+    cached = ModelCall.objects.filter(inbox_id=world.pk, request_key="0" * 64)
+    assert_uses(
+        plan_of(cached.values_list("response", flat=True).first), "modelcall_unique_request"
+    )
+
+
+def test_the_budget_check_sums_one_inbox_today_by_index(world, t0):
+    today = ModelCall.objects.filter(inbox_id=world.pk, created__gte=day_start(t0))
+    assert_uses(plan_of(today.tokens), "modelcall_inbox_created_idx")
+
+
+def test_the_tool_journal_is_read_by_its_unique_key(world):
+    earlier = ToolResult.objects.filter(inbox_id=world.pk, idempotency_key="refund-1")
+    assert_uses(plan_of(earlier.values_list("result", flat=True).first), "toolresult_unique_key")
 
 
 # --- the whole cycle -------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 import logging
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
 
 from alwayson.management.loop import LoopCommand
@@ -36,7 +37,10 @@ class Command(LoopCommand):
                 once=once,
                 max_runs=max_runs,
             )
-        except ValueError as exc:
+            # A missing API key or a broken tool module stops the worker here, once, with
+            # its reason, instead of failing every run.
+            pool.worker.agents.preflight()
+        except (ValueError, ImproperlyConfigured) as exc:
             raise CommandError(str(exc)) from None
         self.install_signals(pool.request_stop)
         log.info("worker %s: %s slot(s), interval %.2fs", worker_id, concurrency, interval)

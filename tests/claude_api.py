@@ -1,0 +1,190 @@
+"""A loopback server that speaks the Messages API, scripted per test.
+
+A real HTTP server on 127.0.0.1 that the `anthropic` SDK reaches through `base_url`. Each
+POST /v1/messages takes the next scripted reply; every request is recorded (path, headers,
+JSON body), so a test counts what reached "the model". GET /v1/models answers the worker's
+start-up key check: 200 for the expected key, 401 otherwise. A request past the end of the
+script gets a 500 that names it, and the test that made it fails on `unexpected`.
+"""
+
+import itertools
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+API_KEY = "sk-ant-test-loopback"
+_ids = itertools.count(1)
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b""
+    headers: dict = field(default_factory=dict)
+    delay: float = 0.0  # seconds before answering (timeouts)
+
+
+def usage(input_tokens=100, output_tokens=20, cache_read=0, cache_write=0):
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cache_read,
+        "cache_creation_input_tokens": cache_write,
+    }
+
+
+def message(*content, stop_reason=None, tokens=None):
+    """A 200 answer with these content blocks; stop_reason follows from them."""
+    blocks = [{"type": "text", "text": c} if isinstance(c, str) else c for c in content]
+    if stop_reason is None:
+        stop_reason = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
+    body = {
+        "id": f"msg_loopback_{next(_ids)}",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": blocks,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": tokens or usage(),
+    }
+    return Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
+def tool_use(name, tool_input, id=None):
+    return {
+        "type": "tool_use",
+        "id": id or f"toolu_loopback_{next(_ids)}",
+        "name": name,
+        "input": tool_input,
+    }
+
+
+def error(status, kind, text, headers=None):
+    body = {"type": "error", "error": {"type": kind, "message": text}}
+    return Reply(
+        status, json.dumps(body).encode(), {"content-type": "application/json", **(headers or {})}
+    )
+
+
+def rate_limited(retry_after):
+    return error(
+        429,
+        "rate_limit_error",
+        "Number of requests has exceeded your rate limit",
+        {"retry-after": str(retry_after)},
+    )
+
+
+def overloaded():
+    return error(529, "overloaded_error", "Overloaded")
+
+
+def bad_request(text="messages: roles must alternate between user and assistant"):
+    return error(400, "invalid_request_error", text)
+
+
+def malformed():
+    return Reply(
+        200,
+        b'{"id": "msg_broken", "type": "message", "content": [',
+        {"content-type": "application/json"},
+    )
+
+
+def slow(seconds):
+    return Reply(200, b"{}", {"content-type": "application/json"}, delay=seconds)
+
+
+def presented_key(headers):
+    """The SDK 2.x sends the key as a bearer token; the HTTP API also takes x-api-key."""
+    bearer = headers.get("authorization", "")
+    return (
+        bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else headers.get("x-api-key")
+    )
+
+
+@dataclass
+class Request:
+    path: str
+    headers: dict
+    body: dict | None
+
+
+class MessagesAPI:
+    """Start with `start()`, script with `reply(...)`, read `requests`; `stop()` at the end."""
+
+    def __init__(self):
+        self.script: list[Reply] = []
+        self.requests: list[Request] = []
+        self.unexpected: list[Request] = []
+        self.api_key = API_KEY
+        self._lock = threading.Lock()
+        self._release = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+
+    def start(self):
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self):
+        self._release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def reply(self, *replies: Reply):
+        with self._lock:
+            self.script.extend(replies)
+
+    @property
+    def messages_requests(self) -> list[Request]:
+        return [r for r in self.requests if r.path.startswith("/v1/messages")]
+
+    def _next(self, request) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if presented_key(request.headers) != self.api_key:
+                return error(401, "authentication_error", "invalid x-api-key")
+            if request.path.startswith("/v1/models"):
+                return Reply(
+                    200,
+                    json.dumps(
+                        {"data": [], "has_more": False, "first_id": None, "last_id": None}
+                    ).encode(),
+                    {"content-type": "application/json"},
+                )
+            if not self.script:
+                self.unexpected.append(request)
+                return error(500, "api_error", "loopback: no scripted reply for this request")
+            return self.script.pop(0)
+
+    def _handler(self):
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _answer(self):
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else None
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                reply = api._next(Request(self.path, headers, body))
+                if reply.delay:
+                    api._release.wait(reply.delay)
+                self.send_response(reply.status)
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.send_header("content-length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+
+            do_GET = do_POST = _answer
+
+        return Handler
