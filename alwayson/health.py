@@ -81,11 +81,14 @@ class ProcessBeat:
 
     def beat(self, now=None):
         """Compare-and-set the last beat and the run count on this process's row, if it is
-        still a running row. Gone (pruned after this process was paused for a day, or never
-        written because the database was down at start): register again."""
+        still a running row. A stopped row stays stopped: a beat that lost the race with the
+        goodbye must not bring it back. Gone (pruned after this process was paused for a day,
+        or never written because the database was down at start): register again."""
         if self.pk is not None:
             now = clock.resolve(now)
             if Process.objects.running().filter(pk=self.pk).update(last_beat=now, runs=self.runs):
+                return
+            if Process.objects.filter(pk=self.pk).exists():
                 return
         self.register(now)
 

@@ -320,6 +320,9 @@ STORAGES = {
         else "whitenoise.storage.CompressedManifestStaticFilesStorage"
     },
 }
+# Development reads the apps' static folders as they change, with no collectstatic (set
+# here, not left to whitenoise's reading of DEBUG, which the test runner turns off).
+WHITENOISE_USE_FINDERS = WHITENOISE_AUTOREFRESH = DEBUG
 # Loop processes (runworker, runscheduler, rundispatcher) write a heartbeat row this often;
 # one is live while its last beat is within HEALTH_LIVE_BEATS intervals (alwayson/health.py).
 ALWAYSON_HEARTBEAT_INTERVAL = positive_int("ALWAYSON_HEARTBEAT_INTERVAL", 5)
