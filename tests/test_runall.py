@@ -84,8 +84,8 @@ class Runall:
             DJANGO_SETTINGS_MODULE="alwayson.settings",
             EMAIL_URL="consolemail://",
             PYTHONUNBUFFERED="1",
-            **(env or {}),
         )
+        environment.update(env or {})
         self.lines = []
         self.children = []
         self.process = subprocess.Popen(
