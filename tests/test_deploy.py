@@ -5,6 +5,7 @@ systemd units are checked by `systemd-analyze verify` too. tests/test_production
 the same commands (through `runall --production`) and drives an event through them.
 """
 
+import importlib
 import re
 import shlex
 import subprocess
@@ -222,3 +223,25 @@ def test_the_env_template_filled_with_a_key_passes_check_deploy():
 
     assert code == 0, output
     assert "System check identified no issues (0 silenced)." in output
+
+
+# --- gunicorn's settings ---------------------------------------------------------------------
+
+
+def test_gunicorn_reads_where_to_listen_and_how_many_workers(monkeypatch):
+    from alwayson import gunicorn_conf
+
+    monkeypatch.setenv("ALWAYSON_WEB_BIND", "0.0.0.0:8000")
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    importlib.reload(gunicorn_conf)
+
+    assert (gunicorn_conf.bind, gunicorn_conf.workers) == (["0.0.0.0:8000"], 3)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", ""])
+def test_a_malformed_web_concurrency_stops_gunicorn(monkeypatch, value):
+    from alwayson import gunicorn_conf
+
+    monkeypatch.setenv("WEB_CONCURRENCY", value)
+    with pytest.raises(SystemExit, match="WEB_CONCURRENCY must be a positive integer"):
+        importlib.reload(gunicorn_conf)
