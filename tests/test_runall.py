@@ -294,3 +294,30 @@ def test_ctrl_c_in_a_terminal_stops_everything(runall):
     os.killpg(runall.process.pid, signal.SIGINT)
 
     assert_all_stop(runall, children)
+
+
+# --- options, refused before anything starts -------------------------------------------------
+
+
+@pytest.mark.parametrize("addr", ["localhost", "127.0.0.1:http", "", "0.0.0.0:"])
+def test_a_malformed_addr_is_refused(addr):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=r"--addr must be \[address:\]port"):
+        call_command("runall", "--addr", addr)
+
+
+def test_production_mode_refuses_debug_on(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = True
+    with pytest.raises(CommandError, match="--production needs DEBUG=false"):
+        call_command("runall", "--production")
+
+
+def test_production_mode_runs_the_production_set_not_a_worker_count(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="--concurrency is for development"):
+        call_command("runall", "--production", "--concurrency", "8")
