@@ -15,7 +15,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from alwayson.api import acquire, add_timer, answer_approval, ingest, request_approval
-from alwayson.models import Refund
+from alwayson.health import ProcessBeat
+from alwayson.models import Process, Refund
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease, Session
 from outbox.models import Channel, OutboxMessage
@@ -23,8 +24,8 @@ from timers.models import Timer
 
 pytestmark = pytest.mark.django_db
 
-MODELS = [Inbox, Event, Lease, Session, Timer, Approval, OutboxMessage, Channel, Refund]
-MACHINERY = [Event, Lease, Session, Approval, Refund]
+MODELS = [Inbox, Event, Lease, Session, Timer, Approval, OutboxMessage, Channel, Refund, Process]
+MACHINERY = [Event, Lease, Session, Approval, Refund, Process]
 STATUSES = ["pending", "running", "done", "dead"]
 OUTBOX_STATUSES = ["held", "sent", "failed"]
 
@@ -60,6 +61,10 @@ def grow(make_inbox, count):
         )
         Channel.objects.create(inbox=inbox, email=f"owner{n}@example.com" if n % 2 else "")
         Refund.objects.create(idempotency_key=f"refund-{n}", order=str(n))
+        process = ProcessBeat(Process.Kind.values[n % 3], f"host:{n}")
+        process.register(now - n % 2 * timedelta(minutes=5))  # live or lost
+        if n % 5 == 0:
+            process.mark_stopped(now)
 
 
 def queries_for(client, path):
