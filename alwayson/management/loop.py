@@ -76,17 +76,17 @@ class LoopCommand(BaseCommand):
         stop = threading.Event()
         self.install_signals(stop.set)
         log = logging.getLogger(f"alwayson.{self.role}")
-        heartbeat = ProcessBeat(self.kind, worker_id)
-        heartbeat.start()
+        process_beat = ProcessBeat(self.kind, worker_id)
+        process_beat.start()
         clean = False
         try:
-            self.drain(stop, once, interval, heartbeat, log)
+            self.drain(stop, once, interval, process_beat, log)
             clean = True
         finally:
-            heartbeat.stop(clean)
+            process_beat.stop(clean)
             connections["default"].close()
 
-    def drain(self, stop, once, interval, heartbeat, log):
+    def drain(self, stop, once, interval, process_beat, log):
         backoff = OUTAGE_BACKOFF[0]
         while not stop.is_set():
             close_old_connections()
@@ -100,7 +100,7 @@ class LoopCommand(BaseCommand):
                 continue
             backoff = OUTAGE_BACKOFF[0]
             if had_work:
-                heartbeat.count_run()
+                process_beat.count_run()
                 continue
             if once:
                 break
