@@ -255,7 +255,8 @@ ALWAYSON_STRIPE_TOLERANCE = positive_int("ALWAYSON_STRIPE_TOLERANCE", 300)
 # --- production: web server, static files, HTTPS, health (issue 12) -----------------------
 # Every default follows DEBUG: with DEBUG on, development over plain http keeps working; with
 # DEBUG off, the defaults are the secure ones and `manage.py check --deploy` has nothing to
-# report (given a real SECRET_KEY). Each can be set on its own from the environment.
+# report (given a real SECRET_KEY, and on Django 6.1+ a real EMAIL_URL). Each can be set on
+# its own from the environment.
 
 
 def non_negative_int(name, default):
