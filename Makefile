@@ -3,6 +3,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Where `make run` serves: `make run ADDR=0.0.0.0:8000` to be reached from other hosts.
+ADDR ?= 127.0.0.1:8000
 
 .PHONY: install run scenarios test lint format
 
@@ -16,7 +18,7 @@ install: $(VENV)/.installed
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
 run: install
-	$(PY) manage.py runall
+	$(PY) manage.py runall --addr $(ADDR)
 
 scenarios: install
 	$(PY) manage.py migrate --verbosity 0

@@ -1,9 +1,10 @@
 """The composition root's console: the example payments ledger, each inbox's agent
-configuration and outbound services, what the Claude agent paid for and ran, and the egress
-gateway's audit.
+configuration and outbound services, what the Claude agent paid for and ran, the egress
+gateway's audit, and the loop processes (alwayson/health.py).
 
-The ledger, the egress audit and the model calls are view-only: a Refund row is the proof that a
-refund happened once, and an egress row is what an agent asked to call.
+The ledger, the egress audit, the model calls and the processes are view-only: a Refund row
+is the proof that a refund happened once, an egress row is what an agent asked to call, and a
+Process row is what a loop process says about itself.
 """
 
 from collections import Counter
@@ -26,6 +27,7 @@ from .models import (
     EgressCall,
     ModelCall,
     PasswordResetRequest,
+    Process,
     Refund,
     ToolResult,
 )
@@ -279,3 +281,67 @@ class ToolResultAdmin(MachineryAdmin):
     @admin.display(description="result")
     def result_pretty(self, obj):
         return pretty_json(obj.result)
+
+
+class ProcessStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return Process.State.choices
+
+    def queryset(self, request, queryset):
+        if self.value() in Process.State.values:
+            return queryset.filter(state=self.value())
+        return queryset
+
+
+@admin.register(Process)
+class ProcessAdmin(admin.ModelAdmin):
+    """The loop processes, live, lost and stopped, from their heartbeats: read-only, like
+    django-q2's monitor or Sidekiq's process page. A row is the process's own record."""
+
+    list_display = (
+        "kind",
+        "state_label",
+        "worker_id",
+        "host",
+        "pid",
+        "started",
+        "last_beat",
+        "runs",
+        "version",
+    )
+    list_filter = (ProcessStateFilter, "kind", "host")
+    search_fields = ("worker_id", "host")
+    ordering = ("-last_beat",)
+    show_full_result_count = False
+    fields = (
+        "kind",
+        "worker_id",
+        "host",
+        "pid",
+        "version",
+        "started",
+        "last_beat",
+        "stopped",
+        "runs",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        # One clock reading per page, the database's, the one the processes beat with.
+        return super().get_queryset(request).with_state(clock.database_now())
+
+    @admin.display(description="state", ordering="state")
+    def state_label(self, obj):
+        return obj.state
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -5,6 +5,7 @@ One switch picks the database: `DATABASE_URL`. SQLite is the embedded default; P
 process at start-up instead of being read as a default.
 """
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -412,3 +413,90 @@ ALWAYSON_CLAUDE_KEEP_RUNS = positive_int("ALWAYSON_CLAUDE_KEEP_RUNS", 20)
 ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS = positive_int("ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS", 3)
 ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS = positive_int("ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS", 200_000)
 # --- end of Claude agent ---------------------------------------------------------------------
+
+
+# --- production: web server, static files, HTTPS, health (issue 12) -----------------------
+# Every default follows DEBUG: with DEBUG on, development over plain http keeps working; with
+# DEBUG off, the defaults are the secure ones and `manage.py check --deploy` has nothing to
+# report (given a real SECRET_KEY, and on Django 6.1+ a real EMAIL_URL). Each can be set on
+# its own from the environment.
+
+
+def non_negative_int(name, default):
+    """positive_int, where 0 is a choice too (SECURE_HSTS_SECONDS=0: no HSTS header)."""
+    if env.str(name, default=str(default)).strip() == "0":
+        return 0
+    return positive_int(name, default)
+
+
+def proxy_ssl_header(name):
+    """`HTTP_X_FORWARDED_PROTO,https`: the header (as Django names it in request.META) and the
+    value by which the proxy in front says the request came over HTTPS. Only set it behind a
+    proxy that always sets or strips that header, or any client can claim HTTPS."""
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return None
+    header, _, value = (part.strip() for part in raw.partition(","))
+    if not re.fullmatch(r"HTTP_[A-Z0-9_]+", header) or not value or "," in value:
+        raise ImproperlyConfigured(
+            f"{name} must be a request.META header and a value, like "
+            f"HTTP_X_FORWARDED_PROTO,https; not {raw!r}"
+        )
+    return (header, value)
+
+
+def trusted_origins(name):
+    origins = env.list(name, default=[])
+    for origin in origins:
+        if not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise ImproperlyConfigured(
+                f"{name} must be comma-separated origins like https://example.com "
+                f"(scheme and host, no path); not {origin!r}"
+            )
+    return origins
+
+
+SECURE_SSL_REDIRECT = strict_bool("SECURE_SSL_REDIRECT", not DEBUG)
+# A year, the figure the HSTS preload list asks for. 0 sends no header.
+SECURE_HSTS_SECONDS = non_negative_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = strict_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+# Only the header's `preload` token: a domain joins the browsers' list when someone submits it.
+SECURE_HSTS_PRELOAD = strict_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SESSION_COOKIE_SECURE = strict_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = strict_bool("CSRF_COOKIE_SECURE", not DEBUG)
+CSRF_TRUSTED_ORIGINS = trusted_origins("CSRF_TRUSTED_ORIGINS")
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header("SECURE_PROXY_SSL_HEADER")
+# A load balancer's probe of /healthz comes over plain http, under whatever Host it likes:
+# the health middleware answers it before the host check and the HTTPS redirect.
+MIDDLEWARE.insert(0, "alwayson.health.HealthCheckMiddleware")
+# Static files from the app server (gunicorn) itself: whitenoise, right after security.
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+)
+# Collected by `collectstatic` (the Docker build, the web unit's start, `runall --production`)
+# under hashed names, compressed, cached for good. Development serves the source files.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+# Development reads the apps' static folders as they change, with no collectstatic (set
+# here, not left to whitenoise's reading of DEBUG, which the test runner turns off).
+WHITENOISE_USE_FINDERS = WHITENOISE_AUTOREFRESH = DEBUG
+# Loop processes (runworker, runscheduler, rundispatcher) write a heartbeat row this often;
+# one is live while its last beat is within HEALTH_LIVE_BEATS intervals (alwayson/health.py).
+ALWAYSON_HEARTBEAT_INTERVAL = positive_int("ALWAYSON_HEARTBEAT_INTERVAL", 5)
+# Kinds of loop process /healthz and `manage.py status` require at least one live of.
+ALWAYSON_HEALTH_REQUIRE = env.list(
+    "ALWAYSON_HEALTH_REQUIRE", default=["worker", "scheduler", "dispatcher"]
+)
+if not set(ALWAYSON_HEALTH_REQUIRE) <= {"worker", "scheduler", "dispatcher"}:
+    raise ImproperlyConfigured(
+        "ALWAYSON_HEALTH_REQUIRE must list kinds among worker,scheduler,dispatcher "
+        f"(or be empty), not {ALWAYSON_HEALTH_REQUIRE!r}"
+    )
+# --- end of production ----------------------------------------------------------------------

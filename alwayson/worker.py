@@ -34,7 +34,9 @@ from inbox.services import (
     renew,
 )
 
+from .health import ProcessBeat
 from .management.loop import OutageBackoff
+from .models import Process
 from .runtime import Agents, LeaseLost, Run
 
 log = logging.getLogger("alwayson.worker")
@@ -215,6 +217,8 @@ class WorkerPool:
         self.stop = threading.Event()
         self.heartbeat = Heartbeat()
         self.worker = Worker(worker_id, agent, self.heartbeat)
+        # This process's own heartbeat (alwayson/health.py), apart from the leases' above.
+        self.process = ProcessBeat(Process.Kind.WORKER, self.worker_id)
         self.concurrency = concurrency
         self.interval = interval
         self.once = once
@@ -249,6 +253,7 @@ class WorkerPool:
 
     def _count_run(self) -> bool:
         """Count a run that ran; True when --max-runs is reached."""
+        self.process.count_run()
         with self._runs_lock:
             self.runs += 1
             return self.max_runs is not None and self.runs >= self.max_runs
@@ -302,6 +307,7 @@ class WorkerPool:
 
     def run(self):
         """Run the slots until they drain (--once), --max-runs is reached, or a stop."""
+        self.process.start()
         self.heartbeat.start()
         threads = [
             threading.Thread(target=self.slot, name=f"slot-{n}") for n in range(self.concurrency)
@@ -317,4 +323,5 @@ class WorkerPool:
                 thread.join(timeout=0.2)
         self.stop.set()
         self.heartbeat.stop()
+        self.process.stop()
         return self.runs

@@ -15,7 +15,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from alwayson.api import acquire, add_timer, answer_approval, dispatch, ingest, request_approval
-from alwayson.models import AgentConfig, ModelCall, Refund, ToolResult
+from alwayson.health import ProcessBeat
+from alwayson.models import AgentConfig, ModelCall, Process, Refund, ToolResult
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease, Session
 from outbox.channels import SendFailed
@@ -37,8 +38,9 @@ MODELS = [
     AgentConfig,
     ModelCall,
     ToolResult,
+    Process,
 ]
-MACHINERY = [Event, Lease, Session, Approval, Refund, ModelCall, ToolResult]
+MACHINERY = [Event, Lease, Session, Approval, Refund, ModelCall, ToolResult, Process]
 STATUSES = ["pending", "running", "done", "dead"]
 OUTBOX_STATUSES = ["held", "sent", "failed"]
 
@@ -94,6 +96,10 @@ def grow(make_inbox, count):
             generation=1,
             created=now,
         )
+        process = ProcessBeat(Process.Kind.values[n % 3], f"host:{n}")
+        process.register(now - n % 2 * timedelta(minutes=5))  # live or lost
+        if n % 5 == 0:
+            process.mark_stopped(now)
 
 
 def queries_for(client, path):

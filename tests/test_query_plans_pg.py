@@ -30,7 +30,8 @@ from alwayson.api import (
     run_scheduler,
 )
 from alwayson.claude.client import day_start
-from alwayson.models import ModelCall, ToolResult
+from alwayson.health import ProcessBeat
+from alwayson.models import ModelCall, Process, ToolResult
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire_next, release, renew
@@ -74,7 +75,17 @@ def assert_uses(plan, index):
 
 def analyze():
     with connection.cursor() as cursor:
-        for model in (Event, Lease, Timer, OutboxMessage, Approval, Inbox, ModelCall, ToolResult):
+        for model in (
+            Event,
+            Lease,
+            Timer,
+            OutboxMessage,
+            Approval,
+            Inbox,
+            ModelCall,
+            ToolResult,
+            Process,
+        ):
             cursor.execute(f"ANALYZE {model._meta.db_table}")
 
 
@@ -170,6 +181,19 @@ def _build_world(t0=T0):
         )
         for n, owner_inbox in enumerate(history)
     )
+    # A day of restarted processes, stopped cleanly, that neither health nor pruning reads.
+    Process.objects.bulk_create(
+        Process(
+            kind=Process.Kind.WORKER,
+            worker_id=f"old-{n}",
+            host="h",
+            pid=n,
+            started=t0 - timedelta(hours=20) + n * SECOND,
+            last_beat=t0 - timedelta(hours=20) + n * SECOND,
+            stopped=t0 - timedelta(hours=20) + n * SECOND,
+        )
+        for n in range(NOISE)
+    )
 
     # The live work, through the API.
     for n in range(5):
@@ -180,6 +204,8 @@ def _build_world(t0=T0):
     for n in range(3):
         OutboxMessage.objects.create(inbox=inbox, body=f"held {n}", created=t0)
     request_approval(inbox, "r1", "refund order 42", 3600, now=t0)
+    for kind in Process.Kind.values:
+        ProcessBeat(kind, f"live-{kind}").register(t0)
     analyze()
 
 
@@ -327,6 +353,17 @@ def test_the_tool_journal_is_read_by_its_unique_key(world):
     assert_uses(plan_of(earlier.values_list("result", flat=True).first), "toolresult_unique_key")
 
 
+# --- process heartbeats ----------------------------------------------------------------------
+
+
+def test_health_and_pruning_read_heartbeats_by_the_beat_index(world, t0):
+    live = Process.objects.live(t0).values_list("kind", flat=True).distinct()
+    assert_uses(plan_of(lambda: set(live)), "process_beat_idx")
+    statements = sql_of(lambda: ProcessBeat("worker", "new").register(t0))
+    [prune] = [s for s in statements if s.startswith("DELETE")]
+    assert_uses(explain(prune), "process_beat_idx")
+
+
 # --- the whole cycle -------------------------------------------------------------------------
 
 
@@ -352,6 +389,11 @@ def test_no_statement_of_a_worker_cycle_needs_a_table_scan(world, t0, ttl):
         claim_batch(world, "A", gen, now=t0)
         later = t0 + ttl + SECOND
         claim_batch(world, "B", acquire(world, "B", now=later), now=later)
+        # A loop process's heartbeat.
+        heartbeat = ProcessBeat("worker", "W")
+        heartbeat.register(t0)
+        heartbeat.beat(t0 + SECOND)
+        heartbeat.mark_stopped(t0 + 2 * SECOND)
 
     def reads_a_table(sql):
         verb = sql.split(None, 1)[0]

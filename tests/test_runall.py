@@ -66,30 +66,39 @@ def is_gone(pid):
 
 
 class Runall:
-    """A `runall` subprocess in its own process group, its output collected as it comes."""
+    """A `runall` subprocess in its own process group, its output collected as it comes.
+    `args` are runall's own, `env` overrides its environment (tests/test_production_pg.py)."""
 
-    def __init__(self, tmp_path, port):
+    def __init__(self, tmp_path, port, args=(), env=None):
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.db = tmp_path / "db.sqlite3"
-        env = {
+        environment = {
             key: value
             for key, value in os.environ.items()
             if key not in ("DJANGO_ALLOW_ASYNC_UNSAFE", "ALWAYSON_AGENT")
         }
-        env.update(
+        environment.update(
             DATABASE_URL=f"sqlite:///{self.db}",
             ALWAYSON_SITE_URL=self.url,
             DJANGO_SETTINGS_MODULE="alwayson.settings",
             EMAIL_URL="consolemail://",
             PYTHONUNBUFFERED="1",
         )
+        environment.update(env or {})
         self.lines = []
         self.children = []
         self.process = subprocess.Popen(
-            [sys.executable, str(BASE_DIR / "manage.py"), "runall", "--addr", f"127.0.0.1:{port}"],
+            [
+                sys.executable,
+                str(BASE_DIR / "manage.py"),
+                "runall",
+                "--addr",
+                f"127.0.0.1:{port}",
+                *args,
+            ],
             cwd=BASE_DIR,
-            env=env,
+            env=environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -147,20 +156,37 @@ class Runall:
 
 
 class Browser:
-    """urllib with a cookie jar: the session and CSRF cookies, like a browser keeps them."""
+    """urllib with a cookie jar: the session and CSRF cookies, like a browser keeps them.
 
-    def __init__(self, base):
+    `behind_tls_proxy`: every request carries what a TLS-terminating proxy adds
+    (X-Forwarded-Proto: https, and the https Origin a browser sends with a form), and the jar
+    sends Secure cookies over the plain http hop, as the proxy would forward them.
+    """
+
+    def __init__(self, base, behind_tls_proxy=False):
         self.base = base
+        self.headers = {}
+        policy = None
+        if behind_tls_proxy:
+            self.headers = {
+                "X-Forwarded-Proto": "https",
+                "Origin": base.replace("http://", "https://", 1),
+            }
+            policy = http.cookiejar.DefaultCookiePolicy(secure_protocols=("https", "http"))
         self.opener = urllib.request.build_opener(
-            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar())
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar(policy))
         )
+        self.last_headers = None
 
     def request(self, path, data=None):
         body = urllib.parse.urlencode(data).encode() if data is not None else None
+        request = urllib.request.Request(self.base + path, data=body, headers=self.headers)
         try:
-            with self.opener.open(self.base + path, data=body, timeout=10) as response:
+            with self.opener.open(request, timeout=10) as response:
+                self.last_headers = response.headers
                 return response.status, response.geturl(), response.read().decode()
         except urllib.error.HTTPError as exc:
+            self.last_headers = exc.headers
             return exc.code, exc.geturl(), exc.read().decode()
 
     def get(self, path):
@@ -268,3 +294,30 @@ def test_ctrl_c_in_a_terminal_stops_everything(runall):
     os.killpg(runall.process.pid, signal.SIGINT)
 
     assert_all_stop(runall, children)
+
+
+# --- options, refused before anything starts -------------------------------------------------
+
+
+@pytest.mark.parametrize("addr", ["localhost", "127.0.0.1:http", "", "0.0.0.0:"])
+def test_a_malformed_addr_is_refused(addr):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=r"--addr must be \[address:\]port"):
+        call_command("runall", "--addr", addr)
+
+
+def test_production_mode_refuses_debug_on(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = True
+    with pytest.raises(CommandError, match="--production needs DEBUG=false"):
+        call_command("runall", "--production")
+
+
+def test_production_mode_runs_the_production_set_not_a_worker_count(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="--concurrency is for development"):
+        call_command("runall", "--production", "--concurrency", "8")

@@ -178,14 +178,16 @@ def listening(worker):
 
 def wait_idle(worker, quiet=0.3):
     """Wait until every slot of the worker has found no work and gone to sleep: its database
-    session is idle after the COMMIT of an empty acquire_next, and has been for `quiet` s."""
+    session is idle after the COMMIT of an empty acquire_next, and has been for `quiet` s.
+    The process heartbeat's session (its last statement on alwayson_process) is no slot."""
 
     def idle():
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT state, query, clock_timestamp() - state_change > %s"
                 " FROM pg_stat_activity WHERE datname = current_database()"
-                " AND application_name = %s AND query <> %s",
+                " AND application_name = %s AND query <> %s"
+                " AND query NOT LIKE '%%alwayson_process%%'",
                 [
                     timedelta(seconds=quiet),
                     f"alwayson-worker {worker.worker_id}"[:63],

@@ -8,6 +8,8 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connections
 
+from alwayson.health import ProcessBeat
+
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
@@ -16,10 +18,13 @@ class LoopCommand(BaseCommand):
 
     A single-threaded loop command implements `step()`: one unit of work, returning whether
     there was any. The loop drains (steps while there is work), then sleeps `--interval`.
+    While it runs, the process beats its `Process` row (alwayson/health.py).
     """
 
     #: the process's role, shown in pg_stat_activity.application_name
     role = "alwayson"
+    #: its Process.kind
+    kind = None
     default_interval = 1.0
 
     def add_arguments(self, parser):
@@ -66,11 +71,22 @@ class LoopCommand(BaseCommand):
     def step(self) -> bool:
         raise NotImplementedError
 
-    def loop(self, once, interval):
+    def loop(self, once, interval, worker_id):
         """Drain, then sleep in `interval` ticks until a signal; `once` drains and returns."""
         stop = threading.Event()
         self.install_signals(stop.set)
         log = logging.getLogger(f"alwayson.{self.role}")
+        process_beat = ProcessBeat(self.kind, worker_id)
+        process_beat.start()
+        clean = False
+        try:
+            self.drain(stop, once, interval, process_beat, log)
+            clean = True
+        finally:
+            process_beat.stop(clean)
+            connections["default"].close()
+
+    def drain(self, stop, once, interval, process_beat, log):
         backoff = OutageBackoff()
         while not stop.is_set():
             close_old_connections()
@@ -84,11 +100,11 @@ class LoopCommand(BaseCommand):
                 continue
             backoff.reset()
             if had_work:
+                process_beat.count_run()
                 continue
             if once:
                 break
             stop.wait(interval)
-        connections["default"].close()
 
 
 class OutageBackoff:

@@ -3,10 +3,16 @@
 Each runs as its own process, as in production; this command supervises them. Ctrl-C (or
 SIGTERM) asks each to stop gracefully; a second one kills them. If one dies, the others are
 stopped and the command fails, rather than leaving a product that silently does half its job.
+
+By default it is the development and demo entry point (runserver, a demo login). With
+`--production` it runs the release steps and then the production process set of
+alwayson/production.py (gunicorn instead of runserver), the commands deploy/ runs.
 """
 
 import os
+import re
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -19,9 +25,11 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from alwayson import refund_desk
+from alwayson.production import PROCESSES, RELEASE, local_argv
 from inbox.models import Inbox
 from outbox.models import Channel
 
+DEFAULT_ADDR = "127.0.0.1:8000"
 DEMO_USER = "demo"
 DEMO_INBOX = "demo-desk"
 STOP_GRACE = 15
@@ -33,26 +41,33 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--addr", default="127.0.0.1:8000", help="web server address:port")
+        parser.add_argument(
+            "--addr",
+            default=None,
+            help=f"web server address:port (default {DEFAULT_ADDR}; with --production, "
+            "ALWAYSON_WEB_BIND or that)",
+        )
         parser.add_argument("--no-demo", action="store_true", help="don't create the demo login")
-        parser.add_argument("--concurrency", type=int, default=2, help="worker slots")
+        parser.add_argument("--concurrency", type=int, default=None, help="worker slots (2)")
+        parser.add_argument(
+            "--production",
+            action="store_true",
+            help="gunicorn and the production process set (alwayson/production.py); "
+            "needs DEBUG off; no demo login",
+        )
 
-    def handle(self, *args, addr, no_demo, concurrency, verbosity, **options):
-        call_command("migrate", verbosity=0)
-        if not no_demo:
-            self.create_demo(addr)
-        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
-        commands = {
-            "web": [*manage, "runserver", "--noreload", addr],
-            "worker": [*manage, "runworker", "--concurrency", str(concurrency)],
-            "scheduler": [*manage, "runscheduler"],
-            "dispatcher": [*manage, "rundispatcher"],
-        }
+    def handle(self, *args, addr, no_demo, concurrency, production, verbosity, **options):
+        if addr is not None:
+            if not re.fullmatch(r"(\S+:)?\d+", addr):
+                raise CommandError(f"--addr must be [address:]port like 0.0.0.0:8000, not {addr!r}")
+            addr = addr if ":" in addr else f"127.0.0.1:{addr}"
+        if production:
+            commands, env, addr = self.production_set(addr, concurrency)
+        else:
+            commands, env, addr = self.development_set(addr or DEFAULT_ADDR, no_demo, concurrency)
         if settings.ALWAYSON_EGRESS_PORT:
             # Out-of-process agents reach their services through it (alwayson/egress.py).
-            commands["egress"] = [*manage, "runegress"]
-        # The agent's links must point where this server listens, unless configured.
-        env = {"ALWAYSON_SITE_URL": f"http://{addr}", **os.environ}
+            commands["egress"] = [sys.executable, str(settings.BASE_DIR / "manage.py"), "runegress"]
         supervisor = Supervisor(commands, env)
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGTERM, supervisor.on_signal)
@@ -61,6 +76,40 @@ class Command(BaseCommand):
         if failed:
             raise CommandError(f"{failed} stopped unexpectedly; stopped the others")
         self.stdout.write("alwayson stopped")
+
+    def development_set(self, addr, no_demo, concurrency):
+        call_command("migrate", verbosity=0)
+        if not no_demo:
+            self.create_demo(addr)
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        commands = {
+            "web": [*manage, "runserver", "--noreload", addr],
+            "worker": [*manage, "runworker", "--concurrency", str(concurrency or 2)],
+            "scheduler": [*manage, "runscheduler"],
+            "dispatcher": [*manage, "rundispatcher"],
+        }
+        # The agent's links must point where this server listens, unless configured.
+        return commands, {"ALWAYSON_SITE_URL": f"http://{addr}", **os.environ}, addr
+
+    def production_set(self, addr, concurrency):
+        if settings.DEBUG:
+            raise CommandError("--production needs DEBUG=false (and a SECRET_KEY)")
+        if concurrency is not None:
+            raise CommandError(
+                "--concurrency is for development; --production runs alwayson/production.py"
+            )
+        env = dict(os.environ)
+        if addr:
+            env["ALWAYSON_WEB_BIND"] = addr
+        for name, command in RELEASE.items():
+            self.stdout.write(f"{name}: {shlex.join(command)}")
+            done = subprocess.run(local_argv(command, settings.BASE_DIR), env=env, check=False)
+            if done.returncode:
+                raise CommandError(f"{name} failed (exit {done.returncode}); nothing started")
+        commands = {
+            name: local_argv(command, settings.BASE_DIR) for name, command in PROCESSES.items()
+        }
+        return commands, env, env.get("ALWAYSON_WEB_BIND", DEFAULT_ADDR)
 
     def create_demo(self, addr):
         password = secrets.token_urlsafe(9)
@@ -87,7 +136,10 @@ class Supervisor:
     """Child processes that live and stop together."""
 
     def __init__(self, commands, env):
-        self.children = {name: subprocess.Popen(argv, env=env) for name, argv in commands.items()}
+        self.children = {
+            name: subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR)
+            for name, argv in commands.items()
+        }
         self.stop_started = None
 
     def running(self):

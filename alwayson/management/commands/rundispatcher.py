@@ -10,13 +10,14 @@ log = logging.getLogger("alwayson.dispatcher")
 class Command(LoopCommand):
     help = "Send held outbox messages through each inbox's channel, paced by its gap."
     role = "alwayson-dispatcher"
+    kind = "dispatcher"
 
     def handle(self, *args, once, interval, worker_id, verbosity, **options):
         self.check_positive("interval", interval)
         worker_id = worker_id or default_worker_id()
         self.configure(verbosity, worker_id)
         log.info("dispatcher %s: interval %.2fs", worker_id, interval)
-        self.loop(once, interval)
+        self.loop(once, interval, worker_id)
 
     def step(self) -> bool:
         # A pass that sent something may have left others due (an urgent message arriving

@@ -1,0 +1,24 @@
+"""gunicorn's settings for the web process: `gunicorn --config python:alwayson.gunicorn_conf
+alwayson.wsgi` (alwayson/production.py). Read from the environment, strictly, like the rest."""
+
+import os
+
+
+def _positive(name, default):
+    raw = os.environ.get(name, str(default)).strip()
+    if not raw.isdigit() or int(raw) <= 0:
+        raise SystemExit(f"{name} must be a positive integer, not {raw!r}")
+    return int(raw)
+
+
+# Where the web server listens: 0.0.0.0:8000 in a container, 127.0.0.1:8000 behind a proxy.
+bind = [os.environ.get("ALWAYSON_WEB_BIND", "127.0.0.1:8000")]
+# Worker processes; each request is short (webhooks answer at once, agents run elsewhere).
+workers = _positive("WEB_CONCURRENCY", 2)
+# Requests in flight get this long to finish after SIGTERM: under runall's, compose's and
+# systemd's stop timeouts (15 s, 30 s, 30 s).
+graceful_timeout = 10
+timeout = 30
+# Access log lines on stdout, errors on stderr: the process manager keeps them.
+accesslog = "-"
+errorlog = "-"

@@ -1,0 +1,39 @@
+"""The production process set: one source for `runall --production`, `deploy/` and the tests.
+
+Commands are written as the deployment files write them, run from the project directory:
+`python manage.py ...`, and `gunicorn ...` from the same environment. tests/test_deploy.py
+checks that the Dockerfile, the compose file and the systemd units run exactly these, and
+tests/test_production_pg.py starts them (through `runall --production`) and drives an event
+through.
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+# Once per release, before the processes start: one host, one at a time.
+RELEASE = {
+    "migrate": ("python", "manage.py", "migrate", "--noinput"),
+    "collectstatic": ("python", "manage.py", "collectstatic", "--noinput"),
+}
+
+# The long-running processes. Run as many of each as you like (PostgreSQL); each of the three
+# loops beats its Process row, which /healthz and `manage.py status` read.
+PROCESSES = {
+    "web": ("gunicorn", "--config", "python:alwayson.gunicorn_conf", "alwayson.wsgi"),
+    "worker": ("python", "manage.py", "runworker", "--concurrency", "4"),
+    "scheduler": ("python", "manage.py", "runscheduler"),
+    "dispatcher": ("python", "manage.py", "rundispatcher"),
+}
+
+
+def local_argv(command, base_dir: Path) -> list[str]:
+    """`command` for this interpreter and checkout: `python` is this interpreter, `manage.py`
+    this project's, `gunicorn` the script installed beside this interpreter."""
+    program, *args = command
+    if program == "python":
+        program = sys.executable
+    elif program == "gunicorn":
+        beside = Path(sys.executable).with_name("gunicorn")
+        program = str(beside) if beside.exists() else shutil.which("gunicorn") or "gunicorn"
+    return [program, *(str(base_dir / arg) if arg == "manage.py" else arg for arg in args)]
