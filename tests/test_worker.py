@@ -470,10 +470,11 @@ def test_a_loop_command_is_back_within_two_seconds_of_the_database(
     stop = RecordedWaits()
     monkeypatch.setattr(loop_module, "threading", SimpleNamespace(Event=lambda: stop))
     command = LoopCommand()
+    command.kind = "scheduler"
     # Six failures, one pass with work (the backoff starts over), two failures, then idle.
     command.step = outage([DOWN] * 6 + [True] + [DOWN] * 2 + [False])
 
-    command.loop(once=True, interval=1.0)
+    command.loop(once=True, interval=1.0, worker_id="outage-test")
 
     assert stop.asked == RETRIES + [0.5, 1.0]
 
