@@ -12,10 +12,12 @@ or a deferred tool call asks the user (`ask`). A fourth gives the batch back unt
 
 import copy
 import hashlib
+import logging
 import threading
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
 from approvals.services import Ask
@@ -23,6 +25,8 @@ from inbox.models import Event, Inbox
 from inbox.services import Defer, SaveState, renew
 from outbox.services import Say
 from timers.services import Schedule
+
+log = logging.getLogger("alwayson.worker")
 
 
 class LeaseLost(Exception):
@@ -200,8 +204,16 @@ class Agents:
     def preflight(self):
         """Each agent in use may check its configuration once, at worker start-up, through a
         `preflight()` attribute (the Claude agent checks its API key there); its error stops
-        the worker with that message instead of failing every run."""
-        for agent in self.in_use():
+        the worker with that message instead of failing every run.
+
+        A worker starting during a database outage checks the default agent only, and waits
+        for the database like any loop, instead of exiting."""
+        try:
+            agents = self.in_use()
+        except DatabaseError:
+            log.warning("database unavailable at start-up: checked the default agent only")
+            agents = [self.default]
+        for agent in agents:
             check = getattr(agent, "preflight", None)
             if callable(check):
                 check()

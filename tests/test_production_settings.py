@@ -113,7 +113,7 @@ def test_check_deploy_reports_nothing_with_debug_off_and_a_real_key():
     code, output = check_deploy(production())
 
     assert code == 0, output
-    assert "System check identified no issues (0 silenced)." in output
+    assert "System check identified no issues" in output
 
 
 def test_check_deploy_names_what_an_operator_turned_off():
