@@ -1,0 +1,246 @@
+"""The fault injector: carries out the plan's schedule against the fleet and the cluster.
+
+Process faults happen in the chaos process's main loop; database restarts and the outage run
+in a thread of their own, one at a time, so the loop keeps restarting what they knock over.
+Every fault is recorded with its wall-clock interval, which is what explains a repeated or a
+lost delivery later.
+"""
+
+import heapq
+import itertools
+import os
+import queue
+import signal
+import threading
+import time
+
+from django.db import DatabaseError, connection
+from django.utils import timezone
+
+from inbox.models import Lease
+
+from .fleet import RUNALL_CHILDREN, children_of, cmdline
+from .plan import (
+    DATABASE_FAULTS,
+    KILL,
+    PG_OUTAGE,
+    PG_RESTART_FAST,
+    PG_RESTART_IMMEDIATE,
+    RUNALL,
+    RUNALL_CHILD_KILL,
+    STOP,
+    TERMINATE,
+    WORKER,
+)
+
+TERMINATE_SEARCH = 3.0  # seconds spent looking for a backend inside a transaction
+DISTURBED_AFTER = 10.0  # seconds after a database fault in which a failed start is expected
+
+
+class Injector:
+    def __init__(self, plan, fleet, cluster, t0, say):
+        self.plan = plan
+        self.fleet = fleet
+        self.cluster = cluster
+        self.t0 = t0
+        self.say = say
+        self.records: list[dict] = []
+        self._queue = []
+        self._seq = itertools.count()
+        self._database_faults = queue.Queue()
+        self._database_busy = threading.Event()
+        self._database_thread = threading.Thread(target=self._database_loop, daemon=True)
+        self._last_database_fault = 0.0
+        for fault in plan.faults:
+            self._push(t0 + fault.at, self._inject, fault)
+
+    def start(self):
+        self._database_thread.start()
+
+    def _push(self, at, action, *args):
+        heapq.heappush(self._queue, (at, next(self._seq), action, args))
+
+    def _record(self, fault, target, start, end=None, **detail) -> dict:
+        record = {
+            "kind": fault.kind,
+            "planned": fault.at,
+            "target": target,
+            "role": fault.role
+            if fault.role
+            else (RUNALL if fault.kind == RUNALL_CHILD_KILL else None),
+            "start": start,
+            "end": start if end is None else end,
+            "detail": detail.pop("text", ""),
+            **detail,
+        }
+        self.records.append(record)
+        self.say(f"[+{start - self.t0:5.1f}s] {fault.kind:<20} {target or ''} {record['detail']}")
+        return record
+
+    def database_disturbed(self) -> bool:
+        return (
+            self._database_busy.is_set()
+            or time.time() - self._last_database_fault < DISTURBED_AFTER
+        )
+
+    def tick(self):
+        now = time.time()
+        while self._queue and self._queue[0][0] <= now:
+            _, _, action, args = heapq.heappop(self._queue)
+            action(*args)
+
+    def finish(self):
+        """End of the fault window: nothing new; stalled processes continue now; the
+        database fault in progress, if any, completes."""
+        remaining = [entry for entry in self._queue if entry[2] != self._inject]
+        self._queue = []
+        for _, _, action, args in sorted(remaining):
+            action(*args)
+        self._database_faults.put(None)
+        self._database_thread.join(timeout=self.plan.outage + 60)
+
+    # --- faults ------------------------------------------------------------------------------
+
+    def _inject(self, fault):
+        if fault.kind in DATABASE_FAULTS:
+            self._database_busy.set()
+            self._database_faults.put(fault)
+        elif fault.kind == KILL:
+            self._kill(fault)
+        elif fault.kind == STOP:
+            self._stop(fault)
+        elif fault.kind == TERMINATE:
+            self._terminate(fault)
+        elif fault.kind == RUNALL_CHILD_KILL:
+            self._kill_runall_child(fault)
+
+    def _candidates(self, role, pick):
+        procs = [p for p in self.fleet.of_role(role) if p.running() and not p.finished]
+        if not procs:  # the role's processes are all down or done: hit another one
+            procs = [p for p in self.fleet.procs.values() if p.running() and not p.finished]
+        return procs[pick % len(procs) :] + procs[: pick % len(procs)] if procs else []
+
+    def _kill(self, fault):
+        candidates = self._candidates(fault.role, fault.pick)
+        if not candidates:
+            return
+        proc = candidates[0]
+        pid = proc.pid
+        proc.kill("killed by the chaos run")
+        self._record(fault, proc.worker_id, time.time(), text=f"pid {pid}")
+
+    def _busy_workers(self) -> set[str]:
+        """Worker ids holding a lease now: a stall there catches a run in flight."""
+        try:
+            now = timezone.now()
+            return set(Lease.objects.filter(until__gte=now).values_list("holder", flat=True))
+        except DatabaseError:
+            connection.close()
+            return set()
+
+    def _stop(self, fault):
+        candidates = [p for p in self._candidates(fault.role, fault.pick) if not p.stopped]
+        if fault.role == WORKER:
+            busy = self._busy_workers()
+            candidates = [p for p in candidates if p.worker_id in busy] or candidates
+        if not candidates:
+            return
+        proc = candidates[0]
+        proc.stop()
+        start = time.time()
+        record = self._record(
+            fault, proc.worker_id, start, start + fault.duration, text=f"for {fault.duration:.1f}s"
+        )
+        self._push(start + fault.duration, self._resume, proc, proc.incarnation, record)
+
+    def _resume(self, proc, incarnation, record):
+        if proc.incarnation == incarnation and proc.stopped:
+            proc.cont()
+        record["end"] = time.time()
+
+    def _terminate(self, fault):
+        procs = self._candidates(fault.role, fault.pick)
+        names = {p.application_name: p for p in procs if p.role != RUNALL}
+        if not names:
+            return
+        deadline = time.time() + TERMINATE_SEARCH
+        try:
+            with connection.cursor() as cursor:
+                while True:
+                    cursor.execute(
+                        "SELECT pid, application_name, state, left(query, 70),"
+                        " xact_start IS NOT NULL AND state <> 'idle'"
+                        " FROM pg_stat_activity"
+                        " WHERE application_name = ANY(%s) AND pid <> pg_backend_pid()"
+                        " ORDER BY xact_start NULLS LAST",
+                        [list(names)],
+                    )
+                    rows = cursor.fetchall()
+                    inside = [row for row in rows if row[4]]
+                    if inside:
+                        chosen = inside[0]
+                        break
+                    if time.time() > deadline:
+                        if not rows:
+                            return
+                        chosen = rows[0]  # nobody was inside a transaction: any backend
+                        break
+                    time.sleep(0.003)
+                pid, app, state, query, mid = chosen
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        except DatabaseError:
+            connection.close()
+            return
+        text = f"backend {pid} ({state}: {' '.join(query.split())[:60]})"
+        self._record(fault, names[app].worker_id, time.time(), mid_transaction=mid, text=text)
+
+    def _kill_runall_child(self, fault, attempt=0):
+        runall = self.fleet.procs["r1"]
+        children = children_of(runall.pid) if runall.running() else []
+        named = sorted(
+            (name, pid) for pid in children for name in RUNALL_CHILDREN if name in cmdline(pid)
+        )
+        if len(named) < len(RUNALL_CHILDREN) or runall.stopped:
+            if attempt < 30:  # runall is (re)starting: try again shortly
+                self._push(time.time() + 1, self._kill_runall_child, fault, attempt + 1)
+            return
+        name, pid = named[fault.pick % len(named)]
+        runall.expecting_exit = f"its {name} child was killed"
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self._record(
+            fault,
+            runall.worker_id,
+            time.time(),
+            text=f"{name} (pid {pid})",
+            child=name,
+            incarnation=runall.incarnation,
+            answered=None,
+        )
+
+    # --- the database, in its own thread -----------------------------------------------------
+
+    def _database_loop(self):
+        while True:
+            fault = self._database_faults.get()
+            if fault is None:
+                return
+            self._database_busy.set()
+            start = time.time()
+            try:
+                if fault.kind == PG_OUTAGE:
+                    self.cluster.stop(fault.mode)
+                    time.sleep(fault.duration)
+                    self.cluster.start()
+                    text = f"stopped -m {fault.mode}, down {time.time() - start:.1f}s"
+                else:
+                    mode = {PG_RESTART_FAST: "fast", PG_RESTART_IMMEDIATE: "immediate"}[fault.kind]
+                    self.cluster.restart(mode)
+                    text = f"restart -m {mode} took {time.time() - start:.1f}s"
+                self._record(fault, self.cluster.name, start, time.time(), text=text)
+            finally:
+                self._last_database_fault = time.time()
+                if self._database_faults.empty():
+                    self._database_busy.clear()
