@@ -10,8 +10,10 @@ appears that nobody sent, and no side effect happens twice. What faults legitima
 must be explained by a fault at that moment; an unexplained one fails like a violation.
 """
 
+import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .agent import (
     APPROVED,
@@ -30,6 +32,7 @@ from .plan import (
     RUNALL_CHILD_KILL,
     STOP,
     TERMINATE,
+    Plan,
 )
 
 # A repeat or a loss is explained by a fault that could have ended a send's transaction in
@@ -51,6 +54,16 @@ class Observed:
     orphans: list = field(default_factory=list)
     logs: dict = field(default_factory=dict)
     drain: dict = field(default_factory=dict)
+
+    def save(self, path: Path):
+        """The records, for `chaos --recheck` (the plan is saved next to them)."""
+        data = {name: value for name, value in vars(self).items() if name != "plan"}
+        path.write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, workdir: Path) -> "Observed":
+        plan = Plan.from_json((workdir / "plan.json").read_text())
+        return cls(plan=plan, **json.loads((workdir / "observed.json").read_text()))
 
 
 @dataclass

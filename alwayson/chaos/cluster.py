@@ -108,8 +108,6 @@ class Cluster:
             "--start-conf",
             "manual",
             "-o",
-            "listen_addresses=127.0.0.1",
-            "-o",
             "max_connections=200",
             "--",
             "--auth=trust",

@@ -34,6 +34,7 @@ from .plan import (
 )
 
 TERMINATE_SEARCH = 3.0  # seconds spent looking for a backend inside a transaction
+STALL_SEARCH = 5.0  # seconds spent looking for a worker in the middle of a slow run
 DISTURBED_AFTER = 10.0  # seconds after a database fault in which a failed start is expected
 
 
@@ -51,6 +52,8 @@ class Injector:
         self._database_busy = threading.Event()
         self._database_thread = threading.Thread(target=self._database_loop, daemon=True)
         self._last_database_fault = 0.0
+        self._lock = threading.RLock()  # the queue, and choosing a process and hitting it
+        self._searches: set[threading.Thread] = set()
         for fault in plan.faults:
             self._push(t0 + fault.at, self._inject, fault)
 
@@ -58,7 +61,8 @@ class Injector:
         self._database_thread.start()
 
     def _push(self, at, action, *args):
-        heapq.heappush(self._queue, (at, next(self._seq), action, args))
+        with self._lock:
+            heapq.heappush(self._queue, (at, next(self._seq), action, args))
 
     def _record(self, fault, target, start, end=None, **detail) -> dict:
         record = {
@@ -85,19 +89,40 @@ class Injector:
 
     def tick(self):
         now = time.time()
-        while self._queue and self._queue[0][0] <= now:
-            _, _, action, args = heapq.heappop(self._queue)
+        while True:
+            with self._lock:
+                if not self._queue or self._queue[0][0] > now:
+                    return
+                _, _, action, args = heapq.heappop(self._queue)
             action(*args)
 
-    def finish(self):
-        """End of the fault window: nothing new; stalled processes continue now; the
-        database fault in progress, if any, completes."""
-        remaining = [entry for entry in self._queue if entry[2] != self._inject]
-        self._queue = []
-        for _, _, action, args in sorted(remaining):
-            action(*args)
+    def end_window(self):
+        """End of the fault window: no new faults. Stalls run their course (`pending`)."""
+        with self._lock:
+            self._queue = [entry for entry in self._queue if entry[2] != self._inject]
+            heapq.heapify(self._queue)
         self._database_faults.put(None)
-        self._database_thread.join(timeout=self.plan.outage + 60)
+
+    def pending(self) -> bool:
+        """A stall not yet resumed, a search not over, or a database fault in progress."""
+        with self._lock:
+            searching = any(thread.is_alive() for thread in self._searches)
+            return bool(self._queue) or searching or self._database_thread.is_alive()
+
+    def _in_thread(self, action, fault):
+        """Faults that look for their moment (a run in flight, a transaction open) search in
+        a thread of their own, so the main loop keeps restarting processes meanwhile."""
+
+        def search():
+            try:
+                action(fault)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=search, daemon=True)
+        with self._lock:
+            self._searches = {t for t in self._searches if t.is_alive()} | {thread}
+        thread.start()
 
     # --- faults ------------------------------------------------------------------------------
 
@@ -108,9 +133,9 @@ class Injector:
         elif fault.kind == KILL:
             self._kill(fault)
         elif fault.kind == STOP:
-            self._stop(fault)
+            self._in_thread(self._stop, fault)
         elif fault.kind == TERMINATE:
-            self._terminate(fault)
+            self._in_thread(self._terminate, fault)
         elif fault.kind == RUNALL_CHILD_KILL:
             self._kill_runall_child(fault)
 
@@ -121,36 +146,60 @@ class Injector:
         return procs[pick % len(procs) :] + procs[: pick % len(procs)] if procs else []
 
     def _kill(self, fault):
-        candidates = self._candidates(fault.role, fault.pick)
-        if not candidates:
-            return
-        proc = candidates[0]
-        pid = proc.pid
-        proc.kill("killed by the chaos run")
+        # A stalled process is killed only if nothing else is left: its stall has a wake-up
+        # to prove.
+        with self._lock:
+            candidates = sorted(self._candidates(fault.role, fault.pick), key=lambda p: p.stopped)
+            if not candidates:
+                return
+            proc = candidates[0]
+            pid = proc.pid
+            proc.kill("killed by the chaos run")
         self._record(fault, proc.worker_id, time.time(), text=f"pid {pid}")
 
-    def _busy_workers(self) -> set[str]:
-        """Worker ids holding a lease now: a stall there catches a run in flight."""
+    def _leases_held(self) -> set[tuple]:
         try:
-            now = timezone.now()
-            return set(Lease.objects.filter(until__gte=now).values_list("holder", flat=True))
+            held = Lease.objects.filter(until__gte=timezone.now())
+            return set(held.values_list("inbox_id", "holder", "generation"))
         except DatabaseError:
             connection.close()
             return set()
 
+    def _in_slow_run(self, candidates):
+        """A candidate in the middle of a slow run (the same lease held a quarter second
+        apart), and that run: a stall there is a stalled worker waking up with a run to
+        finish. (None, None) if none shows up within STALL_SEARCH seconds."""
+        by_id = {proc.worker_id: proc for proc in candidates}
+        deadline = time.time() + STALL_SEARCH
+        held = self._leases_held()
+        while time.time() < deadline:
+            time.sleep(0.25)
+            now_held = self._leases_held()
+            for inbox_id, holder, generation in sorted(held & now_held):
+                if holder in by_id:
+                    return by_id[holder], f"mid-run: inbox {inbox_id} gen {generation}"
+            held = now_held
+        return None, None
+
     def _stop(self, fault):
         candidates = [p for p in self._candidates(fault.role, fault.pick) if not p.stopped]
-        if fault.role == WORKER:
-            busy = self._busy_workers()
-            candidates = [p for p in candidates if p.worker_id in busy] or candidates
         if not candidates:
             return
-        proc = candidates[0]
-        proc.stop()
+        proc, run = None, None
+        if fault.role == WORKER:
+            proc, run = self._in_slow_run([p for p in candidates if p.role == WORKER])
+        with self._lock:
+            if proc is None or not proc.running() or proc.stopped:
+                proc, run = (
+                    next((p for p in candidates if p.running() and not p.stopped), None),
+                    None,
+                )
+            if proc is None:
+                return
+            proc.stop()
         start = time.time()
-        record = self._record(
-            fault, proc.worker_id, start, start + fault.duration, text=f"for {fault.duration:.1f}s"
-        )
+        text = f"for {fault.duration:.1f}s" + (f", {run}" if run else "")
+        record = self._record(fault, proc.worker_id, start, start + fault.duration, text=text)
         self._push(start + fault.duration, self._resume, proc, proc.incarnation, record)
 
     def _resume(self, proc, incarnation, record):
@@ -232,7 +281,7 @@ class Injector:
             try:
                 if fault.kind == PG_OUTAGE:
                     self.cluster.stop(fault.mode)
-                    time.sleep(fault.duration)
+                    time.sleep(max(0.0, fault.duration - (time.time() - start)))
                     self.cluster.start()
                     text = f"stopped -m {fault.mode}, down {time.time() - start:.1f}s"
                 else:

@@ -302,12 +302,14 @@ class Fleet:
             self.procs[name].start()
 
     def shut_down(self) -> dict[str, int | None]:
+        """SIGTERM to every process at once, then wait for each (SIGKILL past the timeout)."""
         self.restarting = False
-        codes = {}
-        for proc in self.procs.values():
-            if not proc.finished:
-                codes[proc.worker_id] = proc.shut_down()
-        return codes
+        live = [proc for proc in self.procs.values() if proc.running()]
+        for proc in live:
+            proc.expecting_exit = "shut down"
+            proc.cont()
+            proc.signal(signal.SIGTERM)
+        return {proc.worker_id: proc.shut_down() for proc in live}
 
     def force_kill(self):
         self.restarting = False

@@ -48,7 +48,10 @@ ROLE_BY_PREFIX = {
 }
 
 WARMUP = 5.0  # seconds of load before the first fault
-MIN_SECONDS = 40
+CLEAN = 14.0  # seconds after the warm-up with the database up: the stalls' wake-ups
+RESTART_SLOT = 6.0  # seconds a database restart and its recovery take
+OUTAGE_RECOVERY = 6.0  # seconds after the outage before the run may end
+MIN_SECONDS = 45
 # Approval decisions of the answerer, by weight: answered at once, tapped twice (yes then
 # no), answered after the deadline, or left to expire.
 DECISIONS = (("yes", 4), ("no", 2), ("double", 1), ("late", 1), ("ignore", 2))
@@ -164,8 +167,7 @@ def make_plan(
 ) -> Plan:
     if seconds < MIN_SECONDS:
         raise ValueError(f"seconds must be at least {MIN_SECONDS}, not {seconds}")
-    # Room for the outage and its recovery, plus three single faults six seconds apart.
-    longest = seconds - WARMUP - 2 - 6 - 3 * 6 - 1
+    longest = seconds - WARMUP - 2 - CLEAN - OUTAGE_RECOVERY - 2 * RESTART_SLOT
     if not 0 < outage <= longest:
         raise ValueError(f"outage must be positive and at most {longest:g} s here, not {outage}")
     rng = random.Random(seed)
@@ -239,35 +241,44 @@ def _deliveries(rng, plan, rate) -> list[Delivery]:
 
 
 def schedule_faults(rng, plan) -> list[Fault]:
-    """Every kind at least once, the database faults spread apart, and process faults every
-    couple of seconds in between (none that needs a live database while it is down)."""
+    """Every kind at least once, and process faults about every two seconds throughout.
+
+    The run opens with a stretch where the database stays up (`CLEAN` seconds), in which two
+    workers are stalled: each stalled worker wakes up to a live database, where its finish
+    meets the fence. The database faults follow, each in a slot of its own so that their
+    recoveries do not overlap. A terminate needs a live database, so none falls while it
+    is down.
+    """
     start, end = WARMUP, plan.seconds - 2
-    faults = []
-    # The outage first: the longest, placed in the middle third of what is left.
-    room = end - start - plan.outage
-    outage_at = start + room * rng.uniform(0.35, 0.6)
-    faults.append(
-        Fault(
-            outage_at,
-            PG_OUTAGE,
-            None,
-            duration=plan.outage,
-            mode=rng.choice(["fast", "immediate"]),
-        )
-    )
-    # Database restarts and runall's child kills: at least one each, more in longer runs,
-    # each in a slot of its own so their recoveries do not overlap.
-    singles = [PG_RESTART_FAST, PG_RESTART_IMMEDIATE, RUNALL_CHILD_KILL]
-    for _ in range(int(plan.seconds // 150)):
-        singles += [PG_RESTART_FAST, PG_RESTART_IMMEDIATE]
-    for _ in range(int(plan.seconds // 90)):
-        singles.append(RUNALL_CHILD_KILL)
-    segments = [(start, outage_at - 2), (outage_at + plan.outage + 4, end)]
-    for at, kind in zip(_spread(rng, segments, len(singles), width=6), singles, strict=True):
-        faults.append(Fault(at, kind, None, pick=rng.randrange(1 << 30)))
-    # Process faults, about one every two seconds; a terminate needs a live database.
-    database_down = [(f.at - 1, f.at + f.duration + 4) for f in faults if f.kind in DATABASE_FAULTS]
-    kinds = [KILL, STOP, TERMINATE] + [
+    clean = start + CLEAN
+    faults = [
+        Fault(start + rng.uniform(0, 1), STOP, WORKER, plan.ttl + rng.uniform(1, 3)),
+        Fault(start + rng.uniform(5, 6), STOP, WORKER, plan.ttl + rng.uniform(1, 3)),
+    ]
+    restarts = [PG_RESTART_FAST, PG_RESTART_IMMEDIATE] * (1 + int(plan.seconds // 150))
+    rng.shuffle(restarts)
+    room = end - clean - plan.outage - OUTAGE_RECOVERY - RESTART_SLOT * len(restarts)
+    if room < 0:
+        raise ValueError("the run is too short for its fault schedule: give it more --seconds")
+    # Half the restarts, the outage, the other half, with the slack spread between them: the
+    # loops' backoff after the outage overlaps the rest of the window, not the drain.
+    slots = [*restarts[: len(restarts) // 2], PG_OUTAGE, *restarts[len(restarts) // 2 :]]
+    offsets = sorted(rng.uniform(0, room) for _ in slots)
+    at = clean
+    for offset, kind in zip(offsets, slots, strict=True):
+        if kind == PG_OUTAGE:
+            mode = rng.choice(["fast", "immediate"])
+            faults.append(Fault(at + offset, kind, None, plan.outage, mode=mode))
+            at += plan.outage + OUTAGE_RECOVERY
+        else:
+            faults.append(Fault(at + offset, kind, None))
+            at += RESTART_SLOT
+    database_down = [(f.at - 1, f.at + f.duration + 8) for f in faults if f.kind in DATABASE_FAULTS]
+    # runall migrates as it starts: while the database is down it cannot stay up to be hit.
+    for _ in range(1 + int(plan.seconds // 90)):
+        at = _free_moment(rng, start, end, database_down)
+        faults.append(Fault(at, RUNALL_CHILD_KILL, None))
+    kinds = [KILL, TERMINATE] + [
         rng.choices([KILL, STOP, TERMINATE], weights=[4, 3, 3])[0]
         for _ in range(int((end - start) / 2))
     ]
@@ -276,18 +287,12 @@ def schedule_faults(rng, plan) -> list[Fault]:
             at = _free_moment(rng, start, end, database_down)
         else:
             at = rng.uniform(start, end)
-        faults.append(
-            Fault(
-                at,
-                kind,
-                _target_role(rng, kind),
-                duration=plan.ttl + rng.uniform(1, 3) if kind == STOP else 0.0,
-                pick=rng.randrange(1 << 30),
-            )
-        )
+        duration = plan.ttl + rng.uniform(1, 3) if kind == STOP else 0.0
+        faults.append(Fault(at, kind, _target_role(rng, kind), duration))
     for fault in faults:
         fault.at = round(fault.at, 3)
         fault.duration = round(fault.duration, 3)
+        fault.pick = rng.randrange(1 << 30)
     return sorted(faults, key=lambda f: f.at)
 
 
@@ -298,25 +303,6 @@ def _free_moment(rng, start, end, busy):
         if all(not (lo <= at <= hi) for lo, hi in busy):
             return at
     raise ValueError("the run is too short for its fault schedule: give it more --seconds")
-
-
-def _spread(rng, segments, count, width) -> list[float]:
-    """`count` moments at least `width` apart, inside the segments, in seeded order: points
-    drawn on the segments laid end to end, then spaced out."""
-    total = sum(hi - lo for lo, hi in segments)
-    if total < count * width:
-        raise ValueError("the run is too short for its fault schedule: give it more --seconds")
-    offsets = sorted(rng.uniform(0, total - count * width) for _ in range(count))
-    moments = []
-    for n, offset in enumerate(offsets):
-        position = offset + n * width
-        for lo, hi in segments:
-            if position <= hi - lo:
-                moments.append(lo + position)
-                break
-            position -= hi - lo
-    rng.shuffle(moments)
-    return moments
 
 
 def _target_role(rng, kind) -> str:

@@ -22,7 +22,7 @@ from .network import STANDARD_SECRET, Receipts, SmtpReceiver, WebhookReceiver, W
 from .plan import ANSWERER, DISPATCHER, INGESTER, RUNALL, SCHEDULER, WORKER, Plan
 
 READY_TIMEOUT = 120  # seconds for every process to connect (CI machines are slow to start)
-QUIET = 2.0  # seconds without a new delivery before the receivers count as settled
+QUIET = 1.5  # seconds settled, and without a new delivery, before the run counts as drained
 RUNALL_ANSWER = 25  # seconds runall has to stop after one of its children was killed
 HTTP_SENDERS = ("h1", "h2")
 
@@ -39,7 +39,8 @@ class ChaosRun:
     def __init__(self, plan: Plan, workdir: Path, say=print, drain_timeout: float = 180):
         self.plan = plan
         self.workdir = workdir
-        self.say = say
+        self.started = time.time()
+        self.say = lambda text: say(f"{time.time() - self.started:6.1f}s {text}")
         self.drain_timeout = drain_timeout
         self.cluster = None
         self.fleet = None
@@ -102,7 +103,11 @@ class ChaosRun:
             fleet.watch(injector.database_disturbed())
             injector.tick()
             time.sleep(0.02)
-        injector.finish()
+        injector.end_window()
+        while injector.pending():
+            fleet.watch(injector.database_disturbed())
+            injector.tick()
+            time.sleep(0.02)
         drain = self._drain(fleet, injector, receipts)
         self.say(f"chaos: drained in {drain['seconds']:.1f} s; stopping the processes")
         codes = fleet.shut_down()
@@ -124,6 +129,7 @@ class ChaosRun:
             logs=self._read_logs(),
             drain=drain,
         )
+        observed.save(self.workdir / "observed.json")
         report = check(observed)
         report.title = (
             f"Chaos run: seed {plan.seed}, {plan.seconds:g} s of faults"
@@ -226,7 +232,7 @@ class ChaosRun:
             fleet.watch(injector.database_disturbed())
             time.sleep(0.1)
         state.with_retry(state.stop_recurring_timers, max(1, deadline - time.time()), "timers")
-        status, quiet_since = None, None
+        status, settled_since = None, None
         while time.time() < deadline:
             fleet.watch(injector.database_disturbed())
             try:
@@ -234,11 +240,14 @@ class ChaosRun:
             except DatabaseError:
                 connection.close()
                 status = {"database": "unreachable"}
-            settled = not any(status.values()) and time.time() - receipts.last_at() > QUIET
-            if settled and quiet_since and time.time() - quiet_since > QUIET:
+            if any(status.values()):
+                settled_since = None
+            elif settled_since is None:
+                settled_since = time.time()
+            # Settled for QUIET seconds, with no delivery in flight to a receiver meanwhile.
+            if settled_since and time.time() - max(settled_since, receipts.last_at()) > QUIET:
                 return {"drained": True, "seconds": time.time() - started, "left": {}}
-            quiet_since = (quiet_since or time.time()) if settled else None
-            time.sleep(0.25)
+            time.sleep(0.2)
         left = {k: v for k, v in (status or {}).items() if v}
         left["ingesters not done"] = [p.name for p in ingesters if not p.finished]
         left["senders not done"] = [s.name for s in self.senders if not s.done()]

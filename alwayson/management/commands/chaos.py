@@ -25,11 +25,29 @@ class Command(BaseCommand):
         parser.add_argument("--drain-timeout", type=float, default=180)
         parser.add_argument("--workdir", type=Path, default=None, help="logs and records")
         parser.add_argument("--report", type=Path, default=None, help="write the table as JSON")
+        parser.add_argument(
+            "--recheck",
+            type=Path,
+            default=None,
+            metavar="WORKDIR",
+            help="check the records an earlier run kept in WORKDIR again, without running",
+        )
 
-    def handle(self, *args, seed, workdir, report, drain_timeout, **options):
+    def handle(self, *args, seed, workdir, report, drain_timeout, recheck, **options):
+        from alwayson.chaos.check import Observed, check
         from alwayson.chaos.cluster import ClusterError
         from alwayson.chaos.plan import make_plan
         from alwayson.chaos.run import ChaosRun, Interrupted
+
+        if recheck:
+            try:
+                result = check(Observed.load(recheck))
+            except (OSError, ValueError) as exc:
+                raise CommandError(f"--recheck {recheck}: {exc}") from None
+            self.stdout.write(result.render())
+            if result.failures:
+                raise CommandError(f"{len(result.failures)} invariant(s) failed")
+            return
 
         seed = random.randrange(1, 1_000_000) if seed is None else seed
         for name in ("seconds", "inboxes", "rate", "workers", "concurrency"):
