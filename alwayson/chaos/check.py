@@ -54,6 +54,7 @@ class Observed:
     orphans: list = field(default_factory=list)
     logs: dict = field(default_factory=dict)
     drain: dict = field(default_factory=dict)
+    shutdown: dict = field(default_factory=dict)  # exit code of each process on SIGTERM
 
     def save(self, path: Path):
         """The records, for `chaos --recheck` (the plan is saved next to them)."""
@@ -539,6 +540,11 @@ def _check_processes(report, observed):
         [f"{x['name']}.{x['incarnation']} exited {x['code']}" for x in exits if not x["expected"]],
     )
     report.must_be_zero(section, "children left running after runall exited", observed.orphans)
+    report.must_be_zero(
+        section,
+        "processes that did not stop cleanly on SIGTERM",
+        [f"{name} exited {code}" for name, code in observed.shutdown.items() if code != 0],
+    )
     report.must_be_zero(section, "worker slots that died", observed.logs.get("slot_deaths", []))
     child_kills = [f for f in observed.faults if f["kind"] == RUNALL_CHILD_KILL]
     report.must_be_zero(

@@ -162,13 +162,16 @@ class Proc:
             if current:
                 self.children = current
 
-    def shut_down(self, timeout=STOP_TIMEOUT) -> int | None:
-        """SIGCONT, SIGTERM and wait; SIGKILL (the group, for runall) if it will not stop."""
-        if not self.running():
-            return self.popen.returncode if self.popen else None
+    def ask_to_stop(self):
+        """SIGCONT and one SIGTERM: the graceful stop (a second SIGTERM means "now")."""
         self.expecting_exit = "shut down"
         self.cont()
         self.signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout=STOP_TIMEOUT) -> int | None:
+        """After ask_to_stop: the exit code; SIGKILL (the group, for runall) past `timeout`."""
+        if self.popen is None:
+            return None
         try:
             return self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -306,10 +309,8 @@ class Fleet:
         self.restarting = False
         live = [proc for proc in self.procs.values() if proc.running()]
         for proc in live:
-            proc.expecting_exit = "shut down"
-            proc.cont()
-            proc.signal(signal.SIGTERM)
-        return {proc.worker_id: proc.shut_down() for proc in live}
+            proc.ask_to_stop()
+        return {proc.worker_id: proc.wait_stopped() for proc in live}
 
     def force_kill(self):
         self.restarting = False

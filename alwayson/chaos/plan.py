@@ -253,7 +253,7 @@ def schedule_faults(rng, plan) -> list[Fault]:
     clean = start + CLEAN
     faults = [
         Fault(start + rng.uniform(0, 1), STOP, WORKER, plan.ttl + rng.uniform(1, 3)),
-        Fault(start + rng.uniform(5, 6), STOP, WORKER, plan.ttl + rng.uniform(1, 3)),
+        Fault(start + rng.uniform(2, 3), STOP, WORKER, plan.ttl + rng.uniform(1, 3)),
     ]
     restarts = [PG_RESTART_FAST, PG_RESTART_IMMEDIATE] * (1 + int(plan.seconds // 150))
     rng.shuffle(restarts)

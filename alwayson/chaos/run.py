@@ -128,6 +128,7 @@ class ChaosRun:
             orphans=[f"{name}: pid {pid} {cmd}" for name, pid, cmd in fleet.orphans],
             logs=self._read_logs(),
             drain=drain,
+            shutdown=codes,
         )
         observed.save(self.workdir / "observed.json")
         report = check(observed)
@@ -138,7 +139,6 @@ class ChaosRun:
             f" {drain['seconds']:.1f} s"
         )
         (self.workdir / "report.txt").write_text(report.render() + "\n")
-        self.say(f"chaos: exit codes at shutdown {codes}")
         return report
 
     # --- pieces ------------------------------------------------------------------------------
