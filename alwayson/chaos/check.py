@@ -171,6 +171,12 @@ def _check_events(report, observed, events):
     report.add(section, "keys planned", len(planned))
     report.add(section, "deliveries acknowledged", len(acks))
     report.add(section, "  refused as duplicates", sum(1 for a in acks if not a["stored"]))
+    retries = observed.logs.get("webhook_retries", {})
+    report.add(
+        section,
+        "  webhook deliveries retried (5xx, 503 busy, unreachable)",
+        sum(retries.values()),
+    )
     report.must_be_zero(
         section,
         "keys acknowledged as new twice",

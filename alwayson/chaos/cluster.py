@@ -111,6 +111,7 @@ class Cluster:
             "max_connections=200",
             "--",
             "--auth=trust",
+            "--no-sync",  # initdb's own sync: a scratch cluster; the server keeps fsync on
         )
         try:
             cluster.start()

@@ -65,20 +65,22 @@ class Injector:
             heapq.heappush(self._queue, (at, next(self._seq), action, args))
 
     def _record(self, fault, target, start, end=None, **detail) -> dict:
+        """`target`: the process hit (its role is what explains a lost or repeated send
+        later), or None for the database."""
         record = {
             "kind": fault.kind,
             "planned": fault.at,
-            "target": target,
-            "role": fault.role
-            if fault.role
-            else (RUNALL if fault.kind == RUNALL_CHILD_KILL else None),
+            "target": target.worker_id if target else self.cluster.name,
+            "role": target.role if target else None,
             "start": start,
             "end": start if end is None else end,
             "detail": detail.pop("text", ""),
             **detail,
         }
         self.records.append(record)
-        self.say(f"[+{start - self.t0:5.1f}s] {fault.kind:<20} {target or ''} {record['detail']}")
+        self.say(
+            f"[+{start - self.t0:5.1f}s] {fault.kind:<20} {record['target']} {record['detail']}"
+        )
         return record
 
     def database_disturbed(self) -> bool:
@@ -155,7 +157,7 @@ class Injector:
             proc = candidates[0]
             pid = proc.pid
             proc.kill("killed by the chaos run")
-        self._record(fault, proc.worker_id, time.time(), text=f"pid {pid}")
+        self._record(fault, proc, time.time(), text=f"pid {pid}")
 
     def _leases_held(self) -> set[tuple]:
         try:
@@ -199,7 +201,7 @@ class Injector:
             proc.stop()
         start = time.time()
         text = f"for {fault.duration:.1f}s" + (f", {run}" if run else "")
-        record = self._record(fault, proc.worker_id, start, start + fault.duration, text=text)
+        record = self._record(fault, proc, start, start + fault.duration, text=text)
         self._push(start + fault.duration, self._resume, proc, proc.incarnation, record)
 
     def _resume(self, proc, incarnation, record):
@@ -241,7 +243,7 @@ class Injector:
             connection.close()
             return
         text = f"backend {pid} ({state}: {' '.join(query.split())[:60]})"
-        self._record(fault, names[app].worker_id, time.time(), mid_transaction=mid, text=text)
+        self._record(fault, names[app], time.time(), mid_transaction=mid, text=text)
 
     def _kill_runall_child(self, fault, attempt=0):
         runall = self.fleet.procs["r1"]
@@ -261,7 +263,7 @@ class Injector:
             return
         self._record(
             fault,
-            runall.worker_id,
+            runall,
             time.time(),
             text=f"{name} (pid {pid})",
             child=name,
@@ -288,7 +290,7 @@ class Injector:
                     mode = {PG_RESTART_FAST: "fast", PG_RESTART_IMMEDIATE: "immediate"}[fault.kind]
                     self.cluster.restart(mode)
                     text = f"restart -m {mode} took {time.time() - start:.1f}s"
-                self._record(fault, self.cluster.name, start, time.time(), text=text)
+                self._record(fault, None, start, time.time(), text=text)
             finally:
                 self._last_database_fault = time.time()
                 if self._database_faults.empty():

@@ -283,7 +283,10 @@ class ChaosRun:
             for line in text.splitlines():
                 if re.search(r"Exception in thread (slot|heartbeat|listen)", line):
                     slot_deaths.append(f"{path.name}: {line.strip()}")
-        return {**counts, "slot_deaths": slot_deaths}
+        refusals = Counter()
+        for sender in self.senders:
+            refusals.update(sender.refusals)
+        return {**counts, "slot_deaths": slot_deaths, "webhook_retries": dict(refusals)}
 
     def _clean_up(self):
         if self.stop_senders is not None:
