@@ -440,3 +440,60 @@ def test_the_plan_mixes_duplicate_deliveries_and_every_flag():
 def test_a_run_too_short_for_its_schedule_is_refused(options, error):
     with pytest.raises(ValueError, match=error):
         make_plan(1, **options)
+
+
+def test_an_at_most_once_send_that_failed_in_a_stall_is_counted_apart(world):
+    world.receipts.pop(1)
+    world.db["messages"][1].update(status="failed", error="timed out")
+
+    assert failed(world) == ["at-most-once losses without a crash"]
+
+    sent_at = world.db["messages"][1]["sent_at"]
+    world.faults.append(fault("stop", sent_at - 1, sent_at + 5, role="dispatcher"))
+    report = check(world)
+    assert failed(world) == []
+    assert report.value("at-most-once sends failed in a stall (not retried)") == 1
+    assert report.value("at-most-once rows lost in a crash") == 0
+
+
+# --- the loopback receivers -------------------------------------------------------------------
+
+
+def test_the_receivers_record_each_delivery_with_its_key_and_messages(tmp_path):
+    import json
+    import smtplib
+    import urllib.request
+    from email.message import EmailMessage
+
+    from alwayson.chaos.network import Receipts, SmtpReceiver, WebhookReceiver
+
+    receipts = Receipts(tmp_path / "receipts.jsonl")
+    webhook, smtp = WebhookReceiver(receipts), SmtpReceiver(receipts)
+    webhook.start()
+    smtp.start()
+    try:
+        payload = {"inbox": "a", "messages": [{"id": 1, "body": "one"}, {"id": 2, "body": "two"}]}
+        request = urllib.request.Request(
+            f"{webhook.url}/a",
+            data=json.dumps(payload).encode(),
+            headers={"Idempotency-Key": "k1", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        message = EmailMessage()  # plain text with an HTML alternative, as the outbox sends
+        message["Subject"] = "[b] three"
+        message["From"], message["To"] = "alwayson@localhost", "owner@example.com"
+        message["Message-ID"] = "<k2@alwayson>"
+        message.set_content("three\n\nfour")
+        message.add_alternative("<p>three</p><p>four</p>", subtype="html")
+        with smtplib.SMTP("127.0.0.1", smtp.port, timeout=10) as client:
+            client.send_message(message)
+    finally:
+        webhook.stop()
+        smtp.stop()
+
+    got = [(r["channel"], r["key"], r["inbox"], r["bodies"]) for r in receipts.snapshot()]
+    assert got == [
+        ("webhook", "k1", "a", ["one", "two"]),
+        ("email", "<k2@alwayson>", "b", ["three", "four"]),
+    ]

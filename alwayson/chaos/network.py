@@ -136,11 +136,13 @@ class SmtpReceiver:
         message = email.message_from_bytes(envelope.content, policy=email.policy.default)
         subject = str(message.get("Subject", ""))
         inbox = subject[1 : subject.find("]")] if subject.startswith("[") else ""
+        # The plain-text part is the message (an HTML alternative, if any, renders it).
+        text = message.get_body(preferencelist=("plain",))
         self.receipts.add(
             "email",
             str(message.get("Message-ID", "")),
             inbox,
-            split_bodies(message.get_content()),
+            split_bodies(text.get_content() if text is not None else ""),
         )
         return "250 Message accepted for delivery"
 
