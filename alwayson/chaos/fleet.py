@@ -264,10 +264,9 @@ class Fleet:
                 self.exits.append(Exit(proc.name, proc.incarnation, proc.pid, 0, now, True, "done"))
                 continue
             why = proc.expecting_exit
-            if not why and proc.role == RUNALL:
-                why = "runall stopped after a child died" if code != 0 else ""
-                if database_down:
-                    why = "runall could not start while the database was down"
+            if not why and proc.role == RUNALL and database_down:
+                # runall migrates before it starts its children.
+                why = "runall could not start while the database was down"
             self.exits.append(
                 Exit(
                     proc.name, proc.incarnation, proc.pid, code, now, bool(why), why or "on its own"

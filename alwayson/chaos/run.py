@@ -4,6 +4,7 @@ import contextlib
 import os
 import re
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -99,15 +100,9 @@ class ChaosRun:
 
         injector = Injector(plan, fleet, cluster, t0, self.say)
         injector.start()
-        while time.time() < t0 + plan.seconds:
-            fleet.watch(injector.database_disturbed())
-            injector.tick()
-            time.sleep(0.02)
+        self._supervise(fleet, injector, lambda: time.time() < t0 + plan.seconds)
         injector.end_window()
-        while injector.pending():
-            fleet.watch(injector.database_disturbed())
-            injector.tick()
-            time.sleep(0.02)
+        self._supervise(fleet, injector, injector.pending)  # stalls run their course
         drain = self._drain(fleet, injector, receipts)
         self.say(f"chaos: drained in {drain['seconds']:.1f} s; stopping the processes")
         codes = fleet.shut_down()
@@ -168,6 +163,13 @@ class ChaosRun:
         )
         return env
 
+    def _supervise(self, fleet, injector, until):
+        """The main loop, while `until()`: restart what died, carry out what is due."""
+        while until():
+            fleet.watch(injector.database_disturbed())
+            injector.tick()
+            time.sleep(0.02)
+
     def _client_names(self, role):
         return [proc.name for proc in self.fleet.of_role(role)]
 
@@ -202,8 +204,6 @@ class ChaosRun:
             time.sleep(0.2)
 
     def _start_senders(self, runall_addr, t0):
-        import threading
-
         self.stop_senders = threading.Event()
         for name in HTTP_SENDERS:
             sender = WebhookSender(
