@@ -25,6 +25,13 @@ def clusters():
     return [line.split()[:3] for line in _run("pg_lsclusters", "--no-header").splitlines()]
 
 
+def server_uid(cluster) -> int:
+    """The user the cluster's postmaster runs as (its pid heads postmaster.pid)."""
+    listing = _run("pg_lsclusters", "--no-header", cluster.version, cluster.name).split()
+    pid = (Path(listing[5]) / "postmaster.pid").read_text().split()[0]
+    return os.stat(f"/proc/{pid}").st_uid
+
+
 def test_the_run_s_cluster_is_its_own_and_is_dropped_even_when_the_run_fails():
     before = clusters()
 
@@ -32,6 +39,7 @@ def test_the_run_s_cluster_is_its_own_and_is_dropped_even_when_the_run_fails():
         assert cluster.port != 5432
         assert [cluster.version, cluster.name, str(cluster.port)] in clusters()
         assert cluster.is_up()
+        assert server_uid(cluster) != 0  # pg_ctlcluster runs the server as its owner
         cluster.restart("immediate")
         assert cluster.is_up()
         raise RuntimeError("the run failed")
