@@ -53,9 +53,10 @@ class Run:
         self._effects.append(Say(self.inbox.pk, text, urgent=bool(urgent)))
         self.said += 1
 
-    def ask(self, request_id: str, action: str, expires_in):
-        """A deferred approval: its answer or expiry comes back as ("approval", request_id)."""
-        self._effects.append(Ask(self.inbox.pk, request_id, action, expires_in))
+    def ask(self, request_id: str, action: str, expires_in, approvers: int = 1):
+        """A deferred approval: its answer or expiry comes back as ("approval", request_id).
+        With approvers=2 it needs a "yes" from two different people."""
+        self._effects.append(Ask(self.inbox.pk, request_id, action, expires_in, approvers))
         self.asked += 1
 
     def schedule(

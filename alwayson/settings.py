@@ -246,6 +246,8 @@ LOGOUT_REDIRECT_URL = "login"
 
 # The agent the worker runs: a callable taking a Run (alwayson/runtime.py).
 ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.refund_desk.agent")
+# The example refund desk asks two different approvers for a refund above this amount.
+ALWAYSON_REFUND_TWO_APPROVERS_ABOVE = positive_int("ALWAYSON_REFUND_TWO_APPROVERS_ABOVE", 500)
 
 # --- webhooks (inbox/webhooks.py, inbox/views.py) ----------------------------------------
 # Secrets per scheme, comma-separated; several at once while a secret is rotated. An inbox
