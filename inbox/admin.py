@@ -103,11 +103,13 @@ class InboxRoleMixin:
         return Inbox.objects.with_role(request.user, role)
 
     def holds_role(self, request, role, obj=None) -> bool:
-        inboxes = self.inboxes_where(request, role)
-        if obj is not None:
-            inbox_id = getattr(obj, f"{self.inbox_field}_id") if self.inbox_field else obj.pk
-            inboxes = inboxes.filter(pk=inbox_id)
-        return inboxes.exists()
+        if obj is None:
+            return holds_role(request.user, role)
+        return holds_role(
+            request.user,
+            role,
+            getattr(obj, f"{self.inbox_field}_id") if self.inbox_field else obj.pk,
+        )
 
     def is_operator(self, request) -> bool:
         return has_model_perm(request, self.opts, "view") or has_model_perm(
@@ -151,21 +153,30 @@ class InboxRoleMixin:
         )
 
 
+def holds_role(user, role, inbox_id=None) -> bool:
+    """`user` holds at least `role` in that inbox (None: in some inbox)."""
+    inboxes = Inbox.objects.with_role(user, role)
+    if inbox_id is not None:
+        inboxes = inboxes.filter(pk=inbox_id)
+    return inboxes.exists()
+
+
 class MembershipInline(admin.TabularInline):
-    """An inbox's members on its page: its managers add, change and remove them."""
+    """An inbox's members on its page: its managers add, change and remove them. (Without
+    `obj` Django asks about the inline in general; the inbox's own page checked that inbox.)"""
 
     model = Membership
     extra = 0
     fields = ("user", "group", "role")
 
     def manages(self, request, obj, action) -> bool:
-        return has_model_perm(request, self.opts, action) or (
-            obj is not None and obj.has_role(request.user, Role.MANAGER)
+        return has_model_perm(request, self.opts, action) or holds_role(
+            request.user, Role.MANAGER, obj.pk if obj is not None else None
         )
 
     def has_view_permission(self, request, obj=None):
-        return self.manages(request, obj, "view") or (
-            obj is not None and obj.has_role(request.user, Role.VIEWER)
+        return self.manages(request, obj, "view") or holds_role(
+            request.user, Role.VIEWER, obj.pk if obj is not None else None
         )
 
     def has_add_permission(self, request, obj=None):
