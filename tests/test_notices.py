@@ -216,3 +216,28 @@ def test_the_admin_lists_notices_and_resends_parked_ones(team, t0, admin_client,
     assert "1 notice(s) put back" in response.content.decode()
     one.refresh_from_db()
     assert (one.status, one.attempts) == ("held", 0)
+
+
+def test_deadletters_lists_parked_notices_and_resends_them(team, t0, settings):
+    from io import StringIO
+
+    from django.core.management.base import CommandError
+
+    settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS = 1
+    request_approval(team.desk, "refund-881", "refund order 881", WINDOW, now=t0)
+    dispatch_notices(send=lambda notice: (_ for _ in ()).throw(SendFailed("down")), now=t0)
+    lee = Notice.objects.get(recipient=team.lee)
+
+    def run(*args):
+        out = StringIO()
+        call_command("deadletters", *args, stdout=out)
+        return out.getvalue()
+
+    listing = run()
+    assert "3 failed notice(s)" in listing
+    assert f"  {lee.pk}\tdesk\tlee\tapproval:refund-881\t1\tdown\t{lee.key}" in listing
+    with pytest.raises(CommandError, match="not failed notices"):
+        run("--resend-notices", str(lee.pk), "999999")
+    assert Notice.objects.failed().count() == 3
+    assert "resent 1 notice(s)" in run("--resend-notices", str(lee.pk))
+    assert Notice.objects.get(pk=lee.pk).status == "held"
