@@ -5,7 +5,7 @@ Each lives in the app that owns its tables; this module only gathers them.
 
 from approvals.services import answer_approval, request_approval
 from inbox.services import acquire, claim_batch, finish, ingest
-from outbox.services import Say, dispatch, dispatch_inbox
+from outbox.services import Say, dispatch, dispatch_inbox, dispatch_notices
 from timers.services import add_timer, run_scheduler
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "claim_batch",
     "dispatch",
     "dispatch_inbox",
+    "dispatch_notices",
     "finish",
     "ingest",
     "request_approval",

@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class AlwaysonConfig(AppConfig):
     name = "alwayson"
     verbose_name = "alwayson runtime"
+
+    def ready(self):
+        from approvals.signals import approval_requested
+
+        from .announce import announce_approval
+
+        approval_requested.connect(announce_approval, dispatch_uid="alwayson.announce_approval")

@@ -1,4 +1,4 @@
-"""One inbox's conversation as its owner reads it: what they sent, what the agent said, and
+"""One inbox's conversation as its people read it: what they sent, what the agent said, and
 the approvals it asked for, in order, in the person's words rather than the tables'."""
 
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ class Entry:
     state: str
     approval: Approval | None = None
     open: bool = False  # an approval a person may still answer
+    author: str = ""  # who sent a person's message (a username), if the form said
 
     @property
     def order(self):
@@ -46,7 +47,13 @@ def entries(inbox: Inbox, now) -> list[Entry]:
         for m in OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN]
     ]
     sent = [
-        Entry("person", e.created, str(e.payload.get("text", "")), _message_state(e))
+        Entry(
+            "person",
+            e.created,
+            str(e.payload.get("text", "")),
+            _message_state(e),
+            author=str(e.payload.get("from", "")),
+        )
         for e in Event.objects.filter(inbox=inbox, source="chat").order_by("-id")[:SHOWN]
     ]
     asked = [
@@ -58,7 +65,9 @@ def entries(inbox: Inbox, now) -> list[Entry]:
             approval=a,
             open=not a.standing_answer(now),
         )
-        for a in Approval.objects.filter(inbox=inbox).order_by("-id")[:SHOWN]
+        for a in Approval.objects.filter(inbox=inbox)
+        .select_related("first_approved_by", "answered_by")
+        .order_by("-id")[:SHOWN]
     ]
     return sorted([*said, *sent, *asked], key=lambda entry: entry.order)
 

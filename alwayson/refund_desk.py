@@ -1,17 +1,24 @@
 """The example agent: a refund desk. No model call; the shape is what a real agent keeps.
 
-- A chat message "refund order 881" asks the owner for approval `refund-881` (4 hours);
-  any other message gets a short help text.
+- A chat message "refund order 881" asks the inbox's approvers for approval `refund-881`
+  (4 hours); "refund order 881 for 750" says the amount, and above
+  ALWAYSON_REFUND_TWO_APPROVERS_ABOVE (500) two different approvers must say yes. Any other
+  message gets a short help text.
 - The answer comes back as an event: "yes" refunds through the payments tool under an
-  idempotency key and says so; "no" and "expired" say nothing was refunded, and why.
+  idempotency key and says so, naming who approved ("Refunded order 881, approved by Dana
+  and Lee"); "no" and "expired" say nothing was refunded, and why.
 - The daily digest timer sums up the last day, dead events included: a poison event nobody
   sees looks like an agent that went quiet.
 """
 
 import re
 from datetime import timedelta
+from decimal import Decimal
 
-from approvals.models import Approval, approval_url
+from django.conf import settings
+from django.utils.text import capfirst
+
+from approvals.models import Approval, and_join, approval_url
 from inbox.models import Event
 
 from . import payments
@@ -19,6 +26,8 @@ from . import payments
 APPROVAL_WINDOW = timedelta(hours=4)
 DIGEST_EVERY = 24 * 3600
 REFUND_REQUEST = re.compile(r"\brefund\s+order\s+#?(\d+)\b", re.IGNORECASE)
+# "... for 750", "... for $750.50", "... amount 1200": the amount, after the order number.
+AMOUNT = re.compile(r"^\W*(?:for|of|amount)\W*?[$€£]?\s*(\d{1,9}(?:\.\d{1,2})?)\b", re.I)
 
 UNCLEAR = object()  # what on_chat returns for a message it does not understand
 HELP = (
@@ -27,8 +36,10 @@ HELP = (
 )
 
 NOT_REFUNDED = {
-    "no": "Did not refund order {order}: the request was denied.",
+    "no": "Did not refund order {order}: the request was denied{by}.",
     "expired": "Did not refund order {order}: nobody approved it in time.",
+    "expired-two": "Did not refund order {order}: it needed two approvers, and two did not"
+    " approve it in time.",
 }
 
 
@@ -55,10 +66,21 @@ def on_chat(run, event):
         run.say(f"Order {order} is already waiting for your answer: {link}", urgent=True)
         return
     request_id = new_request_id(run.inbox, order)
-    run.ask(request_id, f"refund order {order}", APPROVAL_WINDOW)
+    amount = AMOUNT.match(str(event.payload.get("text", ""))[match.end() :])
+    action = f"refund order {order}" + (f" for {amount.group(1)}" if amount else "")
+    limit = settings.ALWAYSON_REFUND_TWO_APPROVERS_ABOVE
+    two = amount is not None and Decimal(amount.group(1)) > limit
+    run.ask(request_id, action, APPROVAL_WINDOW, approvers=2 if two else 1)
     awaiting[request_id] = order
     link = approval_url(run.inbox.slug, request_id)
-    run.say(f"Refund order {order}? Approve or deny within 4 hours: {link}", urgent=True)
+    if two:
+        run.say(
+            f"{capfirst(action)}? It is above {limit}, so two different approvers must"
+            f" approve it within 4 hours: {link}",
+            urgent=True,
+        )
+    else:
+        run.say(f"{capfirst(action)}? Approve or deny within 4 hours: {link}", urgent=True)
 
 
 def new_request_id(inbox, order):
@@ -76,12 +98,20 @@ def new_request_id(inbox, order):
 def on_approval(run, event):
     request_id = event.source_id
     order = run.state.get("awaiting", {}).pop(request_id, None) or request_id.split("-")[1]
-    answer = event.payload.get("answer")
+    payload = event.payload
+    answer = payload.get("answer")
+    names = payload.get("names") or {}
     if answer == "yes":
         payments.refund(order, idempotency_key=run.key("refund", event))
-        run.say(f"Refunded order {order}", urgent=True)
-    else:
-        run.say(NOT_REFUNDED.get(answer, NOT_REFUNDED["no"]).format(order=order), urgent=True)
+        approvers = and_join(names.get(user, user) for user in payload.get("approved_by") or [])
+        said = f"Refunded order {order}" + (f", approved by {approvers}" if approvers else "")
+        run.say(said, urgent=True)
+        return
+    if answer == "expired" and payload.get("approvers_needed") == 2:
+        answer = "expired-two"
+    by = names.get(payload.get("answered_by"), payload.get("answered_by"))
+    text = NOT_REFUNDED.get(answer, NOT_REFUNDED["no"])
+    run.say(text.format(order=order, by=f" by {by}" if by else ""), urgent=True)
 
 
 def on_timer(run, event):

@@ -59,13 +59,30 @@ class Run:
         self._effects.append(Say(self.inbox.pk, text, urgent=bool(urgent)))
         self.said += 1
 
-    def ask(self, request_id: str, action: str, expires_in, details: dict | None = None):
+    def ask(
+        self,
+        request_id: str,
+        action: str,
+        expires_in,
+        details: dict | None = None,
+        approvers: int = 1,
+    ):
         """A deferred approval: its answer or expiry comes back as ("approval", request_id).
 
         `details` ({"tool", "arguments", "asked_by", "context"}) are shown on the approval
-        page, so the person sees exactly what they approve.
+        page, so the person sees exactly what they approve. With approvers=2 it needs a "yes"
+        from two different people.
         """
-        self._effects.append(Ask(self.inbox.pk, request_id, action, expires_in, details or {}))
+        self._effects.append(
+            Ask(
+                self.inbox.pk,
+                request_id,
+                action,
+                expires_in,
+                details=details or {},
+                approvers=approvers,
+            )
+        )
         self.asked += 1
 
     def schedule(

@@ -263,6 +263,8 @@ LOGOUT_REDIRECT_URL = "login"
 
 # The agent the worker runs: a callable taking a Run (alwayson/runtime.py).
 ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.refund_desk.agent")
+# The example refund desk asks two different approvers for a refund above this amount.
+ALWAYSON_REFUND_TWO_APPROVERS_ABOVE = positive_int("ALWAYSON_REFUND_TWO_APPROVERS_ABOVE", 500)
 
 # --- login and password reset throttles (django-axes; alwayson/views.py) --------------------
 # A username is locked out after this many failed logins in a row, from any address (by

@@ -1,5 +1,9 @@
-"""The owner's pages: their inboxes, and one inbox's chat form and the agent's messages; and
-the throttles' answers on login and password reset."""
+"""The people's pages: their inboxes, and one inbox's conversation and chat form; and the
+throttles' answers on login and password reset.
+
+Who sees what is the inbox's roles: any role sees the conversation, approvers and managers
+also write to the agent. Anyone else gets the same 404 as for an inbox that does not exist.
+"""
 
 import hashlib
 import math
@@ -15,15 +19,20 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
 
+from approvals.models import may_answer
 from inbox import clock
 from inbox.exceptions import InboxBusy
-from inbox.models import Inbox
+from inbox.models import Inbox, Role
 from inbox.services import ingest
 
 from . import conversation
 from .models import PasswordResetRequest
 
 BUSY = "Your agent's inbox is busy right now and nothing was stored. Please send it again."
+READ_ONLY = (
+    "You can read this conversation but not write to the agent: you are a viewer of this"
+    " inbox. Writing takes the approver role, which a manager of the inbox can give you."
+)
 
 
 class ChatForm(forms.Form):
@@ -35,24 +44,27 @@ class ChatForm(forms.Form):
     )
 
 
-def owned_inboxes(user):
-    return Inbox.objects.filter(owner=user)
-
-
 @login_required
 def home(request):
-    return render(request, "alwayson/home.html", {"inboxes": owned_inboxes(request.user)})
+    inboxes = list(Inbox.objects.with_role(request.user))
+    for inbox in inboxes:
+        inbox.role = inbox.role_of(request.user)
+    return render(request, "alwayson/home.html", {"inboxes": inboxes})
 
 
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 def inbox_page(request, slug):
-    inbox = get_object_or_404(owned_inboxes(request.user), slug=slug)
+    inbox = get_object_or_404(Inbox.objects.with_role(request.user), slug=slug)
+    writer = inbox.has_role(request.user, Role.APPROVER)
     status = 200
     if request.method == "POST":
         form = ChatForm(request.POST)
         status = 400
-        if form.is_valid():
+        if not writer:
+            form.add_error(None, READ_ONLY)
+            status = 403
+        elif form.is_valid():
             try:
                 stored = ingest(
                     inbox,
@@ -70,6 +82,7 @@ def inbox_page(request, slug):
     else:
         form = ChatForm(initial={"message_id": uuid.uuid4()})
     live = conversation_context(request, inbox)
+    live["writer"] = writer
     if request.htmx:
         # The page polls this every second: 204 (htmx keeps what it shows) unless something
         # changed, so an idle page costs a few queries and no bytes.
@@ -87,6 +100,7 @@ def conversation_context(request, inbox):
         "now": now,
         "entries": conversation.entries(inbox, now),
         "working": conversation.is_working(inbox, now),
+        "answerer": may_answer(request.user, inbox),
         "version": "",
     }
     shown = render_to_string("alwayson/_conversation.html", live, request=request)

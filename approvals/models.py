@@ -4,8 +4,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.urls import reverse
+from django.utils.text import capfirst
 
-from inbox.models import Event, Inbox
+from inbox.models import Event, Inbox, Role, is_person
 from timers.models import RESERVED_KEY_PREFIX
 
 # The inbox event that carries an approval's outcome: ("approval", request_id). Whichever is
@@ -13,14 +14,32 @@ from timers.models import RESERVED_KEY_PREFIX
 APPROVAL_SOURCE = "approval"
 
 
+def is_operator(user) -> bool:
+    """Staff with the permission to see and answer every inbox's approvals."""
+    return is_person(user) and user.is_staff and user.has_perm("approvals.answer_any_approval")
+
+
+def may_answer(user, inbox) -> bool:
+    """Approvers and managers of the inbox answer its approvals; so do operators."""
+    return is_operator(user) or inbox.has_role(user, Role.APPROVER)
+
+
+def display_name(user) -> str:
+    return (user.get_full_name() or user.get_username()) if user is not None else ""
+
+
+def and_join(names) -> str:
+    """ "Dana", "Dana and Lee", "Dana, Lee and Sam"."""
+    names = list(names)
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
 class ApprovalQuerySet(models.QuerySet):
     def visible_to(self, user):
-        """An owner sees the approvals of their inboxes; staff with the permission see all."""
-        if not user.is_authenticated:
-            return self.none()
-        if user.is_staff and user.has_perm("approvals.answer_any_approval"):
+        """The approvals of the inboxes where `user` has a role; operators see all."""
+        if is_operator(user):
             return self
-        return self.filter(inbox__owner=user)
+        return self.filter(inbox__in=Inbox.objects.with_role(user, Role.VIEWER))
 
     def waiting(self, now):
         return self.filter(answer="", expires_at__gt=now)
@@ -47,6 +66,25 @@ class Approval(models.Model):
     expires_at = models.DateTimeField()
     answer = models.CharField(max_length=10, choices=Answer.choices, blank=True)
     answered_at = models.DateTimeField(null=True, blank=True)
+    # Two distinct people for the big ones: the first "yes" is recorded here and the request
+    # stays open until a second, different approver says yes.
+    approvers_needed = models.PositiveSmallIntegerField(default=1)
+    first_approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    first_approved_at = models.DateTimeField(null=True, blank=True)
+    # Who settled it; nobody for an expiry (or an answer through the API without a user).
+    answered_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
 
     objects = ApprovalQuerySet.as_manager()
 
@@ -54,6 +92,9 @@ class Approval(models.Model):
         ordering = ["-requested_at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["inbox", "request_id"], name="approval_unique_request"),
+            models.CheckConstraint(
+                condition=Q(approvers_needed__in=[1, 2]), name="approval_one_or_two_approvers"
+            ),
         ]
         indexes = [
             # The approval page: one owner's waiting requests, soonest deadline first.
@@ -75,6 +116,33 @@ class Approval(models.Model):
 
     def has_expired(self, now) -> bool:
         return now >= self.expires_at
+
+    @property
+    def shown_action(self) -> str:
+        """The action as every page shows it, and as the audit records it was shown."""
+        return capfirst(self.action)
+
+    @property
+    def needs_two(self) -> bool:
+        return self.approvers_needed == 2
+
+    def waits_for_second(self, now) -> bool:
+        """A first approval is recorded and the request is still open."""
+        return self.first_approved_at is not None and not self.standing_answer(now)
+
+    def outcome_payload(self, answer, answered_by=None, approved_by=()) -> dict:
+        """The answer event's payload, what the agent receives: who answered (a username,
+        None for an expiry), who approved (usernames, in order) and their names."""
+        people = [user for user in (answered_by, *approved_by) if user is not None]
+        return {
+            "approval": self.request_id,
+            "answer": answer,
+            "action": self.action,
+            "approvers_needed": self.approvers_needed,
+            "answered_by": answered_by.get_username() if answered_by else None,
+            "approved_by": [user.get_username() for user in approved_by],
+            "names": {user.get_username(): display_name(user) for user in people},
+        }
 
     def standing_answer(self, now) -> str:
         """The answer that stands, in the words of Answer; "" while a person may still answer.
@@ -122,15 +190,90 @@ def expiry_timer_key(request_id):
 
 
 def record_answer(sender, event: Event, now, **kwargs):
-    """Copy the answer that stands onto the Approval row, in the transaction that stored it."""
+    """Copy the answer that stands onto the Approval row, in the transaction that stored it;
+    an expiry goes into the audit here too, as nobody's answer."""
     if event.source != APPROVAL_SOURCE or not isinstance(event.payload, dict):
         return
     answer = event.payload.get("answer")
     if answer not in Approval.Answer.values:
         return
-    Approval.objects.filter(inbox_id=event.inbox_id, request_id=event.source_id, answer="").update(
-        answer=answer, answered_at=now
+    approval = Approval.objects.filter(
+        inbox_id=event.inbox_id, request_id=event.source_id, answer=""
+    ).first()
+    if approval is None:
+        return
+    approval.answer, approval.answered_at = answer, now
+    approval.save(update_fields=["answer", "answered_at"])
+    if answer == Approval.Answer.EXPIRED:
+        AuditEntry.record(
+            approval, None, answer, AuditEntry.Via.DEADLINE, AuditEntry.Result.EXPIRED, now
+        )
+
+
+class AuditEntry(models.Model):
+    """One answer to an approval, or its expiry: who, when, from which page, the action as
+    it was shown to them, and what the answer did. Written in the transaction that decided
+    it, never changed; the admin lists and exports it."""
+
+    class Via(models.TextChoices):
+        PAGE = "page", "approval page"
+        CONVERSATION = "conversation", "conversation card"
+        API = "api", "API"
+        DEADLINE = "deadline", "deadline"
+
+    class Result(models.TextChoices):
+        APPROVED = "approved", "approved"
+        DENIED = "denied", "denied"
+        FIRST_APPROVAL = "first_approval", "first approval, waiting for a second"
+        NOT_COUNTED = "not_counted", "not counted: the same approver again"
+        TOO_LATE = "too_late", "too late: the request had expired"
+        ALREADY_SETTLED = "already_settled", "not counted: already settled"
+        EXPIRED = "expired", "expired: nobody answered in time"
+
+    approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="audit")
+    # The approval's inbox, kept here for the admin's filters and the export.
+    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
     )
+    # As it was when they answered, and kept if the account is deleted; "" for nobody.
+    username = models.CharField(max_length=150, blank=True)
+    answer = models.CharField(max_length=10, choices=Approval.Answer.choices)
+    via = models.CharField(max_length=15, choices=Via.choices)
+    result = models.CharField(max_length=20, choices=Result.choices)
+    action_shown = models.TextField()
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "approval audit entry"
+        verbose_name_plural = "approval audit"
+        indexes = [
+            # The admin's list and export: one inbox's answers by time (filters, dates).
+            models.Index(fields=["inbox", "at"], name="audit_inbox_at_idx"),
+            models.Index(fields=["at"], name="audit_at_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.username or 'nobody'}: {self.answer} on {self.approval_id} ({self.result})"
+
+    @classmethod
+    def record(cls, approval, user, answer, via, result, now) -> "AuditEntry":
+        return cls.objects.create(
+            approval=approval,
+            inbox_id=approval.inbox_id,
+            user=user,
+            username=user.get_username() if user is not None else "",
+            answer=answer,
+            via=via,
+            result=result,
+            action_shown=approval.shown_action,
+            at=now,
+        )
 
 
 def approval_url(inbox_slug, request_id) -> str:

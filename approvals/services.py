@@ -5,17 +5,21 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
 from inbox import clock
 from inbox.models import Event, Inbox
-from inbox.services import bounded_write, store_event
+from inbox.services import bounded_write, lock_inbox, store_event
 from inbox.validation import require_duration, require_key, require_mapping
 from timers.services import Schedule
 
-from .models import APPROVAL_SOURCE, Approval, expiry_timer_key
+from .models import APPROVAL_SOURCE, Approval, AuditEntry, expiry_timer_key, may_answer
+from .signals import approval_requested
 
 UNKNOWN = "unknown"
+# What answer_approval returns while a two-person request has its first approval only.
+WAITING = "waiting"
 # It names the approval's page in a URL, so it stays one path segment.
 REQUEST_ID = re.compile(r"[\w.:-]+")
 
@@ -31,6 +35,7 @@ class Ask:
     action: str
     expires_in: timedelta
     details: dict = field(default_factory=dict)
+    approvers: int = 1
 
     def __post_init__(self):
         require_key("request_id", self.request_id)
@@ -46,6 +51,10 @@ class Ask:
             )
         object.__setattr__(self, "expires_in", expires_in)
         require_mapping("details", self.details)
+        if isinstance(self.approvers, bool) or self.approvers not in (1, 2):
+            raise ValueError(
+                f"approvers must be 1 or 2 (distinct people who say yes), not {self.approvers!r}"
+            )
 
     def __call__(self, now) -> Approval:
         expires_at = clock.whole_seconds(now + self.expires_in)
@@ -57,6 +66,7 @@ class Ask:
                 "details": self.details,
                 "requested_at": now,
                 "expires_at": expires_at,
+                "approvers_needed": self.approvers,
             },
         )
         if not created:
@@ -64,62 +74,122 @@ class Ask:
                 raise ValueError(
                     f"request_id {self.request_id!r} was already used for {approval.action!r}"
                 )
+            if approval.approvers_needed != self.approvers:
+                raise ValueError(
+                    f"request_id {self.request_id!r} was already asked of"
+                    f" {approval.approvers_needed} approver(s), not {self.approvers}"
+                )
             return approval
         Schedule.reserved(
             self.inbox_id,
             expiry_timer_key(self.request_id),
             due=expires_at,
-            payload={
-                "approval": self.request_id,
-                "answer": Approval.Answer.EXPIRED,
-                "action": self.action,
-            },
+            payload=approval.outcome_payload(Approval.Answer.EXPIRED),
             event_key=(APPROVAL_SOURCE, self.request_id),
         )(now)
+        # In this transaction: whatever tells the approvers commits with the request.
+        approval_requested.send(sender=Approval, approval=approval, now=now)
         return approval
 
 
-def request_approval(inbox, request_id, action, expires_in, now=None) -> Approval:
-    """Ask a person; the run ends here. The answer, or its expiry, comes back as the inbox
-    event ("approval", request_id), and only one of them is ever stored.
+def request_approval(inbox, request_id, action, expires_in, now=None, *, approvers=1) -> Approval:
+    """Ask a person (or, with approvers=2, two different people); the run ends here. The
+    answer, or its expiry, comes back as the inbox event ("approval", request_id), and only
+    one of them is ever stored.
 
     The expiry is a one-off timer writing an "expired" answer under that same key, so a
     request nobody answers still resumes the session, as a denial. Asking again with the
-    same request_id and action returns the existing request.
+    same request_id, action and approvers returns the existing request.
     """
     inbox = Inbox.objects.resolve(inbox)
-    ask = Ask(inbox.pk, request_id, action, expires_in)
+    ask = Ask(inbox.pk, request_id, action, expires_in, approvers=approvers)
     with transaction.atomic():
         return ask(clock.resolve(now))
 
 
-def answer_approval(inbox, request_id, answer, now=None) -> str:
-    """Store a person's answer unless the deadline passed; return the outcome that stands:
-    "yes"/"no", "expired", or "unknown" for a request never made.
+class MayNotAnswer(PermissionDenied):
+    """The user may see the request (or not even that) but not answer it: answering takes
+    the approver role in the inbox. Nothing was stored."""
 
-    The deadline is checked here, in the same transaction, instead of trusting that the
-    expiry timer already ran. Storing the event locks the inbox's lease row, as the
-    scheduler does before firing the expiry, so the answer and the expiry are serialised;
-    and the unique event key means the second of them finds the first stored. Every caller
-    is told the outcome that stands.
+
+def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API) -> str:
+    """Store a person's answer unless the deadline passed; return the outcome that stands:
+    "yes"/"no", "expired", "unknown" for a request never made, or "waiting" while a request
+    that needs two approvers has its first "yes" only.
+
+    `by` is the user who answers (an approver or manager of the inbox, or an operator;
+    MayNotAnswer otherwise); `via` says from where, for the audit. A request that needs two
+    approvers resolves "yes" only when a second, different approver says yes before the
+    deadline; one "no" denies it.
+
+    Everything is decided under the inbox's lock, taken before the approval row is read: a
+    first approval another approver committed a moment ago is seen, so two approvers
+    answering at once make one first approval and one second, never two firsts. The deadline
+    is checked here, in the same transaction, instead of trusting that the expiry timer
+    already ran; the scheduler takes the same lock before it fires the expiry, and the
+    unique event key means the second of them finds the first stored. Every answer, counted
+    or not, is an AuditEntry.
     """
     if answer not in (Approval.Answer.YES, Approval.Answer.NO):
         raise ValueError(f'answer must be "yes" or "no", not {answer!r}')
     require_key("request_id", request_id)
+    if via not in (AuditEntry.Via.PAGE, AuditEntry.Via.CONVERSATION, AuditEntry.Via.API):
+        raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
     inbox = Inbox.objects.resolve(inbox)
+    if by is not None and not may_answer(by, inbox):
+        raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
     # A person is waiting on the answer: bounded like a delivery (InboxBusy past the wait).
     with bounded_write(inbox.pk, settings.ALWAYSON_INGEST_LOCK_WAIT):
+        lock_inbox(inbox.pk)
         now = clock.resolve(now)
-        approval = Approval.objects.filter(inbox=inbox, request_id=request_id).first()
+        approval = (
+            Approval.objects.filter(inbox=inbox, request_id=request_id)
+            .select_related("first_approved_by")
+            .first()
+        )
         if approval is None:
             return UNKNOWN
-        answer = Approval.Answer.EXPIRED if approval.has_expired(now) else answer
-        store_event(
-            inbox.pk,
-            APPROVAL_SOURCE,
-            request_id,
-            {"approval": request_id, "answer": answer, "action": approval.action},
-            now,
+        result, stands = _decide(approval, answer, by, now)
+        AuditEntry.record(approval, by, answer, via, result, now)
+        return stands
+
+
+def _decide(approval, answer, by, now) -> tuple[str, str]:
+    """What an answer does, under the inbox's lock: (the audit's result, what stands)."""
+    Result = AuditEntry.Result
+    stored = (
+        Event.objects.filter(
+            inbox_id=approval.inbox_id, source=APPROVAL_SOURCE, source_id=approval.request_id
         )
-        stored = Event.objects.get(inbox=inbox, source=APPROVAL_SOURCE, source_id=request_id)
-        return stored.payload["answer"]
+        .values_list("payload", flat=True)
+        .first()
+    )
+    if stored is not None:
+        return Result.ALREADY_SETTLED, stored["answer"]
+    if approval.has_expired(now):
+        _settle(approval, Approval.Answer.EXPIRED, None, (), now)
+        return Result.TOO_LATE, Approval.Answer.EXPIRED
+    if answer == Approval.Answer.NO:
+        _settle(approval, answer, by, (), now)
+        return Result.DENIED, answer
+    if not approval.needs_two:
+        _settle(approval, answer, by, [by] if by else [], now)
+        return Result.APPROVED, answer
+    if by is None:
+        raise ValueError("by: a request that needs two approvers takes the user who says yes")
+    if approval.first_approved_at is None:
+        approval.first_approved_by, approval.first_approved_at = by, now
+        approval.save(update_fields=["first_approved_by", "first_approved_at"])
+        return Result.FIRST_APPROVAL, WAITING
+    if approval.first_approved_by_id == by.pk:
+        return Result.NOT_COUNTED, WAITING
+    _settle(approval, answer, by, [approval.first_approved_by, by], now)
+    return Result.APPROVED, answer
+
+
+def _settle(approval, answer, by, approved_by, now):
+    """Store the answer event (its payload is what the agent receives) and who gave it."""
+    payload = approval.outcome_payload(answer, by, [user for user in approved_by if user])
+    stored = store_event(approval.inbox_id, APPROVAL_SOURCE, approval.request_id, payload, now)
+    if stored and by is not None:
+        Approval.objects.filter(pk=approval.pk).update(answered_by=by)

@@ -8,16 +8,22 @@ from django.views.decorators.http import require_http_methods
 from inbox import clock
 from inbox.exceptions import InboxBusy
 
-from .models import Approval
-from .services import answer_approval
+from .models import Approval, AuditEntry, may_answer
+from .services import WAITING, answer_approval
 
 RECENT = 20
+PEOPLE = ("inbox", "first_approved_by", "answered_by")
+
+REFUSED = (
+    "You can see this request but not answer it: you are a viewer of {inbox}. Answering"
+    " takes the approver role, which a manager of the inbox can give you."
+)
 
 
 @login_required
 def approval_list(request):
     now = clock.database_now()
-    visible = Approval.objects.visible_to(request.user).select_related("inbox")
+    visible = Approval.objects.visible_to(request.user).select_related(*PEOPLE)
     return render(
         request,
         "approvals/list.html",
@@ -35,33 +41,25 @@ def approval_detail(request, slug, request_id):
     # The same 404 for somebody else's request, an unknown one and a forged id: whether a
     # request exists is not for other people to learn.
     approval = get_object_or_404(
-        Approval.objects.visible_to(request.user).select_related("inbox"),
+        Approval.objects.visible_to(request.user).select_related(*PEOPLE),
         inbox__slug=slug,
         request_id=request_id,
     )
+    answerer = may_answer(request.user, approval.inbox)
     status = 200
+    refused = ""
     if request.method == "POST":
         answer = request.POST.get("answer")
         if answer not in (Approval.Answer.YES, Approval.Answer.NO):
             return HttpResponseBadRequest('answer must be "yes" or "no"', content_type="text/plain")
-        already = approval.standing_answer(clock.database_now())
-        try:
-            answer_approval(approval.inbox, approval.request_id, answer)
-        except InboxBusy:
-            messages.error(request, "The inbox is busy and your answer was not recorded yet.")
-            status = 503
+        if not answerer:
+            # A viewer: told why, and nothing is stored.
+            refused = REFUSED.format(inbox=approval.inbox.name or approval.inbox.slug)
+            status = 403
+        elif answered := _answer(request, approval, answer):
+            return answered
         else:
-            if already:
-                messages.info(
-                    request, "This request was already settled; the first outcome stands."
-                )
-            else:
-                messages.success(request, "Your answer was recorded.")
-            # Answered inline on the conversation page: back there, to see what comes next.
-            back = request.POST.get("next", "")
-            if url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
-                return redirect(back)
-            return redirect(approval)
+            status = 503
     now = clock.database_now()
     return render(
         request,
@@ -70,7 +68,46 @@ def approval_detail(request, slug, request_id):
             "approval": approval,
             "now": now,
             "outcome": approval.outcome_words(now),
-            "can_answer": not approval.standing_answer(now),
+            "can_answer": answerer and not approval.standing_answer(now),
+            "answerer": answerer,
+            "approved_by_you": approval.first_approved_by_id == request.user.pk,
+            "refused": refused,
         },
         status=status,
     )
+
+
+def _answer(request, approval, answer):
+    """Answer as the logged-in user; the redirect to show next, or None if the inbox was busy."""
+    via = AuditEntry.Via.PAGE
+    if request.POST.get("via") == AuditEntry.Via.CONVERSATION:
+        via = AuditEntry.Via.CONVERSATION
+    already = approval.standing_answer(clock.database_now())
+    approved_before = approval.first_approved_by_id == request.user.pk
+    try:
+        stands = answer_approval(
+            approval.inbox, approval.request_id, answer, by=request.user, via=via
+        )
+    except InboxBusy:
+        messages.error(request, "The inbox is busy and your answer was not recorded yet.")
+        return None
+    if already or stands not in (answer, WAITING):
+        messages.info(request, "This request was already settled; the first outcome stands.")
+    elif stands == WAITING and approved_before:
+        messages.info(
+            request,
+            "You already approved this request. It needs a second, different approver.",
+        )
+    elif stands == WAITING:
+        messages.success(
+            request,
+            "Your approval is recorded. A second, different approver must also approve"
+            f" before {approval.expires_at:%H:%M} UTC.",
+        )
+    else:
+        messages.success(request, "Your answer was recorded.")
+    # Answered inline on the conversation page: back there, to see what comes next.
+    back = request.POST.get("next", "")
+    if url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        return redirect(back)
+    return redirect(approval)

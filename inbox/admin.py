@@ -23,7 +23,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from . import clock, services
-from .models import Event, Inbox, Lease, Session
+from .models import Event, Inbox, Lease, Membership, Role, Session
 
 # Ids handed to a service per call: keeps `pk IN (...)` under SQLite's variable limit when
 # an action runs on "all N rows matching the filter".
@@ -84,17 +84,141 @@ class MachineryAdmin(admin.ModelAdmin):
         return deleting_inbox(request) and super().has_delete_permission(request, obj)
 
 
+class InboxRoleMixin:
+    """The admin of rows that belong to one inbox (the inbox, its members, its channel, its
+    approvals and their audit), for the people of that inbox as well as for operators.
+
+    Django's model permissions decide for operators, as everywhere: with them, every row. A
+    staff user without them sees the rows of the inboxes where they have a role and nothing
+    else (another inbox's row is "not found"); a manager of the inbox (its owner, or a
+    member with that role) also changes them, where the model allows it.
+    """
+
+    inbox_field = "inbox"  # the foreign key from a row to its Inbox; "" on Inbox itself
+    managers_may_change = True
+    managers_may_add = False
+    managers_may_delete = False
+
+    def inboxes_where(self, request, role):
+        return Inbox.objects.with_role(request.user, role)
+
+    def holds_role(self, request, role, obj=None) -> bool:
+        if obj is None:
+            return holds_role(request.user, role)
+        return holds_role(
+            request.user,
+            role,
+            getattr(obj, f"{self.inbox_field}_id") if self.inbox_field else obj.pk,
+        )
+
+    def is_operator(self, request) -> bool:
+        return has_model_perm(request, self.opts, "view") or has_model_perm(
+            request, self.opts, "change"
+        )
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if self.is_operator(request):
+            return queryset
+        lookup = f"{self.inbox_field}__in" if self.inbox_field else "pk__in"
+        return queryset.filter(**{lookup: self.inboxes_where(request, Role.VIEWER)})
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == self.inbox_field and not has_model_perm(request, self.opts, "add"):
+            # A manager adds rows to the inboxes they manage, and only to those.
+            kwargs["queryset"] = self.inboxes_where(request, Role.MANAGER)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def has_module_permission(self, request):
+        return super().has_module_permission(request) or self.holds_role(request, Role.VIEWER)
+
+    def has_view_permission(self, request, obj=None):
+        return super().has_view_permission(request, obj) or self.holds_role(
+            request, Role.VIEWER, obj
+        )
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) or (
+            self.managers_may_change and self.holds_role(request, Role.MANAGER, obj)
+        )
+
+    def has_add_permission(self, request):
+        return super().has_add_permission(request) or (
+            self.managers_may_add and self.holds_role(request, Role.MANAGER)
+        )
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) or (
+            self.managers_may_delete and self.holds_role(request, Role.MANAGER, obj)
+        )
+
+
+def holds_role(user, role, inbox_id=None) -> bool:
+    """`user` holds at least `role` in that inbox (None: in some inbox)."""
+    inboxes = Inbox.objects.with_role(user, role)
+    if inbox_id is not None:
+        inboxes = inboxes.filter(pk=inbox_id)
+    return inboxes.exists()
+
+
+class MembershipInline(admin.TabularInline):
+    """An inbox's members on its page: its managers add, change and remove them. (Without
+    `obj` Django asks about the inline in general; the inbox's own page checked that inbox.)"""
+
+    model = Membership
+    extra = 0
+    fields = ("user", "group", "role")
+
+    def manages(self, request, obj, action) -> bool:
+        return has_model_perm(request, self.opts, action) or holds_role(
+            request.user, Role.MANAGER, obj.pk if obj is not None else None
+        )
+
+    def has_view_permission(self, request, obj=None):
+        return self.manages(request, obj, "view") or holds_role(
+            request.user, Role.VIEWER, obj.pk if obj is not None else None
+        )
+
+    def has_add_permission(self, request, obj=None):
+        return self.manages(request, obj, "add")
+
+    def has_change_permission(self, request, obj=None):
+        return self.manages(request, obj, "change")
+
+    def has_delete_permission(self, request, obj=None):
+        return self.manages(request, obj, "delete")
+
+
+@admin.register(Membership)
+class MembershipAdmin(InboxRoleMixin, admin.ModelAdmin):
+    list_display = ("inbox", "user", "group", "role")
+    list_filter = ("role", ("inbox", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("inbox", "user", "group")
+    search_fields = ("=inbox__slug", "user__username", "group__name")
+    search_help_text = "the exact inbox slug, or the user or group name (contains)"
+    ordering = ("inbox__slug", "-role", "id")
+    fields = ("inbox", "user", "group", "role")
+    managers_may_add = True
+    managers_may_delete = True
+
+
 @admin.register(Inbox)
-class InboxAdmin(admin.ModelAdmin):
+class InboxAdmin(InboxRoleMixin, admin.ModelAdmin):
     list_display = ("slug", "name", "owner", "created", "events_link", "dead_link")
     list_select_related = ("owner",)
     search_fields = ("slug", "name", "owner__username")
     autocomplete_fields = ("owner",)
     readonly_fields = ("created",)
+    inlines = (MembershipInline,)
+    inbox_field = ""
 
     def get_readonly_fields(self, request, obj=None):
         # Workers, timers and the API name an inbox by its slug: renaming it breaks them.
-        return (*self.readonly_fields, "slug") if obj else self.readonly_fields
+        fields = (*self.readonly_fields, "slug") if obj else self.readonly_fields
+        if not has_model_perm(request, self.opts, "change"):
+            # A manager edits the inbox; who owns it is the operators' decision.
+            fields = (*fields, "owner")
+        return fields
 
     @admin.display(description="events")
     def events_link(self, obj):

@@ -1,11 +1,35 @@
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Exists, Max, OuterRef, Q
 
 from .exceptions import UnknownInbox
 
 
-class InboxManager(models.Manager):
+class Role(models.IntegerChoices):
+    """What a person may do in one inbox. Each role includes the ones below it."""
+
+    VIEWER = 1, "viewer"  # sees the conversation and the approvals
+    APPROVER = 2, "approver"  # also answers approvals and writes to the agent
+    MANAGER = 3, "manager"  # also edits the inbox's settings, channel and members
+
+
+def is_person(user) -> bool:
+    return bool(getattr(user, "is_authenticated", False) and user.is_active)
+
+
+class InboxQuerySet(models.QuerySet):
+    def with_role(self, user, role=Role.VIEWER):
+        """Inboxes where `user` holds at least `role`: as the owner (always a manager), as a
+        member, or through one of their groups. None for an anonymous or inactive user."""
+        if not is_person(user):
+            return self.none()
+        granted = Membership.objects.granting(user, role).filter(inbox=OuterRef("pk"))
+        return self.filter(Q(owner=user) | Exists(granted))
+
+
+class InboxManager(models.Manager.from_queryset(InboxQuerySet)):
     def pk_of(self, ref) -> int:
         """The primary key, without a query when `ref` is an Inbox or already an id (the
         worker's hot path); a slug is looked up."""
@@ -58,6 +82,93 @@ class Inbox(models.Model):
             if adding:
                 Lease.objects.create(inbox=self)
                 Session.objects.create(inbox=self)
+
+    def role_of(self, user) -> Role | None:
+        """The highest role `user` holds here (the owner is a manager), or None."""
+        if not is_person(user):
+            return None
+        if self.owner_id == user.pk:
+            return Role.MANAGER
+        best = (
+            Membership.objects.filter(inbox=self)
+            .granting(user, Role.VIEWER)
+            .aggregate(best=Max("role"))["best"]
+        )
+        return Role(best) if best else None
+
+    def has_role(self, user, role) -> bool:
+        held = self.role_of(user)
+        return held is not None and held >= role
+
+    def people_with_role(self, role):
+        """Active users holding at least `role` here, directly or through a group, the
+        owner included. Three indexed lookups, no scan of the users table."""
+        granted = Membership.objects.filter(inbox=self, role__gte=role)
+        user_ids = {self.owner_id}
+        user_ids.update(granted.filter(user__isnull=False).values_list("user_id", flat=True))
+        group_ids = granted.filter(group__isnull=False).values_list("group_id", flat=True)
+        in_groups = get_user_model().groups.through.objects.filter(group_id__in=group_ids)
+        user_ids.update(in_groups.values_list("user_id", flat=True))
+        return get_user_model().objects.filter(pk__in=user_ids, is_active=True)
+
+
+class MembershipQuerySet(models.QuerySet):
+    def granting(self, user, role):
+        """Memberships that give `user` at least `role`, directly or through a group."""
+        return self.filter(Q(user=user) | Q(group__in=user.groups.all()), role__gte=role)
+
+
+class Membership(models.Model):
+    """A user's or a group's role in one inbox (Django's own users and groups). The owner
+    needs no row: they are always a manager."""
+
+    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="inbox_memberships",
+    )
+    group = models.ForeignKey(
+        "auth.Group",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="inbox_memberships",
+    )
+    role = models.PositiveSmallIntegerField(choices=Role.choices, default=Role.VIEWER)
+
+    objects = MembershipQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["inbox", "-role", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(user__isnull=False, group__isnull=True)
+                | Q(user__isnull=True, group__isnull=False),
+                name="membership_user_or_group",
+            ),
+            # Also the index of every page's role check: one inbox, one user or group.
+            models.UniqueConstraint(
+                fields=["inbox", "user"],
+                condition=Q(user__isnull=False),
+                name="membership_unique_user",
+            ),
+            models.UniqueConstraint(
+                fields=["inbox", "group"],
+                condition=Q(group__isnull=False),
+                name="membership_unique_group",
+            ),
+        ]
+
+    def __str__(self):
+        who = f"group {self.group}" if self.group_id else str(self.user)
+        return f"{who}: {self.get_role_display()} of {self.inbox}"
+
+    def clean(self):
+        if bool(self.user_id) == bool(self.group_id):
+            raise ValidationError("Choose a user or a group, not both and not neither.")
 
 
 class LeaseQuerySet(models.QuerySet):

@@ -68,6 +68,16 @@ def _locked_lease(inbox_id) -> Lease:
     return Lease.objects.select_for_update().get(inbox_id=inbox_id)
 
 
+def lock_inbox(inbox_id) -> Lease:
+    """Take the inbox's lock (its lease row) for the rest of the current transaction.
+
+    For writers above inbox/ that decide from rows of their own before they store an event
+    (answer_approval): read after this, those rows include every write committed by the
+    others, who take the same lock first.
+    """
+    return _locked_lease(inbox_id)
+
+
 def _notify_work(inbox_id):
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

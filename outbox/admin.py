@@ -10,10 +10,10 @@ held, whole and under their keys, through the same service as `deadletters --res
 from django.contrib import admin, messages
 from django.db import models
 
-from inbox.admin import chunks, excerpt
+from inbox.admin import InboxRoleMixin, MachineryAdmin, chunks, excerpt, has_model_perm
 
 from . import services
-from .models import Channel, OutboxMessage
+from .models import Channel, Notice, OutboxMessage
 
 
 @admin.register(OutboxMessage)
@@ -100,7 +100,10 @@ class OutboxMessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(Channel)
-class ChannelAdmin(admin.ModelAdmin):
+class ChannelAdmin(InboxRoleMixin, admin.ModelAdmin):
+    """Operators edit every channel; an inbox's managers edit theirs."""
+
+    managers_may_add = True
     list_display = (
         "inbox",
         "kind",
@@ -146,3 +149,62 @@ class ChannelAdmin(admin.ModelAdmin):
                 obj.save(update_fields=form.changed_data)
         else:
             obj.save()
+
+
+@admin.register(Notice)
+class NoticeAdmin(MachineryAdmin):
+    """Emails to approvers, one per approval and person. Written by the approval's request
+    and the dispatcher; parked ones go back through the same service as a resend."""
+
+    list_display = (
+        "id",
+        "inbox",
+        "recipient",
+        "topic",
+        "status",
+        "attempts",
+        "due_at",
+        "sent_at",
+        "sent_to",
+        "error_excerpt",
+    )
+    list_filter = ("status", ("inbox", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("inbox", "recipient")
+    search_fields = ("=inbox__slug", "=key", "topic", "recipient__username")
+    search_help_text = "the exact inbox slug or key (the Message-ID), the topic or the user"
+    date_hierarchy = "created"
+    ordering = ("-id",)
+    fields = (
+        "inbox",
+        "recipient",
+        "topic",
+        "key",
+        "subject",
+        "body",
+        "status",
+        "created",
+        "due_at",
+        "sent_at",
+        "sent_to",
+        "attempts",
+        "error",
+    )
+    readonly_fields = fields
+    actions = ("resend",)
+
+    @admin.display(description="error")
+    def error_excerpt(self, obj):
+        return excerpt(obj.error)
+
+    def has_operate_permission(self, request):
+        return has_model_perm(request, self.opts, "change")
+
+    @admin.action(description="Resend selected failed notices", permissions=["operate"])
+    def resend(self, request, queryset):
+        selected = queryset.count()
+        ids = list(queryset.failed().values_list("pk", flat=True))
+        resent = sum(services.resend_notices(chunk) for chunk in chunks(ids))
+        text = f"{resent} notice(s) put back (held, attempts reset), each under its Message-ID."
+        if selected - resent:
+            text += f" {selected - resent} selected notice(s) had not failed and were left alone."
+        self.message_user(request, text, messages.SUCCESS if resent else messages.WARNING)

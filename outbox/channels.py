@@ -29,16 +29,34 @@ def send_email(delivery, channel):
     if not address:
         raise SendFailed("no address: set the channel's email or the inbox owner's")
     first_line = delivery.body.splitlines()[0] if delivery.body else ""
+    email(
+        address,
+        f"[{delivery.inbox.slug}] {first_line[:80]}",
+        delivery.body,
+        delivery.idempotency_key,
+    )
+
+
+def send_notice(notice) -> str:
+    """A notice to its recipient's address as it is now; the address it went to."""
+    address = notice.recipient.email
+    if not address:
+        raise SendFailed(f"no address: user {notice.recipient.get_username()} has no email")
+    email(address, notice.subject, notice.body, notice.key)
+    return address
+
+
+def email(address, subject, body, key):
     message = EmailMultiAlternatives(
-        subject=f"[{delivery.inbox.slug}] {first_line[:80]}",
-        body=delivery.body,
+        subject=subject,
+        body=body,
         from_email=settings.DEFAULT_FROM_EMAIL,
         to=[address],
         # A stable Message-ID: a repeat after a crash is recognisable as the same message.
-        headers={"Message-ID": f"<{delivery.idempotency_key}@alwayson>"},
+        headers={"Message-ID": f"<{key}@alwayson>"},
     )
     # The plain text stays the message; the HTML part only turns its links into links.
-    message.attach_alternative(linebreaks(urlize(escape(delivery.body))), "text/html")
+    message.attach_alternative(linebreaks(urlize(escape(body))), "text/html")
     try:
         message.send(fail_silently=False)
     except (smtplib.SMTPException, OSError) as exc:

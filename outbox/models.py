@@ -136,3 +136,72 @@ class Channel(models.Model):
 
     def backing_off(self, now) -> bool:
         return self.retry_at is not None and now < self.retry_at
+
+
+class NoticeQuerySet(models.QuerySet):
+    def held(self):
+        return self.filter(status=Notice.Status.HELD)
+
+    def due(self, now):
+        return self.held().filter(due_at__lte=now)
+
+    def failed(self):
+        return self.filter(status=Notice.Status.FAILED)
+
+
+def notice_key(inbox_id, topic, recipient_id) -> str:
+    """A notice's key, its email's Message-ID: from what makes it unique, so every retry
+    and every resend carries the same one."""
+    return hashlib.sha256(f"notice:{inbox_id}:{topic}:{recipient_id}".encode()).hexdigest()[:32]
+
+
+class Notice(models.Model):
+    """One email to one person about one thing, such as an approval waiting for them: made
+    once per (inbox, topic, recipient), sent by the dispatcher under a stable Message-ID,
+    retried with backoff and parked like the outbox's sends. It goes to a person, not
+    through the inbox's channel, so it neither waits for nor spends the inbox's gap."""
+
+    Status = OutboxMessage.Status
+
+    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="notices")
+    recipient = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    topic = models.CharField(
+        max_length=255, help_text='what it is about, e.g. "approval:refund-881"'
+    )
+    key = models.CharField(max_length=32, unique=True)
+    subject = models.CharField(max_length=200)
+    body = models.TextField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.HELD)
+    created = models.DateTimeField()
+    # Not sent before this: its creation, then pushed back by each failed attempt's backoff.
+    due_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True, blank=True)
+    sent_to = models.EmailField(blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+
+    objects = NoticeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            # Once per approval and person: a second copy of the same notice is refused.
+            models.UniqueConstraint(
+                fields=["inbox", "topic", "recipient"], name="notice_once_per_topic"
+            ),
+        ]
+        indexes = [
+            # dispatch_notices: held notices that are due, oldest first.
+            models.Index(
+                fields=["due_at", "id"], condition=Q(status="held"), name="notice_due_idx"
+            ),
+            # The admin: notices parked after failed sends.
+            models.Index(
+                fields=["inbox", "id"], condition=Q(status="failed"), name="notice_failed_idx"
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.topic} to {self.recipient_id} ({self.status})"

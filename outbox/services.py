@@ -12,12 +12,13 @@ from inbox import clock
 from inbox.models import Inbox
 from inbox.services import retry_delay
 
-from .channels import SendFailed, sender_for
-from .models import Channel, OutboxMessage, send_key_for
+from .channels import SendFailed, send_notice, sender_for
+from .models import Channel, Notice, OutboxMessage, notice_key, send_key_for
 
 log = logging.getLogger("alwayson.outbox")
 
 Send = Callable[["Delivery"], object]
+NOTICE_BATCH = 100
 
 
 @dataclass(frozen=True)
@@ -222,3 +223,78 @@ def resend(message_ids) -> int:
         return failed.filter(Q(pk__in=ids) | same_send).update(
             status=OutboxMessage.Status.HELD, sent_at=None, attempts=0, error=""
         )
+
+
+# --- notices: one email to one person, once per topic ----------------------------------------
+
+
+def queue_notice(inbox_id, recipient, topic, subject, body, now) -> bool:
+    """Hold a notice for `recipient`; False if this (inbox, topic, recipient) was made
+    before. Called inside the transaction that made what it is about, so it commits (or
+    rolls back) with it."""
+    _, created = Notice.objects.get_or_create(
+        inbox_id=inbox_id,
+        topic=topic,
+        recipient=recipient,
+        defaults={
+            "key": notice_key(inbox_id, topic, recipient.pk),
+            "subject": subject[:200],
+            "body": body,
+            "created": now,
+            "due_at": now,
+        },
+    )
+    return created
+
+
+def dispatch_notices(send=None, now=None) -> int:
+    """Send the notices that are due, each as its own email; the number sent.
+
+    At least once, like the outbox's default: each is sent inside its own transaction under
+    its row's lock (SKIP LOCKED, so dispatchers running at once never send one twice) and
+    marked sent after; a crash in between sends it again under the same Message-ID. A failed
+    send is retried with the outbox's backoff and parked as failed after
+    ALWAYSON_OUTBOX_MAX_ATTEMPTS. `send(notice)` overrides the email (tests, scripts).
+    """
+    now = clock.resolve(now)
+    due = Notice.objects.due(now).order_by("due_at", "id").values_list("pk", flat=True)
+    return sum(_send_notice(pk, send, now) for pk in list(due[:NOTICE_BATCH]))
+
+
+def _send_notice(pk, send, now) -> int:
+    with transaction.atomic():
+        notice = (
+            Notice.objects.due(now)
+            .select_for_update(skip_locked=True, of=("self",))
+            .select_related("recipient", "inbox")
+            .filter(pk=pk)
+            .first()
+        )
+        if notice is None:
+            return 0  # sent meanwhile, or another dispatcher is sending it
+        try:
+            sent_to = (send or send_notice)(notice)
+        except SendFailed as exc:
+            notice.attempts += 1
+            notice.error = str(exc)
+            if notice.attempts >= settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS:
+                notice.status = Notice.Status.FAILED
+                log.warning("parked notice %s as failed: %s", notice.pk, exc)
+            else:
+                notice.due_at = now + retry_delay(notice.attempts)
+            notice.save(update_fields=["attempts", "error", "status", "due_at"])
+            return 0
+        notice.status, notice.sent_at, notice.error = Notice.Status.SENT, now, ""
+        notice.sent_to = sent_to or ""
+        notice.save(update_fields=["status", "sent_at", "error", "sent_to"])
+        return 1
+
+
+def resend_notices(notice_ids, now=None) -> int:
+    """Put parked notices back, attempts reset, due now; the number put back. Each goes
+    again under its own Message-ID."""
+    return (
+        Notice.objects.failed()
+        .filter(pk__in=list(notice_ids))
+        .update(status=Notice.Status.HELD, attempts=0, error="", due_at=clock.resolve(now))
+    )

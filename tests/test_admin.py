@@ -8,6 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -17,22 +18,25 @@ from django.utils import timezone
 from alwayson.api import acquire, add_timer, answer_approval, dispatch, ingest, request_approval
 from alwayson.health import ProcessBeat
 from alwayson.models import AgentConfig, ModelCall, Process, Refund, ToolResult
-from approvals.models import Approval
-from inbox.models import Event, Inbox, Lease, Session
+from approvals.models import Approval, AuditEntry
+from inbox.models import Event, Inbox, Lease, Membership, Role, Session
 from outbox.channels import SendFailed
-from outbox.models import Channel, OutboxMessage
+from outbox.models import Channel, Notice, OutboxMessage
 from timers.models import Timer
 
 pytestmark = pytest.mark.django_db
 
 MODELS = [
     Inbox,
+    Membership,
     Event,
     Lease,
     Session,
     Timer,
     Approval,
+    AuditEntry,
     OutboxMessage,
+    Notice,
     Channel,
     Refund,
     AgentConfig,
@@ -40,7 +44,18 @@ MODELS = [
     ToolResult,
     Process,
 ]
-MACHINERY = [Event, Lease, Session, Approval, Refund, ModelCall, ToolResult, Process]
+MACHINERY = [
+    Event,
+    Lease,
+    Session,
+    Approval,
+    AuditEntry,
+    Notice,
+    Refund,
+    ModelCall,
+    ToolResult,
+    Process,
+]
 STATUSES = ["pending", "running", "done", "dead"]
 OUTBOX_STATUSES = ["held", "sent", "failed"]
 
@@ -68,9 +83,14 @@ def grow(make_inbox, count):
         Session.objects.filter(inbox=inbox).update(state={"step": n}, updated=now)
         if n % 2:
             acquire(inbox, f"worker-{n}")
-        request_approval(inbox, f"refund-{n}", f"refund order {n}", timedelta(hours=4))
-        if n % 3 == 0:
-            answer_approval(inbox, f"refund-{n}", "yes")
+        member = get_user_model().objects.create(username=f"member-{n}")
+        Membership.objects.create(inbox=inbox, user=member, role=Role.APPROVER)  # a notice
+        # Answered yes, answered no, or waiting with a first approval of two: an audit row each.
+        approvers = 2 if n % 3 == 2 else 1
+        request_approval(
+            inbox, f"refund-{n}", f"refund order {n}", timedelta(hours=4), approvers=approvers
+        )
+        answer_approval(inbox, f"refund-{n}", "no" if n % 3 == 1 else "yes", by=member)
         OutboxMessage.objects.create(
             inbox=inbox, body=f"message {n}", created=now, status=OUTBOX_STATUSES[n % 3]
         )

@@ -29,7 +29,7 @@ from inbox import clock
 from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire, ingest, release
 from outbox.models import OutboxMessage
-from outbox.services import dispatch
+from outbox.services import dispatch, dispatch_notices
 from tests.conftest import use_email_backend
 from timers.models import Timer
 from timers.services import run_scheduler
@@ -181,6 +181,7 @@ def run_background_once():
     run_scheduler()
     result = step_worker()
     dispatch()
+    dispatch_notices()
     return result
 
 
@@ -252,7 +253,7 @@ def test_the_refund_walkthrough(new_page, site, desk, staff_user):
     assert result is not None and result.events == 1
     assert len(mail.outbox) == 2
     assert "Refunded order 881" in mail.outbox[1].body
-    assert mail.outbox[1].subject == "[desk] Refunded order 881"
+    assert mail.outbox[1].subject == "[desk] Refunded order 881, approved by owner"
 
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Inboxes").click()
     page.get_by_role("link", name="Refund desk").click()
@@ -563,3 +564,81 @@ def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
     screenshot(page, "claude-follow-up")
     assert run_background_once() is None
     assert len(messages_api.messages_requests) == 3
+
+
+# --- a team: two approvers for a refund above the threshold ------------------------------------
+
+
+def test_two_approvers_in_two_browsers_approve_a_big_refund(
+    new_page, site, desk, django_user_model
+):
+    from django.contrib.auth.models import Group
+
+    from inbox.models import Membership, Role
+
+    finance = Group.objects.create(name="finance")
+    Membership.objects.create(inbox=desk, group=finance, role=Role.APPROVER)
+    for name in ("dana", "lee"):
+        user = django_user_model.objects.create_user(
+            username=name,
+            password=PASSWORD,
+            first_name=name.capitalize(),
+            email=f"{name}@example.com",
+        )
+        user.groups.add(finance)
+
+    # Dana asks the desk for a refund above the threshold (500).
+    dana = new_page()
+    log_in(dana, site, "dana", "/inbox/desk/")
+    dana.get_by_label("Message to your agent").fill("refund order 881 for 750")
+    dana.get_by_role("button", name="Send").click()
+    expect(dana.get_by_role("status")).to_have_text("Sent.")
+    mark_page(dana)
+
+    # The agent asks for two approvers; each approver gets an email with the link.
+    assert run_background_once().outcome == "asked 1, said 1"
+    link = f"{site}/approvals/desk/refund-881/"
+    notices = {m.to[0]: m for m in mail.outbox if m.to[0] != "owner@example.com"}
+    assert sorted(notices) == ["dana@example.com", "lee@example.com"]
+    for message in notices.values():
+        assert link in message.body
+        assert message.subject == "[desk] Approval needed: Refund order 881 for 750"
+        assert re.fullmatch(r"<[0-9a-f]{32}@alwayson>", message.extra_headers["Message-ID"])
+    card = dana.locator(".approval-card")
+    expect(card).to_contain_text("Refund order 881 for 750")
+    expect(card).to_contain_text("Needs two different approvers")
+    expect(dana.locator(".entry.agent").last).to_contain_text("two different approvers")
+
+    # Dana approves on the card: a first approval, waiting for a second approver.
+    card.get_by_role("button", name="Approve").click()
+    expect(dana).to_have_url(f"{site}/inbox/desk/")
+    expect(card.locator(".waiting-second")).to_have_text(
+        "You approved; waiting for a second, different approver."
+    )
+    expect(card.get_by_role("button", name="Approve")).to_have_count(0)
+    assert Approval.objects.get().answer == ""
+    assert run_background_once() is None  # nothing for the agent yet
+    mark_page(dana)
+
+    # Lee, in another browser, follows the link in his email.
+    lee = new_page()
+    log_in(lee, site, "lee", "/approvals/desk/refund-881/")
+    expect(lee.locator(".waiting-second")).to_contain_text(
+        "Dana approved. It needs your approval as the second, different approver."
+    )
+    screenshot(lee, "two-person-second-approver")
+    lee.get_by_role("button", name="Approve").click()
+    expect(lee.locator(".outcome")).to_have_text("Approved.")
+    expect(lee.locator(".answered-by")).to_have_text("Dana and Lee")
+
+    # The agent refunds and names both; Dana sees it without reloading.
+    assert run_background_once().outcome == "said 1"
+    reply = "Refunded order 881, approved by Dana and Lee"
+    expect(dana.locator(".entry.agent").last).to_contain_text(reply)
+    expect(card.locator(".outcome")).to_have_text("Approved.")
+    expect(card.locator(".answered-by")).to_have_text("Answered by Dana and Lee")
+    assert_not_reloaded(dana)
+    screenshot(dana, "two-person-approved")
+    assert reply in mail.outbox[-1].body  # and the owner's email says so
+    approval = Approval.objects.get()
+    assert (approval.first_approved_by.username, approval.answered_by.username) == ("dana", "lee")

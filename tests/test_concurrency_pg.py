@@ -725,3 +725,159 @@ def test_takeover_waits_for_a_finish_in_progress(inbox, t0, ttl):
     assert claim_batch(inbox, "B", old + 1, now=later) == []
     assert set(Event.objects.values_list("status", "attempts", "claim_gen")) == {("done", 1, old)}
     assert list(OutboxMessage.objects.values_list("body", flat=True)) == ["done in time"]
+
+
+# --- (g) two approvers answering at once ---------------------------------------------------
+
+AUDIT = ("username", "answer", "result")
+
+
+@pytest.fixture
+def approvers(inbox, django_user_model):
+    from inbox.models import Membership, Role
+
+    people = []
+    for name in ("dana", "lee", "sam"):
+        user = django_user_model.objects.create_user(username=name, email=f"{name}@example.com")
+        Membership.objects.create(inbox=inbox, user=user, role=Role.APPROVER)
+        people.append(user)
+    return people
+
+
+def _ask_two(inbox, request_id, t0):
+    request_approval(inbox, request_id, "refund order 42 for 900", EXPIRES_IN, now=t0, approvers=2)
+
+
+def _answers_queued_on_the_lease(inbox, *answers):
+    """Start each (user, answer) in its own connection while the test holds the inbox's
+    lock, release it once every one of them waits for it: they have all read nothing yet
+    that the one before them writes, unless they read it after taking the lock."""
+    with lease_row_locked(inbox):
+        group = Together(*answers).start()
+        wait_until_blocked(group.pids)
+    return group.join()
+
+
+def test_two_approvers_at_once_make_one_first_and_one_second_approval(inbox, approvers, t0):
+    dana, lee, _ = approvers
+    for n in range(ROUNDS):
+        request_id = f"refund-{n}"
+        _ask_two(inbox, request_id, t0)
+        results = _answers_queued_on_the_lease(
+            inbox,
+            partial(answer_approval, inbox, request_id, "yes", now=t0 + SECOND, by=dana),
+            partial(answer_approval, inbox, request_id, "yes", now=t0 + SECOND, by=lee),
+        )
+        assert sorted(results) == ["waiting", "yes"], f"round {n}: {results}"
+        first, second = (dana, lee) if results[0] == "waiting" else (lee, dana)
+        [event] = Event.objects.filter(inbox=inbox, source="approval", source_id=request_id)
+        assert event.payload["answer"] == "yes"
+        assert event.payload["approved_by"] == [first.username, second.username]
+        approval = Approval.objects.get(inbox=inbox, request_id=request_id)
+        assert (approval.answer, approval.first_approved_by, approval.answered_by) == (
+            "yes",
+            first,
+            second,
+        )
+        assert list(approval.audit.order_by("id").values_list(*AUDIT)) == [
+            (first.username, "yes", "first_approval"),
+            (second.username, "yes", "approved"),
+        ]
+    assert Event.objects.filter(source="approval").count() == ROUNDS
+
+
+def test_a_second_yes_and_a_no_at_once_one_answer_stands(inbox, approvers, t0):
+    dana, lee, sam = approvers
+    outcomes = Counter()
+    for n in range(ROUNDS):
+        request_id = f"refund-{n}"
+        _ask_two(inbox, request_id, t0)
+        assert answer_approval(inbox, request_id, "yes", now=t0 + SECOND, by=dana) == "waiting"
+        yes, no = _answers_queued_on_the_lease(
+            inbox,
+            partial(answer_approval, inbox, request_id, "yes", now=t0 + 2 * SECOND, by=lee),
+            partial(answer_approval, inbox, request_id, "no", now=t0 + 2 * SECOND, by=sam),
+        )
+        [event] = Event.objects.filter(inbox=inbox, source="approval", source_id=request_id)
+        stands = event.payload["answer"]
+        assert yes == no == stands, f"round {n}: told {yes}/{no}, stored {stands}"
+        approval = Approval.objects.get(inbox=inbox, request_id=request_id)
+        assert (approval.answer, approval.answered_by) == (stands, lee if stands == "yes" else sam)
+        results = list(approval.audit.order_by("id").values_list("result", flat=True))
+        assert results[0] == "first_approval"
+        assert sorted(results[1:]) == sorted(
+            ["approved" if stands == "yes" else "denied", "already_settled"]
+        )
+        outcomes[stands] += 1
+    assert sum(outcomes.values()) == ROUNDS
+
+
+def test_one_approver_in_two_tabs_at_once_is_one_first_approval(inbox, approvers, t0):
+    dana = approvers[0]
+    _ask_two(inbox, "refund-1", t0)
+    results = _answers_queued_on_the_lease(
+        inbox,
+        *(
+            partial(answer_approval, inbox, "refund-1", "yes", now=t0 + SECOND, by=dana)
+            for _ in range(4)
+        ),
+    )
+    assert results == ["waiting"] * 4
+    assert not Event.objects.filter(source="approval").exists()
+    approval = Approval.objects.get(inbox=inbox)
+    assert (approval.first_approved_by, approval.answer) == (dana, "")
+    assert sorted(approval.audit.values_list("result", flat=True)) == [
+        "first_approval",
+        *["not_counted"] * 3,
+    ]
+
+
+def test_a_second_approval_racing_the_expiry_one_answer_stands(make_inbox, approvers, t0):
+    from inbox.models import Membership
+
+    dana, lee, _ = approvers
+    deadline = t0 + timedelta(seconds=EXPIRES_IN)
+    outcomes = Counter()
+    for n in range(ROUNDS):
+        inbox = make_inbox()
+        for user in (dana, lee):
+            Membership.objects.create(inbox=inbox, user=user, role=2)
+        _ask_two(inbox, "r", t0)
+        answer_approval(inbox, "r", "yes", now=t0 + SECOND, by=dana)
+        told, handled = together(
+            partial(answer_approval, inbox, "r", "yes", now=deadline - SECOND, by=lee),
+            partial(run_scheduler, now=deadline),
+        )
+        stands, approval, timer = _approval_state(inbox, "r")
+        assert told == stands == approval.answer, f"round {n}: told {told}, stored {stands}"
+        assert handled == 1 and timer.done
+        assert approval.answered_by == (lee if stands == "yes" else None)
+        outcomes[stands] += 1
+    assert sum(outcomes.values()) == ROUNDS
+
+
+def test_concurrent_dispatchers_send_each_notice_once(make_inbox, django_user_model, t0):
+    from inbox.models import Membership
+    from outbox.models import Notice
+    from outbox.services import dispatch_notices
+
+    inbox = make_inbox()
+    for n in range(12):
+        user = django_user_model.objects.create_user(username=f"a{n}", email=f"a{n}@x.example")
+        Membership.objects.create(inbox=inbox, user=user, role=2)
+    for n in range(3):
+        request_approval(inbox, f"r{n}", f"refund order {n}", EXPIRES_IN, now=t0)
+    sent, lock = [], threading.Lock()
+
+    def send(notice):
+        with lock:
+            sent.append(notice.key)
+        time.sleep(0.002)
+        return notice.recipient.email
+
+    counts = together(*(partial(dispatch_notices, send, now=t0) for _ in range(4)))
+
+    assert sum(counts) == 36
+    assert sorted(sent) == sorted(Notice.objects.values_list("key", flat=True))
+    assert len(set(sent)) == 36
+    assert set(Notice.objects.values_list("status", flat=True)) == {"sent"}

@@ -32,10 +32,12 @@ from alwayson.api import (
 from alwayson.claude.client import day_start
 from alwayson.health import ProcessBeat
 from alwayson.models import ModelCall, Process, ToolResult
-from approvals.models import Approval
-from inbox.models import Event, Inbox, Lease
+from approvals.models import Approval, AuditEntry
+from approvals.services import Ask
+from inbox.models import Event, Inbox, Lease, Membership, Role
 from inbox.services import acquire_next, release, renew
-from outbox.models import OutboxMessage
+from outbox.models import Notice, OutboxMessage
+from outbox.services import dispatch_notices
 from tests.conftest import T0
 from timers.models import Timer
 
@@ -85,6 +87,9 @@ def analyze():
             ModelCall,
             ToolResult,
             Process,
+            Membership,
+            Notice,
+            AuditEntry,
         ):
             cursor.execute(f"ANALYZE {model._meta.db_table}")
 
@@ -194,6 +199,29 @@ def _build_world(t0=T0):
         )
         for n in range(NOISE)
     )
+    # Members of every inbox, and the notices of long-answered approvals.
+    members = get_user_model().objects.bulk_create(
+        get_user_model()(username=f"member-{n}", email=f"m{n}@example.com") for n in range(NOISE)
+    )
+    Membership.objects.bulk_create(
+        Membership(inbox=i, user=m, role=Role.APPROVER) for i, m in zip(idle, members, strict=True)
+    )
+    Notice.objects.bulk_create(
+        Notice(
+            inbox=i,
+            recipient=m,
+            topic=f"approval:old-{n}",
+            key=f"{n:032d}",
+            subject="old",
+            body="old",
+            status=Notice.Status.SENT,
+            created=past,
+            due_at=past,
+            sent_at=past,
+        )
+        for n, (i, m) in enumerate(zip(idle, members, strict=True))
+    )
+    Membership.objects.create(inbox=inbox, user=members[0], role=Role.APPROVER)
 
     # The live work, through the API.
     for n in range(5):
@@ -364,6 +392,14 @@ def test_health_and_pruning_read_heartbeats_by_the_beat_index(world, t0):
     assert_uses(explain(prune), "process_beat_idx")
 
 
+def test_due_notices_use_the_partial_due_index(world, t0):
+    due = Notice.objects.due(t0).order_by("due_at", "id").values_list("pk", flat=True)
+    assert_uses(plan_of(lambda: list(due[:100])), "notice_due_idx")
+    statements = sql_of(lambda: dispatch_notices(lambda notice: "", now=t0 - HOUR))
+    [candidates] = [s for s in statements if '"outbox_notice"' in s and "LIMIT" in s]
+    assert_uses(explain(candidates), "notice_due_idx")
+
+
 # --- the whole cycle -------------------------------------------------------------------------
 
 
@@ -372,17 +408,22 @@ def test_no_statement_of_a_worker_cycle_needs_a_table_scan(world, t0, ttl):
     is EXPLAINed with sequential scans disabled: a Seq Scan left in a plan means no index
     can serve that statement at all."""
 
+    member = Membership.objects.get(inbox=world).user
+
     def cycle():
         ingest(world, "chat", "cycle-1", {}, now=t0)
         inbox_id, gen = acquire_next("W", now=t0)
         assert inbox_id == world.pk
         renew(world, "W", gen, now=t0)
         batch = claim_batch(world, "W", gen, now=t0)
-        finish(world, "W", gen, [e.pk for e in batch], [Say(world.pk, "hi")], now=t0)
+        # The run asks: an approval, its expiry timer and a notice to each approver.
+        effects = [Say(world.pk, "hi"), Ask(world.pk, "r2", "refund order 43", HOUR)]
+        finish(world, "W", gen, [e.pk for e in batch], effects, now=t0)
         release(world, "W", gen)
         run_scheduler(now=t0)
         dispatch(lambda *args: None, now=t0)
-        answer_approval(world, "r1", "yes", now=t0)
+        dispatch_notices(lambda notice: "", now=t0)
+        answer_approval(world, "r1", "yes", now=t0, by=member)
         # A lost lease: the next holder's claim resets the orphans.
         ingest(world, "chat", "cycle-2", {}, now=t0)
         gen = acquire(world, "A", now=t0)

@@ -307,3 +307,95 @@ def test_asking_again_while_waiting_points_at_the_open_request(inbox):
     assert list(Approval.objects.filter(inbox=inbox).values_list("request_id", flat=True)) == [
         "refund-881"
     ]
+
+
+# --- teams: who approved, and two people above the threshold -----------------------------------
+
+
+@pytest.fixture
+def approvers(inbox, django_user_model):
+    from inbox.models import Membership, Role
+
+    people = []
+    for name in ("dana", "lee"):
+        user = django_user_model.objects.create_user(username=name, first_name=name.capitalize())
+        Membership.objects.create(inbox=inbox, user=user, role=Role.APPROVER)
+        people.append(user)
+    return people
+
+
+def ask_with(inbox, text, source_id="msg-881"):
+    ingest(inbox, "chat", source_id, {"text": text})
+    return step()
+
+
+@pytest.mark.parametrize(
+    ("text", "action", "needed"),
+    [
+        ("refund order 881 for 750", "refund order 881 for 750", 2),
+        ("Refund order #881 for $500.01 please", "refund order 881 for 500.01", 2),
+        ("refund order 881, amount: 1200", "refund order 881 for 1200", 2),
+        ("refund order 881 for 500", "refund order 881 for 500", 1),
+        ("refund order 881 for €20", "refund order 881 for 20", 1),
+        ("refund order 881", "refund order 881", 1),
+        ("refund order 881 in 750 days", "refund order 881", 1),
+    ],
+)
+def test_a_refund_above_the_threshold_needs_two_approvers(inbox, text, action, needed):
+    ask_with(inbox, text)
+
+    approval = Approval.objects.get(inbox=inbox)
+    assert (approval.action, approval.approvers_needed) == (action, needed)
+    [(body, urgent)] = messages(inbox)
+    assert body.startswith(f"{action[0].upper()}{action[1:]}? ")
+    assert ("two different approvers must approve it within 4 hours" in body) == (needed == 2)
+
+
+def test_the_threshold_is_a_setting(inbox, settings):
+    settings.ALWAYSON_REFUND_TWO_APPROVERS_ABOVE = 100
+    ask_with(inbox, "refund order 881 for 150")
+    assert Approval.objects.get(inbox=inbox).approvers_needed == 2
+    assert "It is above 100, so two different approvers" in messages(inbox)[0][0]
+
+
+def test_the_reply_names_both_approvers(inbox, approvers):
+    dana, lee = approvers
+    ask_with(inbox, "refund order 881 for 750")
+    assert answer_approval(inbox, "refund-881", "yes", by=dana) == "waiting"
+    assert Worker("desk-worker", refund_desk.agent).step() is None  # nothing to run yet
+    assert answer_approval(inbox, "refund-881", "yes", by=lee) == "yes"
+
+    step()
+
+    assert messages(inbox)[-1] == ("Refunded order 881, approved by Dana and Lee", True)
+    assert Refund.objects.get().order == "881"
+
+
+def test_the_reply_names_a_single_approver_and_a_denier(inbox, approvers):
+    dana, lee = approvers
+    ask_with(inbox, "refund order 881")
+    answer_approval(inbox, "refund-881", "yes", by=dana)
+    step()
+    assert messages(inbox)[-1] == ("Refunded order 881, approved by Dana", True)
+
+    ask_with(inbox, "refund order 882 for 900", source_id="msg-882")
+    answer_approval(inbox, "refund-882", "yes", by=dana)
+    answer_approval(inbox, "refund-882", "no", by=lee)
+    step()
+    assert messages(inbox)[-1] == ("Did not refund order 882: the request was denied by Lee.", True)
+    assert Refund.objects.count() == 1
+
+
+def test_an_expired_two_person_refund_says_two_did_not_approve(inbox, approvers):
+    ask_with(inbox, "refund order 881 for 750")
+    answer_approval(inbox, "refund-881", "yes", by=approvers[0])
+    move_approval_into_the_past(inbox)
+    assert run_scheduler() == 1
+
+    step()
+
+    assert messages(inbox)[-1] == (
+        "Did not refund order 881: it needed two approvers, and two did not approve it in time.",
+        True,
+    )
+    assert not Refund.objects.exists()

@@ -14,12 +14,12 @@ from django.test import Client
 
 from alwayson import refund_desk
 from alwayson.worker import Worker
-from approvals.models import Approval
+from approvals.models import Approval, AuditEntry
 from approvals.services import request_approval
 from inbox import clock
-from inbox.models import Event, Lease, Session
+from inbox.models import Event, Lease, Membership, Session
 from inbox.services import ingest
-from outbox.models import OutboxMessage
+from outbox.models import Notice, OutboxMessage
 from timers.models import Timer
 
 WINDOW = timedelta(hours=4)
@@ -50,7 +50,17 @@ def snapshot():
     """Every row the pages could change, so "nothing changed" means exactly that."""
     return {
         model.__name__: list(model.objects.order_by("pk").values())
-        for model in (Event, Approval, Timer, OutboxMessage, Lease, Session)
+        for model in (
+            Event,
+            Approval,
+            AuditEntry,
+            Timer,
+            OutboxMessage,
+            Notice,
+            Lease,
+            Session,
+            Membership,
+        )
     }
 
 

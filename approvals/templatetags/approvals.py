@@ -2,6 +2,8 @@ import json
 
 from django import template
 
+from approvals.models import and_join, display_name
+
 register = template.Library()
 
 
@@ -22,3 +24,21 @@ def json_value(value):
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+@register.filter
+def first_approver(approval):
+    """Who gave the first of two approvals, in their name."""
+    return display_name(approval.first_approved_by) or "Someone (account deleted)"
+
+
+@register.filter
+def answered_by(approval):
+    """Who settled the request: "Dana and Lee" for two approvals, nobody for an expiry."""
+    if approval.answer == approval.Answer.EXPIRED:
+        return "Nobody: it expired"
+    people = [approval.answered_by]
+    if approval.answer == approval.Answer.YES and approval.needs_two:
+        people.insert(0, approval.first_approved_by)
+    names = [display_name(person) for person in people if person is not None]
+    return and_join(names) or "No one named (answered through the API)"

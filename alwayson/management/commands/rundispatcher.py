@@ -2,13 +2,16 @@ import logging
 
 from alwayson.management.loop import LoopCommand
 from alwayson.worker import default_worker_id
-from outbox.services import dispatch
+from outbox.services import dispatch, dispatch_notices
 
 log = logging.getLogger("alwayson.dispatcher")
 
 
 class Command(LoopCommand):
-    help = "Send held outbox messages through each inbox's channel, paced by its gap."
+    help = (
+        "Send held outbox messages through each inbox's channel, paced by its gap, and the"
+        " notices to approvers."
+    )
     role = "alwayson-dispatcher"
     kind = "dispatcher"
 
@@ -25,4 +28,7 @@ class Command(LoopCommand):
         sent = dispatch()
         if sent:
             log.info("sent %s message(s)", sent)
-        return sent > 0
+        noticed = dispatch_notices()
+        if noticed:
+            log.info("sent %s notice(s)", noticed)
+        return sent + noticed > 0
