@@ -252,7 +252,7 @@ class Injector:
             (name, pid) for pid in children for name in RUNALL_CHILDREN if name in cmdline(pid)
         )
         if len(named) < len(RUNALL_CHILDREN) or runall.stopped:
-            if attempt < 30:  # runall is (re)starting: try again shortly
+            if attempt < 90:  # runall is (re)starting (slowly on a busy host): try again shortly
                 self._push(time.time() + 1, self._kill_runall_child, fault, attempt + 1)
             return
         name, pid = named[fault.pick % len(named)]
