@@ -188,6 +188,7 @@ def test_an_approver_without_an_address_shows_up_as_a_failed_notice(team, t0, se
     assert (dana.status, dana.error) == ("failed", "no address: user dana has no email")
 
 
+@pytest.mark.django_db(transaction=True)  # the loop closes and reopens its connection
 def test_rundispatcher_sends_the_notices(team, t0, loop_command):
     request_approval(team.desk, "refund-881", "refund order 881", WINDOW)
     call_command("rundispatcher", "--once", verbosity=0)
