@@ -186,7 +186,7 @@ def test_the_production_set_serves_one_event_end_to_end_and_stops_cleanly(
     status, _, html = proxied.post_form("/approvals/desk/refund-881/", {"answer": "yes"})
     assert status == 200 and "Approved." in html
     runall.wait_for("the refund announced", lambda: len(posted_texts(receiver)) == 2)
-    assert posted_texts(receiver)[1] == "Refunded order 881"
+    assert posted_texts(receiver)[1] == "Refunded order 881, approved by owner"
 
     # Every loop process beats (once a second here); the worker's next beat counts both runs.
     def beating():
