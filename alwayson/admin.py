@@ -33,8 +33,25 @@ from .models import (
 )
 
 
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """Rows only the code writes: listed and shown, never added or edited by hand."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class LedgerAdmin(ViewOnlyAdmin):
+    """A record that is proof of something that happened: not deleted by hand either."""
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Refund)
-class RefundAdmin(admin.ModelAdmin):
+class RefundAdmin(LedgerAdmin):
     list_display = ("order", "idempotency_key", "created")
     search_fields = ("=order", "idempotency_key")
     search_help_text = "the exact order, or the idempotency key (contains)"
@@ -44,18 +61,9 @@ class RefundAdmin(admin.ModelAdmin):
     fields = ("order", "idempotency_key", "created")
     readonly_fields = fields
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(EgressCall)
-class EgressCallAdmin(admin.ModelAdmin):
+class EgressCallAdmin(ViewOnlyAdmin):
     """The egress gateway's audit: what agents asked to call, and what was refused. Written
     by the gateway only; it never holds a credential, a query string or a body."""
 
@@ -67,15 +75,9 @@ class EgressCallAdmin(admin.ModelAdmin):
     show_full_result_count = False
     readonly_fields = list_display
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(PasswordResetRequest)
-class PasswordResetRequestAdmin(admin.ModelAdmin):
+class PasswordResetRequestAdmin(ViewOnlyAdmin):
     """The password reset throttle's record (alwayson/views.py): who asked, when; view-only."""
 
     list_display = ("email", "created")
@@ -84,12 +86,6 @@ class PasswordResetRequestAdmin(admin.ModelAdmin):
     show_full_result_count = False
     fields = ("email", "created")
     readonly_fields = fields
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
 
 def egress_summary(inbox, now) -> list[tuple[str, int, int, int]]:
@@ -297,7 +293,7 @@ class ProcessStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(Process)
-class ProcessAdmin(admin.ModelAdmin):
+class ProcessAdmin(LedgerAdmin):
     """The loop processes, live, lost and stopped, from their heartbeats: read-only, like
     django-q2's monitor or Sidekiq's process page. A row is the process's own record."""
 
@@ -336,12 +332,3 @@ class ProcessAdmin(admin.ModelAdmin):
     @admin.display(description="state", ordering="state")
     def state_label(self, obj):
         return obj.state
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
