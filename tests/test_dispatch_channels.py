@@ -15,7 +15,6 @@ import threading
 import time
 from contextlib import suppress
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import StringIO
 
 import pytest
@@ -30,6 +29,7 @@ from inbox import clock
 from outbox.channels import SendFailed
 from outbox.models import Channel, OutboxMessage, send_key_for
 from tests.conftest import use_email_backend
+from tests.loopback import Loopback
 from tests.test_worker_processes_pg import start_command, wait_for
 
 SECOND = timedelta(seconds=1)
@@ -122,76 +122,36 @@ def fast_parking(settings):
 # --- a real HTTP server -----------------------------------------------------------------------
 
 
-class WebhookServer:
-    """A ThreadingHTTPServer on 127.0.0.1 answering `status` (after `delay` seconds)."""
+class WebhookServer(Loopback):
+    """A receiver on 127.0.0.1 answering `status` (after `delay` seconds) with `{}`."""
 
     def __init__(self):
-        self.requests = []
         self.status = 200
         self.delay = 0.0
         self.release = threading.Event()  # set in teardown: a sleeping handler wakes up
-        server = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                length = int(self.headers.get("Content-Length", 0))
-                body = self.rfile.read(length)
-                server.requests.append(
-                    {
-                        "method": self.command,
-                        "path": self.path,
-                        "headers": dict(self.headers.items()),
-                        "body": body,
-                    }
-                )
-                self._answer()
-
-            def do_GET(self):
-                server.requests.append(
-                    {"method": "GET", "path": self.path, "headers": dict(self.headers.items())}
-                )
-                self._answer()
-
-            def _answer(self):
-                if server.delay:
-                    server.release.wait(server.delay)
-                status, location = server.status, None
-                if isinstance(status, tuple):  # (3xx, location) for the first answer only
-                    (status, location), server.status = status, 200
-                with suppress(OSError):  # the client may have timed out and gone
-                    self.send_response(status)
-                    if location:
-                        self.send_header("Location", location)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", "2")
-                    self.end_headers()
-                    self.wfile.write(b"{}")
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+    def _answer(self, request):
+        if self.delay:
+            self.release.wait(self.delay)
+        headers = {"Content-Type": "application/json"}
+        status = self.status
+        if isinstance(status, tuple):  # (3xx, location) for the first answer only
+            (status, headers["Location"]), self.status = status, 200
+        return status, headers, b"{}"
 
     def url(self, path="/hooks/alwayson"):
-        return f"http://127.0.0.1:{self.port}{path}"
+        return super().url(path)
 
     def posts(self):
         return [r for r in self.requests if r["method"] == "POST"]
 
     def start(self):
-        self.thread.start()
-        return self
+        return self.__enter__()
 
     def stop(self):
         self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(WAIT)
+        self.__exit__()
 
 
 @pytest.fixture
