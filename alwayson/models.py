@@ -365,3 +365,41 @@ PROCESS_RETENTION = timedelta(days=1)
 
 def live_window() -> timedelta:
     return timedelta(seconds=settings.ALWAYSON_HEARTBEAT_INTERVAL * HEALTH_LIVE_BEATS)
+
+
+class DeadAlert(models.Model):
+    """One inbox's alerts about its dead events (alwayson/alerts.py): when the last one was
+    queued, and what went dead since that its owner has not been told yet.
+
+    Written in the transaction that parks events as dead, under the inbox's lease lock, and
+    by the dispatcher's flush under the same lock: an alert is queued exactly when its events'
+    parking (or the flush) commits.
+    """
+
+    inbox = models.OneToOneField(
+        "inbox.Inbox", on_delete=models.CASCADE, primary_key=True, related_name="dead_alert"
+    )
+    last_alert_at = models.DateTimeField(null=True, blank=True)
+    alerts = models.PositiveIntegerField(default=0, help_text="alerts queued so far")
+    # Since the last alert: how many went dead, the first few keys, the last error's last line.
+    unreported = models.PositiveIntegerField(default=0)
+    keys = models.JSONField(default=list, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [
+            # flush_dead_alerts (the dispatcher): inboxes with unreported dead events whose
+            # interval has passed.
+            models.Index(
+                fields=["last_alert_at"],
+                condition=models.Q(unreported__gt=0),
+                name="dead_alert_due_idx",
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.inbox_id}: {self.unreported} unreported"
+
+    def due(self, now) -> bool:
+        interval = timedelta(seconds=settings.ALWAYSON_DEAD_ALERT_INTERVAL)
+        return self.last_alert_at is None or now - self.last_alert_at >= interval

@@ -13,6 +13,8 @@ import django
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from alwayson.logs import FORMATS, logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -180,19 +182,18 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {
-        "alwayson": {"handlers": ["console"], "level": "INFO", "propagate": False},
-        # httpx logs each request's full URL at INFO, and an egress service's credential may
-        # be a query parameter: the gateway logs its calls itself, without it.
-        "httpx": {"level": "WARNING"},
-        "httpcore": {"level": "WARNING"},
-    },
-}
+
+def log_format(name):
+    value = env.str(name, default="text").strip().lower()
+    if value not in FORMATS:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(FORMATS)}, not {value!r}")
+    return value
+
+
+# text: one plain line per record; json: one JSON object per line (alwayson/logs.py). Either
+# way a line logged inside a worker's run carries the run's id.
+ALWAYSON_LOG_FORMAT = log_format("ALWAYSON_LOG_FORMAT")
+LOGGING = logging_config(ALWAYSON_LOG_FORMAT)
 
 # --- alwayson -----------------------------------------------------------------------------
 # Claims before an event is parked as dead.
@@ -502,3 +503,27 @@ if not set(ALWAYSON_HEALTH_REQUIRE) <= {"worker", "scheduler", "dispatcher"}:
         f"(or be empty), not {ALWAYSON_HEALTH_REQUIRE!r}"
     )
 # --- end of production ----------------------------------------------------------------------
+
+# --- logs and alerts (issue 12; alwayson/logs.py, alwayson/alerts.py, alwayson/sentry.py) --
+# ALWAYSON_LOG_FORMAT is read above, with LOGGING.
+# An inbox's owner hears of its dead events at most once per this many seconds: one message
+# through the inbox's channel, counting every event that went dead since the last one.
+ALWAYSON_DEAD_ALERT_INTERVAL = positive_int("ALWAYSON_DEAD_ALERT_INTERVAL", 3600)
+# Sentry: set the DSN to send errors (needs the `sentry` extra). Environment and release
+# name what Sentry shows; the release defaults to the installed alwayson's version.
+SENTRY_DSN = env.str("SENTRY_DSN", default="").strip()
+SENTRY_ENVIRONMENT = env.str(
+    "SENTRY_ENVIRONMENT", default="development" if DEBUG else "production"
+).strip()
+SENTRY_RELEASE = env.str("SENTRY_RELEASE", default="").strip()
+if SENTRY_DSN:
+    from contextlib import suppress
+    from importlib import metadata
+
+    from alwayson.sentry import init_sentry
+
+    # A checkout that was never installed has no version: Sentry then shows no release.
+    with suppress(metadata.PackageNotFoundError):
+        SENTRY_RELEASE = SENTRY_RELEASE or f"alwayson@{metadata.version('alwayson')}"
+    init_sentry(SENTRY_DSN, SENTRY_ENVIRONMENT, SENTRY_RELEASE)
+# --- end of logs and alerts ----------------------------------------------------------------

@@ -35,6 +35,7 @@ from inbox.services import (
 )
 
 from .health import ProcessBeat
+from .logs import run_context
 from .management.loop import OutageBackoff
 from .models import Process
 from .runtime import Agents, LeaseLost, Run
@@ -128,11 +129,13 @@ class Worker:
         if taken is None:
             return None
         inbox_id, generation = taken
-        try:
-            return self._run(inbox_id, generation)
-        finally:
-            # Free the inbox at once rather than at TTL: more work may be waiting in it.
-            release(inbox_id, self.worker_id, generation)
+        # Every line logged from here to the release carries the run's id (alwayson/logs.py).
+        with run_context(inbox_id, generation):
+            try:
+                return self._run(inbox_id, generation)
+            finally:
+                # Free the inbox at once rather than at TTL: more work may be waiting in it.
+                release(inbox_id, self.worker_id, generation)
 
     def _run(self, inbox_id, generation) -> StepResult:
         started = time.monotonic()

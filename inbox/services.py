@@ -9,6 +9,7 @@ transaction already holds the database's write lock), so the rows beneath it are
 locked in the same order and two writers on one inbox can never deadlock.
 """
 
+import logging
 import random
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
@@ -23,8 +24,10 @@ from django.db.models.functions import Greatest
 from . import clock
 from .exceptions import InboxBusy
 from .models import Event, Inbox, Lease, Session
-from .signals import event_stored
+from .signals import event_stored, events_dead
 from .validation import require_duration, require_json, require_key
+
+log = logging.getLogger("alwayson.events")
 
 # Idle workers LISTEN here; a stored event NOTIFYs with its inbox id (sent at commit).
 WORK_CHANNEL = "alwayson_work"
@@ -258,7 +261,12 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
             orphan.updated = now
             orphan.save(update_fields=["status", "error", "available_at", "updated"])
         max_attempts = settings.ALWAYSON_MAX_ATTEMPTS
-        for dead in events.out_of_attempts(max_attempts):
+        going_dead = list(events.out_of_attempts(max_attempts))
+        if going_dead:
+            # Before parking: the receivers see each event's last error, and their writes
+            # (the owner's alert) join this transaction.
+            events_dead.send(sender=Event, inbox_id=inbox.pk, events=going_dead, now=now)
+        for dead in going_dead:
             dead.status = Event.Status.DEAD
             dead.error = _dead_reason(dead.error, max_attempts)
             dead.updated = now
@@ -431,10 +439,20 @@ def mark_dead(event_ids: Iterable[int], reason: str, now=None) -> int:
     for inbox_id in sorted(inbox_ids):
         with transaction.atomic():
             lease = _locked_lease(inbox_id)
-            parked += (
+            parked_here = (
                 Event.objects.pending()
                 .filter(inbox_id=inbox_id, pk__in=event_ids)
                 .update(status=Event.Status.DEAD, error=reason, updated=now)
             )
+            parked += parked_here
             lease.recount_work()
+        if parked_here:
+            # A decision, not a failure: logged, and the owner is not alerted (events_dead).
+            log.warning(
+                "events marked dead by hand: inbox=%s count=%s reason=%s",
+                inbox_id,
+                parked_here,
+                reason,
+                extra={"inbox_id": inbox_id, "count": parked_here, "reason": reason},
+            )
     return parked

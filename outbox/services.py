@@ -167,7 +167,7 @@ def _send_at_most_once(channel, batch, send) -> int:
         OutboxMessage.objects.filter(pk__in=[m.pk for m in batch]).update(
             status=OutboxMessage.Status.FAILED, attempts=F("attempts") + 1, error=str(exc)
         )
-        log.warning("at-most-once send failed, not retried: inbox=%s: %s", channel.pk, exc)
+        log_parked(channel, batch, max(m.attempts for m in batch) + 1, str(exc), "at most once")
         return 0
     return len(batch)
 
@@ -195,13 +195,32 @@ def _record_failure(channel, batch, error, now):
     )
     channel.last_error = error
     if parked:
-        log.warning("parked %s message(s) as failed: inbox=%s: %s", len(ids), channel.pk, error)
+        log_parked(channel, batch, max(m.attempts for m in batch) + 1, error, "out of attempts")
         # Nothing of this send is left to retry: the next send starts a fresh series.
         channel.failures, channel.retry_at = 0, None
     else:
         channel.failures += 1
         channel.retry_at = now + retry_delay(channel.failures)
     channel.save(update_fields=["failures", "retry_at", "last_error"])
+
+
+def log_parked(channel, batch, attempts, error, why):
+    """A send parked as failed is a message nobody will get unless an operator resends it."""
+    fields = {
+        "inbox_id": channel.pk,
+        "channel": channel.kind,
+        "message_ids": [m.pk for m in batch],
+        "key": batch[0].send_key,
+        "attempts": attempts,
+        "last_error": error,
+    }
+    log.error(
+        "outbox send parked as failed (%s): inbox=%s channel=%s messages=%s key=%s"
+        " attempts=%s last error: %s",
+        why,
+        *fields.values(),
+        extra=fields,
+    )
 
 
 def resend(message_ids) -> int:
@@ -279,7 +298,20 @@ def _send_notice(pk, send, now) -> int:
             notice.error = str(exc)
             if notice.attempts >= settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS:
                 notice.status = Notice.Status.FAILED
-                log.warning("parked notice %s as failed: %s", notice.pk, exc)
+                log.error(
+                    "notice parked as failed: notice=%s key=%s attempts=%s last error: %s",
+                    notice.pk,
+                    notice.key,
+                    notice.attempts,
+                    exc,
+                    extra={
+                        "inbox_id": notice.inbox_id,
+                        "notice_id": notice.pk,
+                        "key": notice.key,
+                        "attempts": notice.attempts,
+                        "last_error": str(exc),
+                    },
+                )
             else:
                 notice.due_at = now + retry_delay(notice.attempts)
             notice.save(update_fields=["attempts", "error", "status", "due_at"])

@@ -1,5 +1,6 @@
 import logging
 
+from alwayson.alerts import flush_dead_alerts
 from alwayson.management.loop import LoopCommand
 from alwayson.worker import default_worker_id
 from outbox.services import dispatch, dispatch_notices
@@ -25,10 +26,13 @@ class Command(LoopCommand):
     def step(self) -> bool:
         # A pass that sent something may have left others due (an urgent message arriving
         # mid-pass); one that sent nothing leaves only gaps and backoffs, so sleep.
+        alerts = flush_dead_alerts()
+        if alerts:
+            log.info("queued %s dead-event alert(s)", alerts)
         sent = dispatch()
         if sent:
             log.info("sent %s message(s)", sent)
         noticed = dispatch_notices()
         if noticed:
             log.info("sent %s notice(s)", noticed)
-        return sent + noticed > 0
+        return alerts + sent + noticed > 0
