@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 from django.db import transaction
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 
 from inbox import clock
 from inbox.models import Inbox
@@ -53,7 +53,8 @@ def events_going_dead(sender, inbox_id, events, now, **kwargs):
             "inbox": slug,
             "event_id": event.pk,
             "source": event.source,
-            "key": event.source_id,
+            # Not "key": Sentry and the error pages mask fields named like a credential.
+            "source_id": event.source_id,
             "attempts": event.attempts,
             "last_error": last_line(event.error),
         }
@@ -65,7 +66,7 @@ def events_going_dead(sender, inbox_id, events, now, **kwargs):
 def log_dead(lines):
     for fields in lines:
         log.error(
-            "event went dead: inbox=%(inbox)s source=%(source)s key=%(key)s"
+            "event went dead: inbox=%(inbox)s source=%(source)s key=%(source_id)s"
             " attempts=%(attempts)s last error: %(last_error)s",
             fields,
             extra=fields,
@@ -141,10 +142,17 @@ def alert_body(slug, state: DeadAlert) -> str:
         keys += f" and {count - len(state.keys)} more"
     what = "1 event went dead" if count == 1 else f"{count} events went dead"
     error = f"; last error: {state.last_error}" if state.last_error else ""
-    return f"{what} in inbox {slug} (keys: {keys}){error}. See {dead_events_url(state.inbox_id)}"
+    url = dead_events_url(state.inbox_id)
+    see = f"See {url}" if url else "See the dead events in the admin"
+    return f"{what} in inbox {slug} (keys: {keys}){error}. {see}"
 
 
 def dead_events_url(inbox_id) -> str:
+    """The admin's list of the inbox's dead events; "" where the admin is not mounted (a
+    project's own URLs): the alert goes without a link rather than fail the claim."""
+    try:
+        path = reverse("admin:inbox_event_changelist")
+    except NoReverseMatch:
+        return ""
     query = urlencode({"inbox__id__exact": inbox_id, "status__exact": "dead"})
-    path = reverse("admin:inbox_event_changelist")
     return f"{settings.ALWAYSON_SITE_URL.rstrip('/')}{path}?{query}"

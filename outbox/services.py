@@ -210,12 +210,13 @@ def log_parked(channel, batch, attempts, error, why):
         "inbox_id": channel.pk,
         "channel": channel.kind,
         "message_ids": [m.pk for m in batch],
-        "key": batch[0].send_key,
+        # Not "key": Sentry and the error pages mask fields named like a credential.
+        "send": batch[0].send_key,
         "attempts": attempts,
         "last_error": error,
     }
     log.error(
-        "outbox send parked as failed (%s): inbox=%s channel=%s messages=%s key=%s"
+        "outbox send parked as failed (%s): inbox=%s channel=%s messages=%s send=%s"
         " attempts=%s last error: %s",
         why,
         *fields.values(),
@@ -299,7 +300,7 @@ def _send_notice(pk, send, now) -> int:
             if notice.attempts >= settings.ALWAYSON_OUTBOX_MAX_ATTEMPTS:
                 notice.status = Notice.Status.FAILED
                 log.error(
-                    "notice parked as failed: notice=%s key=%s attempts=%s last error: %s",
+                    "notice parked as failed: notice=%s message-id=%s attempts=%s last error: %s",
                     notice.pk,
                     notice.key,
                     notice.attempts,
@@ -307,7 +308,7 @@ def _send_notice(pk, send, now) -> int:
                     extra={
                         "inbox_id": notice.inbox_id,
                         "notice_id": notice.pk,
-                        "key": notice.key,
+                        "message_id": notice.key,
                         "attempts": notice.attempts,
                         "last_error": str(exc),
                     },

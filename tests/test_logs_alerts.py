@@ -90,7 +90,12 @@ def test_an_event_out_of_attempts_is_logged_at_error_with_its_fields(
     [record] = records(events_log, "alwayson.events", logging.ERROR)
     event = Event.objects.get(source_id="m1")
     assert event.status == "dead"
-    assert (record.inbox, record.source, record.key, record.attempts) == ("desk", "chat", "m1", 3)
+    assert (record.inbox, record.source, record.source_id, record.attempts) == (
+        "desk",
+        "chat",
+        "m1",
+        3,
+    )
     assert record.event_id == event.pk
     assert record.last_error == "ValueError: refund 881 failed"
     assert record.getMessage() == (
@@ -149,6 +154,23 @@ def test_many_dead_events_make_one_alert_with_their_keys_and_the_admin_link(inbo
         " and 2 more); last error: ValueError: refund 881 failed. See "
         f"http://127.0.0.1:8000/admin/inbox/event/?inbox__id__exact={inbox.pk}&status__exact=dead"
     )
+
+
+urlpatterns = []  # a project that does not mount the admin
+
+
+@pytest.mark.django_db
+def test_without_the_admin_mounted_the_alert_goes_without_a_link(inbox, t0, settings):
+    settings.ROOT_URLCONF = __name__
+    out_of_attempts(inbox, "m1", now=t0)
+
+    claim(inbox, t0)
+
+    [alert] = alerts(inbox)
+    assert alert.body.endswith(
+        "last error: ValueError: refund 881 failed. See the dead events in the admin"
+    )
+    assert Event.objects.get().status == "dead"
 
 
 @pytest.mark.django_db
@@ -284,7 +306,7 @@ def test_a_send_parked_as_failed_is_logged_at_error(inbox, t0, settings, events_
         "email",
         [message.pk],
     )
-    assert (record.key, record.attempts) == (message.send_key, 2)
+    assert (record.send, record.attempts) == (message.send_key, 2)
     assert record.last_error == "HTTP 500 from the receiver"
 
 
@@ -345,7 +367,7 @@ def test_json_lines_parse_and_carry_the_run_id_through_a_worker_step(inbox, log_
     by_logger = {line["logger"]: line for line in first}
     assert {"alwayson.events", "alwayson.agent.test", "alwayson.worker"} <= set(by_logger)
     dead = by_logger["alwayson.events"]
-    assert (dead["level"], dead["key"], dead["attempts"]) == ("ERROR", "poison", 3)
+    assert (dead["level"], dead["source_id"], dead["attempts"]) == ("ERROR", "poison", 3)
     assert dead["last_error"] == "ValueError: refund 881 failed"
     assert by_logger["alwayson.agent.test"]["message"] == "handling 1 event(s)"
     for line in first:
