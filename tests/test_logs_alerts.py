@@ -447,3 +447,33 @@ def test_a_bad_value_stops_start_up(name, value, says):
 
 def test_json_is_accepted_in_any_case():
     assert start_up(ALWAYSON_LOG_FORMAT=" JSON ") == (0, "")
+
+
+# --- the flush's query plan (PostgreSQL) ----------------------------------------------------
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db
+def test_the_flush_finds_due_alerts_by_the_partial_due_index(t0, owner):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from inbox.models import Inbox
+
+    quiet = Inbox.objects.bulk_create(
+        Inbox(owner=owner, slug=f"quiet-{n}", created=t0) for n in range(3000)
+    )
+    DeadAlert.objects.bulk_create(
+        DeadAlert(inbox=inbox, last_alert_at=t0 - timedelta(days=n % 30), alerts=1)
+        for n, inbox in enumerate(quiet)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {DeadAlert._meta.db_table}")
+
+    with CaptureQueriesContext(connection) as captured:
+        assert flush_dead_alerts(now=t0) == 0
+    [due] = [q["sql"] for q in captured.captured_queries]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + due)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "dead_alert_due_idx" in plan, plan
