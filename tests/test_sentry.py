@@ -87,7 +87,9 @@ def sentry(monkeypatch, settings):
             yield server
         finally:
             sentry_sdk.flush(timeout=10)
-            sentry_sdk.init()  # a client without a DSN: nothing more is sent
+            # A client without a DSN or integrations: nothing more is sent, and the SDK's
+            # patches of Django and logging pass straight through for the tests after.
+            sentry_sdk.init(default_integrations=False, auto_enabling_integrations=False)
 
 
 @pytest.mark.django_db
