@@ -24,6 +24,7 @@ from .claude.client import day_start
 from .models import (
     TOTAL_TOKENS,
     AgentConfig,
+    DeadAlert,
     EgressCall,
     ModelCall,
     PasswordResetRequest,
@@ -332,3 +333,16 @@ class ProcessAdmin(LedgerAdmin):
     @admin.display(description="state", ordering="state")
     def state_label(self, obj):
         return obj.state
+
+
+@admin.register(DeadAlert)
+class DeadAlertAdmin(LedgerAdmin):
+    """Each inbox's dead-event alerts (alwayson/alerts.py): when its owner was last told,
+    and what went dead since. Written only with the events' parking and by the dispatcher."""
+
+    list_display = ("inbox", "last_alert_at", "alerts", "unreported", "last_error")
+    list_select_related = ("inbox",)
+    search_fields = ("inbox__slug",)
+    ordering = ("-last_alert_at",)
+    fields = ("inbox", "last_alert_at", "alerts", "unreported", "keys", "last_error")
+    readonly_fields = fields

@@ -477,3 +477,58 @@ def test_the_flush_finds_due_alerts_by_the_partial_due_index(t0, owner):
         cursor.execute("EXPLAIN " + due)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "dead_alert_due_idx" in plan, plan
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(
+    transaction=True
+)  # the dispatchers are threads with connections of their own
+def test_two_dispatchers_flushing_at_once_queue_one_alert(inbox, t0):
+    import threading
+
+    from django.db import connection, transaction
+
+    DeadAlert.objects.create(
+        inbox=inbox, last_alert_at=t0, alerts=1, unreported=2, keys=["chat:m2", "chat:m3"]
+    )
+    results, errors = [], []
+
+    def dispatcher():
+        try:
+            results.append(flush_dead_alerts(now=t0 + timedelta(hours=2)))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=dispatcher) for _ in range(2)]
+    # Both find the row due, then queue behind the inbox's lock held here.
+    with transaction.atomic():
+        services.lock_inbox(inbox.pk)
+        for thread in threads:
+            thread.start()
+        waiting = 0
+        for _ in range(200):
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                )
+                waiting = cursor.fetchone()[0]
+            if waiting == 2:
+                break
+            threading.Event().wait(0.05)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, state, wait_event_type, wait_event, query FROM pg_stat_activity"
+                " WHERE datname = current_database()"
+            )
+            activity = cursor.fetchall()
+        assert waiting == 2, (errors, activity)
+    for thread in threads:
+        thread.join(30)
+
+    assert errors == []
+    assert sorted(results) == [0, 1]
+    [alert] = alerts(inbox)
+    assert alert.body.startswith("2 events went dead in inbox desk (keys: chat:m2, chat:m3)")
