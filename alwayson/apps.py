@@ -8,6 +8,8 @@ class AlwaysonConfig(AppConfig):
     def ready(self):
         from approvals.signals import approval_requested
 
+        from . import metrics
         from .announce import announce_approval
 
         approval_requested.connect(announce_approval, dispatch_uid="alwayson.announce_approval")
+        metrics.connect_signals()
