@@ -105,7 +105,8 @@ def _add_totals(rows):
     params = [
         part for (name, labels, bucket), amount in rows for part in (name, labels, bucket, amount)
     ]
-    with connection.cursor() as cursor:
+    # A transaction of its own, or a savepoint: a failed flush never spoils a caller's.
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (name, labels, bucket, value) VALUES {values}"
             f" ON CONFLICT (name, labels, bucket)"
