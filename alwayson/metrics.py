@@ -155,11 +155,15 @@ class Histogram:
     known: tuple = ()
 
     def observe(self, value, **labels):
+        self.observe_many([value], **labels)
+
+    def observe_many(self, values, **labels):
+        """Observations of one series, counted as one addition (one flush, not one each)."""
         labels = _labels(self.labelnames, labels)
-        bound = self.bucket_of(value)
-        RECORDER.add(
-            [((self.name, labels, floatToGoString(bound)), 1), ((self.name, labels, "sum"), value)]
-        )
+        items = [((self.name, labels, "sum"), sum(values))]
+        for value in values:
+            items.append(((self.name, labels, floatToGoString(self.bucket_of(value))), 1))
+        RECORDER.add(items)
 
     def bucket_of(self, value) -> float:
         """The smallest bound at or above `value`: a row per bucket, made cumulative at scrape."""
@@ -288,7 +292,7 @@ def _count_timer_fire(sender, timer, now, late_by, **kwargs):
 
 def _count_sent(sender, messages, at, **kwargs):
     latencies = [max((at - message.created).total_seconds(), 0.0) for message in messages]
-    transaction.on_commit(lambda: [SEND_LATENCY.observe(latency) for latency in latencies])
+    transaction.on_commit(lambda: SEND_LATENCY.observe_many(latencies))
 
 
 def _count_settled(sender, event, now, **kwargs):
