@@ -12,6 +12,8 @@ whole deployment and every process's counts add up:
   process, a test, a script). Never inside a run's transaction: what happens inside a
   transaction is counted when it commits (`on_commit`), so a rolled-back takeover or send
   is not counted. A process killed outright loses at most one heartbeat's counts.
+
+prometheus_client is imported where a scrape needs it: the loop processes only count.
 """
 
 import hmac
@@ -28,13 +30,6 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Min
 from django.http import HttpResponse, HttpResponseNotAllowed
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-)
-from prometheus_client.utils import floatToGoString
 
 from inbox import clock
 
@@ -137,6 +132,8 @@ class Counter:
         RECORDER.add([((self.name, _labels(self.labelnames, labels), ""), amount)])
 
     def family(self, totals):
+        from prometheus_client.core import CounterMetricFamily
+
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         series = {labels: values.get("", 0.0) for labels, values in totals.items()}
         for labels in _known_series(self.labelnames, self.known):
@@ -162,7 +159,7 @@ class Histogram:
         labels = _labels(self.labelnames, labels)
         items = [((self.name, labels, "sum"), sum(values))]
         for value in values:
-            items.append(((self.name, labels, floatToGoString(self.bucket_of(value))), 1))
+            items.append(((self.name, labels, _bound_text(self.bucket_of(value))), 1))
         RECORDER.add(items)
 
     def bucket_of(self, value) -> float:
@@ -171,6 +168,9 @@ class Histogram:
         return self.buckets[index] if index < len(self.buckets) else INF
 
     def family(self, totals):
+        from prometheus_client.core import HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         series = dict(totals)
         for labels in _known_series(self.labelnames, self.known):
@@ -190,6 +190,11 @@ class Histogram:
                 _label_values(labels, self.labelnames), cumulative, sum_value=values.get("sum", 0.0)
             )
         return family
+
+
+def _bound_text(bound) -> str:
+    """A bucket's upper bound as stored: "0.5", "600.0", "+Inf"."""
+    return "+Inf" if bound == INF else repr(float(bound))
 
 
 def _known_series(labelnames, known):
@@ -339,6 +344,8 @@ class DatabaseCollector:
             yield metric.family(totals.get(metric.name, {}))
 
     def state(self, now):
+        from prometheus_client.core import GaugeMetricFamily
+
         from approvals.models import Approval
         from inbox.models import Event, Inbox, Lease
         from outbox.models import Notice, OutboxMessage
@@ -447,6 +454,8 @@ def _seconds_since(moment, now) -> float:
 
 
 def exposition(now=None) -> bytes:
+    from prometheus_client import CollectorRegistry, generate_latest
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(now))
     return generate_latest(registry)
@@ -489,6 +498,8 @@ class MetricsMiddleware:
         except DatabaseError:
             log.warning("metrics: the database is unavailable", exc_info=True)
             return HttpResponse("database unavailable\n", status=503, content_type="text/plain")
+        from prometheus_client import CONTENT_TYPE_LATEST
+
         response = HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
         response["Cache-Control"] = "no-store"
         return response
