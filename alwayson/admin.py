@@ -25,6 +25,7 @@ from .models import (
     TOTAL_TOKENS,
     AgentConfig,
     EgressCall,
+    MetricTotal,
     ModelCall,
     PasswordResetRequest,
     Process,
@@ -332,3 +333,13 @@ class ProcessAdmin(LedgerAdmin):
     @admin.display(description="state", ordering="state")
     def state_label(self, obj):
         return obj.state
+
+
+@admin.register(MetricTotal)
+class MetricTotalAdmin(LedgerAdmin):
+    """The running totals behind /metrics' counters and histograms: shown, never edited or
+    deleted by hand (a histogram's bucket rows and its sum move together)."""
+
+    list_display = ("name", "labels", "bucket", "value")
+    list_filter = ("name",)
+    ordering = ("name", "labels", "bucket")
