@@ -26,6 +26,7 @@ from .models import (
     AgentConfig,
     DeadAlert,
     EgressCall,
+    MetricTotal,
     ModelCall,
     PasswordResetRequest,
     Process,
@@ -346,3 +347,13 @@ class DeadAlertAdmin(LedgerAdmin):
     ordering = ("-last_alert_at",)
     fields = ("inbox", "last_alert_at", "alerts", "unreported", "keys", "last_error")
     readonly_fields = fields
+
+
+@admin.register(MetricTotal)
+class MetricTotalAdmin(LedgerAdmin):
+    """The running totals behind /metrics' counters and histograms: shown, never edited or
+    deleted by hand (a histogram's bucket rows and its sum move together)."""
+
+    list_display = ("name", "labels", "bucket", "value")
+    list_filter = ("name",)
+    ordering = ("name", "labels", "bucket")

@@ -24,6 +24,7 @@ from django.http import HttpResponseNotAllowed, JsonResponse
 
 from inbox import clock
 
+from . import metrics
 from .models import Process
 
 log = logging.getLogger("alwayson.health")
@@ -103,7 +104,9 @@ class ProcessBeat:
         )
 
     def start(self):
-        """Register (a database outage leaves that to the first beat) and start beating."""
+        """Register (a database outage leaves that to the first beat) and start beating;
+        from now on this process's metrics are flushed with each beat."""
+        metrics.RECORDER.batched = True
         try:
             self.register()
         except DatabaseError:
@@ -116,6 +119,8 @@ class ProcessBeat:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self._flush_metrics()
+        metrics.RECORDER.batched = False
         if not clean:
             return
         try:
@@ -123,10 +128,18 @@ class ProcessBeat:
         except DatabaseError:
             log.warning("could not mark %s %s stopped", self.kind, self.worker_id)
 
+    def _flush_metrics(self):
+        try:
+            metrics.flush()
+        except DatabaseError:
+            log.warning("could not add metrics to the database; kept for the next beat")
+
     def _loop(self):
         try:
             while not self._stop.wait(settings.ALWAYSON_HEARTBEAT_INTERVAL):
                 close_old_connections()
+                # Before the beat: the beat's write stays the session's last statement.
+                self._flush_metrics()
                 try:
                     self.beat()
                 except DatabaseError:

@@ -403,3 +403,29 @@ class DeadAlert(models.Model):
     def due(self, now) -> bool:
         interval = timedelta(seconds=settings.ALWAYSON_DEAD_ALERT_INTERVAL)
         return self.last_alert_at is None or now - self.last_alert_at >= interval
+
+
+class MetricTotal(models.Model):
+    """One running total of a Prometheus counter or histogram, shared by every process.
+
+    Loop processes count in memory and add their counts here every heartbeat, with an
+    upsert that adds (alwayson/metrics.py), so the totals of every process on every host add
+    up and survive restarts; /metrics reads this table at scrape. A counter is one row
+    (bucket ""); a histogram is a row per bucket (its upper bound, not cumulative) and one
+    for its sum ("sum"). Never written inside a run's transaction.
+    """
+
+    name = models.CharField(max_length=100)
+    # The series' labels as canonical JSON (sorted keys), e.g. {"outcome": "done"}.
+    labels = models.CharField(max_length=500, default="{}")
+    bucket = models.CharField(max_length=30, blank=True)
+    value = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [
+            # The upsert's conflict target; /metrics reads the whole (small) table.
+            models.UniqueConstraint(fields=["name", "labels", "bucket"], name="metric_total_key"),
+        ]
+
+    def __str__(self):
+        return f"{self.name}{self.labels}{self.bucket and ' ' + self.bucket}: {self.value}"

@@ -502,6 +502,24 @@ if not set(ALWAYSON_HEALTH_REQUIRE) <= {"worker", "scheduler", "dispatcher"}:
         "ALWAYSON_HEALTH_REQUIRE must list kinds among worker,scheduler,dispatcher "
         f"(or be empty), not {ALWAYSON_HEALTH_REQUIRE!r}"
     )
+
+
+def bearer_token(name):
+    """A secret a client brings as `Authorization: Bearer ...`; empty when unset."""
+    token = env.str(name, default="").strip()
+    if token and (len(token) < 16 or re.search(r"\s", token)):
+        raise ImproperlyConfigured(
+            f"{name} must be at least 16 characters without spaces "
+            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or unset"
+        )
+    return token
+
+
+# /metrics (alwayson/metrics.py) answers only a scrape that brings this bearer token; unset,
+# the endpoint is off (404). Answered before the host check and the HTTPS redirect, like
+# /healthz, so Prometheus may scrape a web process at its own address.
+ALWAYSON_METRICS_TOKEN = bearer_token("ALWAYSON_METRICS_TOKEN")
+MIDDLEWARE.insert(1, "alwayson.metrics.MetricsMiddleware")
 # --- end of production ----------------------------------------------------------------------
 
 # --- logs and alerts (issue 12; alwayson/logs.py, alwayson/alerts.py, alwayson/sentry.py) --

@@ -34,6 +34,7 @@ from inbox.services import (
     renew,
 )
 
+from . import metrics
 from .health import ProcessBeat
 from .logs import run_context
 from .management.loop import OutageBackoff
@@ -190,6 +191,7 @@ class Worker:
 
     def _result(self, inbox, generation, count, outcome, started):
         result = StepResult(inbox.slug, generation, count, outcome, time.monotonic() - started)
+        metrics.record_run(result)
         log.info(
             "run inbox=%s gen=%s events=%s outcome=%s duration=%.3fs",
             result.inbox,

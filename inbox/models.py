@@ -5,6 +5,7 @@ from django.db import models, transaction
 from django.db.models import Exists, Max, OuterRef, Q
 
 from .exceptions import UnknownInbox
+from .signals import lease_taken_over
 
 
 class Role(models.IntegerChoices):
@@ -218,6 +219,8 @@ class Lease(models.Model):
         lapsed, starts a new one, so claims made under the lapsed lease can be told apart.
         """
         if self.is_free(now):
+            if self.until is not None:  # lapsed, not released: a takeover
+                lease_taken_over.send(sender=Lease, lease=self, now=now)
             self.generation += 1
         elif self.holder != holder:
             return None

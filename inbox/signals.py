@@ -11,3 +11,7 @@ event_stored = Signal()
 # now. What a receiver writes (the owner's alert) commits with the parking or not at all.
 # An operator's mark_dead does not send it: that is a decision, not a failure.
 events_dead = Signal()
+
+# Sent inside the acquiring transaction when an acquire takes over a lease whose holder let
+# it lapse (not one released or never held). Arguments: lease (before the takeover), now.
+lease_taken_over = Signal()

@@ -14,6 +14,7 @@ from inbox.services import retry_delay
 
 from .channels import SendFailed, send_notice, sender_for
 from .models import Channel, Notice, OutboxMessage, notice_key, send_key_for
+from .signals import messages_sent
 
 log = logging.getLogger("alwayson.outbox")
 
@@ -98,7 +99,7 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
         if at_most_once:
             _mark_sent(channel, batch, at)
     if at_most_once:
-        return _send_at_most_once(channel, batch, send)
+        return _send_at_most_once(channel, batch, send, at)
     with transaction.atomic():
         at = clock.resolve(now)
         channel = _locked_channel(inbox_id)
@@ -115,6 +116,7 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
             _record_failure(channel, batch, str(exc), at)
             return 0
         _mark_sent(channel, batch, at)
+        messages_sent.send(sender=OutboxMessage, messages=batch, at=at)
         return len(batch)
 
 
@@ -159,7 +161,7 @@ def _next_send(channel, now, may_start) -> list:
     return list(stamped_rows.order_by("id"))
 
 
-def _send_at_most_once(channel, batch, send) -> int:
+def _send_at_most_once(channel, batch, send, sent_at) -> int:
     try:
         (send or sender_for(channel))(Delivery(channel.inbox, batch))
     except SendFailed as exc:
@@ -169,6 +171,7 @@ def _send_at_most_once(channel, batch, send) -> int:
         )
         log_parked(channel, batch, max(m.attempts for m in batch) + 1, str(exc), "at most once")
         return 0
+    messages_sent.send(sender=OutboxMessage, messages=batch, at=sent_at)
     return len(batch)
 
 

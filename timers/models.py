@@ -10,6 +10,8 @@ from inbox import clock
 from inbox.models import Inbox
 from inbox.services import RESERVED_SOURCES, store_event
 
+from .signals import timer_fired
+
 # The source of every occurrence's event, unless a one-off fixes its event key.
 TIMER_SOURCE = "timer"
 # Timer keys only alwayson's own machinery writes: an approval's expiry timer is
@@ -122,6 +124,9 @@ class Timer(models.Model):
     def fire(self, now) -> int:
         """Turn the due occurrences into inbox events and advance; the number stored (a
         replay of an occurrence already stored is a duplicate, not a second event)."""
+        timer_fired.send(
+            sender=Timer, timer=self, now=now, late_by=(now - self.due).total_seconds()
+        )
         occurrences, skipped = self.advance(now)
         stored = 0
         for n, occurrence in enumerate(occurrences):
