@@ -427,3 +427,22 @@ def test_a_bad_batch_size_is_refused(t0):
         call_command("prune", "--batch-size", "0")
     with pytest.raises(ValueError, match="batch_size"):
         prune(t0, batch_size=0)
+
+
+# --- scheduling it -----------------------------------------------------------------------------
+
+
+def test_the_systemd_timer_runs_the_prune_command_daily():
+    import shlex
+
+    from alwayson.production import SCHEDULED
+    from tests.test_deploy import UNITS, normalized, unit_values
+
+    service, timer = UNITS / "alwayson-prune.service", UNITS / "alwayson-prune.timer"
+    [exec_start] = unit_values(service, "ExecStart")
+    assert normalized(shlex.split(exec_start)) == SCHEDULED["prune"]
+    assert unit_values(service, "Type") == ["oneshot"]
+    assert unit_values(service, "User") == ["alwayson"]
+    assert unit_values(timer, "Unit") == ["alwayson-prune.service"]
+    assert unit_values(timer, "OnCalendar") == ["*-*-* 03:17:00"]
+    assert unit_values(timer, "Persistent") == ["true"]

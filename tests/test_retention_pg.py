@@ -26,7 +26,7 @@ OLD = 2000  # done events past every retention, spread over the inboxes the work
 NEW = 120
 
 
-def test_prune_while_a_worker_drains_loses_nothing(spawn, django_user_model):
+def test_prune_while_a_worker_drains_loses_nothing(spawn, django_user_model):  # noqa: F811
     inboxes = make_inboxes(django_user_model, "prune", 6)
     long_ago = clock.database_now() - timedelta(days=400)
     Event.objects.bulk_create(
