@@ -503,7 +503,12 @@ if not set(ALWAYSON_HEALTH_REQUIRE) <= {"worker", "scheduler", "dispatcher"}:
     )
 # --- end of production ----------------------------------------------------------------------
 
-# --- retention: `manage.py prune` (alwayson/retention.py, issue 12) --------------------------
+# --- retention and the admin for operators (issue 12) ---------------------------------------
+# The admin site lists the demo's models in a section of their own (alwayson/admin_site.py).
+INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = (
+    "alwayson.admin_site.AlwaysonAdminConfig"
+)
+# `manage.py prune` (alwayson/retention.py):
 # Days each kind of row is kept once it is finished; prune never touches pending, running or
 # dead events, held or failed messages, waiting approvals, timers still to fire, or sessions.
 # The longest a sender retries a delivery: Stripe retries webhooks for up to 3 days, Standard
@@ -550,4 +555,4 @@ def optional_retention_days(name, minimum):
 # login log. Unset: kept forever; deleting it is the operator's decision. Not shorter than
 # the event keys: a settled approval refuses a second answer for as long as it exists.
 ALWAYSON_RETAIN_AUDIT = optional_retention_days("ALWAYSON_RETAIN_AUDIT", ALWAYSON_RETAIN_EVENT_KEYS)
-# --- end of retention ----------------------------------------------------------------------
+# --- end of retention and the admin ---------------------------------------------------------
