@@ -11,7 +11,7 @@ from django.contrib.admin.apps import AdminConfig
 
 # Models shown under DEMO_SECTION instead of their app, as "app_label.modelname".
 DEMO_MODELS = {"alwayson.refund"}
-DEMO_SECTION = "Demo: the refund desk's payments system"
+DEMO_SECTION = "Demo: the refund desk (example payments system)"
 
 
 class AlwaysonAdminSite(admin.AdminSite):
