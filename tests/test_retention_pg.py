@@ -4,12 +4,15 @@ rows go, in many small transactions, and every new event is still run once and d
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
-from alwayson.retention import prune
+from alwayson.retention import prune, rules
 from inbox import clock
 from inbox.models import Event
 from inbox.services import ingest
+from outbox.models import OutboxMessage
+from tests.conftest import T0
+from tests.test_query_plans_pg import assert_uses, plan_of
 from tests.test_worker_processes_pg import (  # noqa: F401 (fixtures)
     _exited,
     effects,
@@ -19,6 +22,7 @@ from tests.test_worker_processes_pg import (  # noqa: F401 (fixtures)
     spawn,
     wait_for,
 )
+from timers.models import Timer
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -77,3 +81,64 @@ def test_prune_while_a_worker_drains_loses_nothing(spawn, django_user_model):  #
     ran = sorted(pk for run in runs() for pk in run["event_ids"])
     assert ran == sorted(new.values_list("pk", flat=True))
     assert sorted(event for _, event, fresh in effects() if fresh) == ran
+
+
+# --- each batch reads an index, not the table ------------------------------------------------
+
+
+RECENT = 3000  # rows a daily pass must not read: kept for weeks yet
+
+
+@pytest.fixture
+def history(django_user_model):
+    """A table of recent finished rows with a day's worth past their retention at its head."""
+    [inbox] = make_inboxes(django_user_model, "plans", 1)
+    old, recent = T0 - timedelta(days=400), T0 - timedelta(hours=1)
+    ages = [old] * 30 + [recent] * RECENT
+    Event.objects.bulk_create(
+        Event(
+            inbox=inbox,
+            source="chat",
+            source_id=f"e{n}",
+            payload={"text": "hi"},
+            status=Event.Status.DONE,
+            available_at=at,
+            created=at,
+            updated=at,
+        )
+        for n, at in enumerate(ages)
+    )
+    Event.objects.bulk_create(
+        Event(
+            inbox=inbox, source="chat", source_id=f"p{n}", available_at=T0, created=T0, updated=T0
+        )
+        for n in range(RECENT)
+    )
+    Timer.objects.bulk_create(
+        Timer(inbox=inbox, key=f"t{n}", due=at, done=True) for n, at in enumerate(ages)
+    )
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(inbox=inbox, body="b", status="sent", created=at, sent_at=at) for at in ages
+    )
+    with connection.cursor() as cursor:
+        for model in (Event, Timer, OutboxMessage):
+            cursor.execute(f"ANALYZE {model._meta.db_table}")
+
+
+@pytest.mark.parametrize(
+    "rule, index",
+    [
+        ("inbox.Event (payload cleared)", "event_done_idx"),
+        ("inbox.Event", "event_done_idx"),
+        ("timers.Timer", "timer_done_idx"),
+        ("outbox.OutboxMessage", "outbox_sent_age_idx"),
+    ],
+)
+@pytest.mark.django_db(transaction=False)
+def test_a_prune_batch_walks_its_partial_index(history, rule, index):
+    [found] = [r for r in rules(T0) if r.name == rule]
+    batches = found.batches(10)
+
+    assert_uses(plan_of(batches.next), index)
+    # The next batch starts after the last one, still along the index.
+    assert_uses(plan_of(batches.next), index)
