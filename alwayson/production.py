@@ -26,6 +26,11 @@ PROCESSES = {
     "dispatcher": ("python", "manage.py", "rundispatcher"),
 }
 
+# Run on a schedule, one pass each: deploy/systemd/alwayson-prune.timer runs it daily.
+SCHEDULED = {
+    "prune": ("python", "manage.py", "prune"),
+}
+
 
 def local_argv(command, base_dir: Path) -> list[str]:
     """`command` for this interpreter and checkout: `python` is this interpreter, `manage.py`

@@ -545,3 +545,57 @@ if SENTRY_DSN:
         SENTRY_RELEASE = SENTRY_RELEASE or f"alwayson@{metadata.version('alwayson')}"
     init_sentry(SENTRY_DSN, SENTRY_ENVIRONMENT, SENTRY_RELEASE)
 # --- end of logs and alerts ----------------------------------------------------------------
+
+# --- retention and the admin for operators (issue 12) ---------------------------------------
+# The admin site lists the demo's models in a section of their own (alwayson/admin_site.py).
+INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = (
+    "alwayson.admin_site.AlwaysonAdminConfig"
+)
+# `manage.py prune` (alwayson/retention.py):
+# Days each kind of row is kept once it is finished; prune never touches pending, running or
+# dead events, held or failed messages, waiting approvals, timers still to fire, or sessions.
+# The longest a sender retries a delivery: Stripe retries webhooks for up to 3 days, Standard
+# Webhooks senders (Svix) for about 1.5 days, GitHub not at all. A dedupe key kept for less
+# than this lets a late retry in as a second wake-up, so start-up refuses a shorter setting.
+RETENTION_MIN_EVENT_KEY_DAYS = 7
+
+
+def retention_days(name, default, minimum=1):
+    days = positive_int(name, default)
+    if days < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum} days, not {days}")
+    return days
+
+
+# A done event's payload and error are cleared after this (the row stays, as its key's tombstone).
+ALWAYSON_RETAIN_DONE_EVENTS = retention_days("ALWAYSON_RETAIN_DONE_EVENTS", 14)
+# A done event's row, and with it its dedupe key, is deleted after this; so is a fired one-off
+# timer. At least RETENTION_MIN_EVENT_KEY_DAYS, and not shorter than the payload's retention.
+ALWAYSON_RETAIN_EVENT_KEYS = retention_days(
+    "ALWAYSON_RETAIN_EVENT_KEYS", 30, minimum=RETENTION_MIN_EVENT_KEY_DAYS
+)
+if ALWAYSON_RETAIN_EVENT_KEYS < ALWAYSON_RETAIN_DONE_EVENTS:
+    raise ImproperlyConfigured(
+        f"ALWAYSON_RETAIN_EVENT_KEYS ({ALWAYSON_RETAIN_EVENT_KEYS}) must not be shorter than "
+        f"ALWAYSON_RETAIN_DONE_EVENTS ({ALWAYSON_RETAIN_DONE_EVENTS}): a key outlives its payload"
+    )
+# Sent outbox messages and notices (the newest sent message of each inbox stays: the gap).
+ALWAYSON_RETAIN_SENT_OUTBOX = retention_days("ALWAYSON_RETAIN_SENT_OUTBOX", 30)
+# The egress gateway's call log.
+ALWAYSON_RETAIN_EGRESS_CALLS = retention_days("ALWAYSON_RETAIN_EGRESS_CALLS", 30)
+# The Claude agent's answer cache and tool results (ModelCall, ToolResult); at least 2 days,
+# since the daily token budget counts the calls of the current UTC day.
+ALWAYSON_RETAIN_MODEL_CALLS = retention_days("ALWAYSON_RETAIN_MODEL_CALLS", 30, minimum=2)
+
+
+def optional_retention_days(name, minimum):
+    if not env.str(name, default="").strip():
+        return None
+    return retention_days(name, 0, minimum=minimum)
+
+
+# The audit trail: settled approvals with their audit entries, the admin's history and the
+# login log. Unset: kept forever; deleting it is the operator's decision. Not shorter than
+# the event keys: a settled approval refuses a second answer for as long as it exists.
+ALWAYSON_RETAIN_AUDIT = optional_retention_days("ALWAYSON_RETAIN_AUDIT", ALWAYSON_RETAIN_EVENT_KEYS)
+# --- end of retention and the admin ---------------------------------------------------------

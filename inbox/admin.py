@@ -16,9 +16,13 @@ import json
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ActionForm
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_permission_codename, get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db.models import BooleanField, Case, Value, When
-from django.urls import reverse
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
@@ -38,6 +42,19 @@ def pretty_json(value):
 
 def excerpt(text, length=80):
     return Truncator(text).chars(length) if text else ""
+
+
+def preformatted(text):
+    """Text as written, indentation and line breaks kept, in a monospace block, escaped."""
+    return format_html('<pre style="white-space: pre-wrap">{}</pre>', text) if text else "-"
+
+
+def record_history(request, model, ids, message):
+    """One admin history row (LogEntry) per changed row, saying what the action did."""
+    for chunk in chunks(ids):
+        LogEntry.objects.log_actions(
+            request.user.pk, model.objects.filter(pk__in=chunk), CHANGE, message
+        )
 
 
 def chunks(ids, size=ACTION_CHUNK):
@@ -268,7 +285,7 @@ class EventAdmin(MachineryAdmin):
         "status",
         "attempts",
         "claim_gen",
-        "error",
+        "error_block",
         "available_at",
         "created",
         "updated",
@@ -282,6 +299,11 @@ class EventAdmin(MachineryAdmin):
     def error_excerpt(self, obj):
         return excerpt(obj.error)
 
+    @admin.display(description="error")
+    def error_block(self, obj):
+        # A traceback reads by its indentation: kept, not folded into one paragraph.
+        return preformatted(obj.error)
+
     @admin.display(description="payload")
     def payload_pretty(self, obj):
         return pretty_json(obj.payload)
@@ -290,12 +312,50 @@ class EventAdmin(MachineryAdmin):
         # The event pages are view-only; running the actions takes the change permission.
         return has_model_perm(request, self.opts, "change")
 
+    def get_urls(self):
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "<path:object_id>/requeue/",
+                self.admin_site.admin_view(self.requeue_view),
+                name="{}_{}_requeue".format(*info),
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # The Requeue button: on a dead event's own page, for those who may run the action.
+        event = self.get_object(request, unquote(object_id))
+        requeue_url = None
+        dead = event is not None and event.status == Event.Status.DEAD
+        if dead and self.has_operate_permission(request):
+            requeue_url = reverse(
+                f"{self.admin_site.name}:inbox_event_requeue", args=[quote(event.pk)]
+            )
+        extra_context = {**(extra_context or {}), "requeue_url": requeue_url}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def requeue_view(self, request, object_id):
+        """The change page's Requeue button: the list action, on this one event."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        event = self.get_object(request, unquote(object_id))
+        if event is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        self.requeue(request, Event.objects.filter(pk=event.pk))
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:inbox_event_change", args=[quote(event.pk)])
+        )
+
     @admin.action(description="Requeue selected dead events", permissions=["operate"])
     def requeue(self, request, queryset):
         selected = queryset.count()
         ids = list(queryset.dead().values_list("pk", flat=True))
-        requeued = sum(services.requeue(chunk) for chunk in chunks(ids))
-        self.report(request, selected, requeued, "requeued (back to pending, attempts reset)")
+        requeued = [pk for chunk in chunks(ids) for pk in services.requeue_ids(chunk)]
+        record_history(request, Event, requeued, "Requeued: back to pending, attempts reset.")
+        self.report(request, selected, len(requeued), "requeued (back to pending, attempts reset)")
 
     @admin.action(description="Mark selected pending events dead", permissions=["operate"])
     def mark_dead(self, request, queryset):
@@ -304,8 +364,9 @@ class EventAdmin(MachineryAdmin):
             reason = f"marked dead in the admin by {request.user.get_username()}"
         selected = queryset.count()
         ids = list(queryset.pending().values_list("pk", flat=True))
-        parked = sum(services.mark_dead(chunk, reason) for chunk in chunks(ids))
-        self.report(request, selected, parked, f"marked dead ({reason})")
+        parked = [pk for chunk in chunks(ids) for pk in services.mark_dead_ids(chunk, reason)]
+        record_history(request, Event, parked, f"Marked dead: {reason}")
+        self.report(request, selected, len(parked), f"marked dead ({reason})")
 
     def report(self, request, selected, changed, what):
         # Counted before the change: a selection made through a status filter no longer

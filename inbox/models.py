@@ -324,6 +324,10 @@ class Event(models.Model):
             models.Index(
                 fields=["inbox", "updated"], condition=Q(status="dead"), name="event_dead_idx"
             ),
+            # prune (alwayson/retention.py): done rows, oldest first.
+            models.Index(
+                fields=["updated", "id"], condition=Q(status="done"), name="event_done_idx"
+            ),
         ]
 
     def __str__(self):

@@ -399,60 +399,72 @@ class SaveState:
 
 def requeue(event_ids: Iterable[int], now=None) -> int:
     """Put dead events back to pending with their attempts reset; the number requeued."""
+    return len(requeue_ids(event_ids, now))
+
+
+def requeue_ids(event_ids: Iterable[int], now=None) -> list[int]:
+    """requeue, answering which events it put back (the admin's history names each)."""
     now = clock.resolve(now)
     event_ids = list(event_ids)
-    requeued = 0
+    requeued = []
     by_inbox = {}
     for pk, inbox_id in Event.objects.dead().filter(pk__in=event_ids).values_list("pk", "inbox_id"):
         by_inbox.setdefault(inbox_id, []).append(pk)
     for inbox_id, ids in sorted(by_inbox.items()):
         with transaction.atomic():
             lease = _locked_lease(inbox_id)
-            count = (
-                Event.objects.dead()
-                .filter(pk__in=ids)
-                .update(
-                    status=Event.Status.PENDING,
-                    attempts=0,
-                    claim_gen=None,
-                    error="",
-                    available_at=now,
-                    updated=now,
-                )
+            # Under the inbox's lock nobody else moves a dead event: these are the ones.
+            ids = list(Event.objects.dead().filter(pk__in=ids).values_list("pk", flat=True))
+            Event.objects.filter(pk__in=ids).update(
+                status=Event.Status.PENDING,
+                attempts=0,
+                claim_gen=None,
+                error="",
+                available_at=now,
+                updated=now,
             )
-            if count:
+            if ids:
                 lease.note_work(now)
                 _notify_work(inbox_id)
-            requeued += count
+            requeued += ids
     return requeued
 
 
 def mark_dead(event_ids: Iterable[int], reason: str, now=None) -> int:
     """Park pending events as dead by hand (an operator's decision); the number parked."""
+    return len(mark_dead_ids(event_ids, reason, now))
+
+
+def mark_dead_ids(event_ids: Iterable[int], reason: str, now=None) -> list[int]:
+    """mark_dead, answering which events it parked (the admin's history names each)."""
     require_key("reason", reason)
     now = clock.resolve(now)
     event_ids = list(event_ids)
-    parked = 0
+    parked = []
     inbox_ids = set(
         Event.objects.pending().filter(pk__in=event_ids).values_list("inbox_id", flat=True)
     )
     for inbox_id in sorted(inbox_ids):
         with transaction.atomic():
             lease = _locked_lease(inbox_id)
-            parked_here = (
+            # Claims and finishes take the inbox's lock too: these stay pending until commit.
+            ids = list(
                 Event.objects.pending()
                 .filter(inbox_id=inbox_id, pk__in=event_ids)
-                .update(status=Event.Status.DEAD, error=reason, updated=now)
+                .values_list("pk", flat=True)
             )
-            parked += parked_here
+            Event.objects.filter(pk__in=ids).update(
+                status=Event.Status.DEAD, error=reason, updated=now
+            )
+            parked += ids
             lease.recount_work()
-        if parked_here:
+        if ids:
             # A decision, not a failure: logged, and the owner is not alerted (events_dead).
             log.warning(
                 "events marked dead by hand: inbox=%s count=%s reason=%s",
                 inbox_id,
-                parked_here,
+                len(ids),
                 reason,
-                extra={"inbox_id": inbox_id, "count": parked_here, "reason": reason},
+                extra={"inbox_id": inbox_id, "count": len(ids), "reason": reason},
             )
     return parked

@@ -10,7 +10,15 @@ held, whole and under their keys, through the same service as `deadletters --res
 from django.contrib import admin, messages
 from django.db import models
 
-from inbox.admin import InboxRoleMixin, MachineryAdmin, chunks, excerpt, has_model_perm
+from inbox.admin import (
+    InboxRoleMixin,
+    MachineryAdmin,
+    chunks,
+    excerpt,
+    has_model_perm,
+    preformatted,
+    record_history,
+)
 
 from . import services
 from .models import Channel, Notice, OutboxMessage
@@ -46,10 +54,18 @@ class OutboxMessageAdmin(admin.ModelAdmin):
         "created",
         "sent_at",
         "attempts",
-        "error",
+        "error_block",
         "send_key",
     )
-    readonly_fields = ("inbox", "status", "created", "sent_at", "attempts", "error", "send_key")
+    readonly_fields = (
+        "inbox",
+        "status",
+        "created",
+        "sent_at",
+        "attempts",
+        "error_block",
+        "send_key",
+    )
     actions = ("resend",)
 
     @admin.display(description="body")
@@ -59,6 +75,10 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     @admin.display(description="error")
     def error_excerpt(self, obj):
         return excerpt(obj.error)
+
+    @admin.display(description="error")
+    def error_block(self, obj):
+        return preformatted(obj.error)
 
     def has_add_permission(self, request):
         # Messages are what the agent says, written by a run's finish.
@@ -86,7 +106,11 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     def resend(self, request, queryset):
         selected = queryset.count()  # before: a status filter stops matching the resent
         ids = list(queryset.failed().values_list("pk", flat=True))
-        resent = sum(services.resend(chunk) for chunk in chunks(ids))
+        put_back = [pk for chunk in chunks(ids) for pk in services.resend_ids(chunk)]
+        record_history(
+            request, OutboxMessage, put_back, "Resent: back to held, attempts reset, same send key."
+        )
+        resent = len(put_back)
         text = f"{resent} message(s) put back in the outbox (held, attempts reset)."
         if resent > len(ids):
             text += (
@@ -187,7 +211,7 @@ class NoticeAdmin(MachineryAdmin):
         "sent_at",
         "sent_to",
         "attempts",
-        "error",
+        "error_block",
     )
     readonly_fields = fields
     actions = ("resend",)
@@ -196,6 +220,10 @@ class NoticeAdmin(MachineryAdmin):
     def error_excerpt(self, obj):
         return excerpt(obj.error)
 
+    @admin.display(description="error")
+    def error_block(self, obj):
+        return preformatted(obj.error)
+
     def has_operate_permission(self, request):
         return has_model_perm(request, self.opts, "change")
 
@@ -203,7 +231,11 @@ class NoticeAdmin(MachineryAdmin):
     def resend(self, request, queryset):
         selected = queryset.count()
         ids = list(queryset.failed().values_list("pk", flat=True))
-        resent = sum(services.resend_notices(chunk) for chunk in chunks(ids))
+        put_back = [pk for chunk in chunks(ids) for pk in services.resend_notice_ids(chunk)]
+        record_history(
+            request, Notice, put_back, "Resent: back to held, attempts reset, same Message-ID."
+        )
+        resent = len(put_back)
         text = f"{resent} notice(s) put back (held, attempts reset), each under its Message-ID."
         if selected - resent:
             text += f" {selected - resent} selected notice(s) had not failed and were left alone."

@@ -234,6 +234,11 @@ def resend(message_ids) -> int:
     got it before (its answer lost) recognises it. Resending one message of a parked send
     therefore puts back the whole send.
     """
+    return len(resend_ids(message_ids))
+
+
+def resend_ids(message_ids) -> list[int]:
+    """resend, answering which messages it put back (the admin's history names each)."""
     ids = list(message_ids)
     failed = OutboxMessage.objects.failed()
     with transaction.atomic():
@@ -243,9 +248,16 @@ def resend(message_ids) -> int:
         same_send = Q(
             inbox_id__in={inbox for inbox, _ in chosen}, send_key__in={key for _, key in chosen}
         )
-        return failed.filter(Q(pk__in=ids) | same_send).update(
+        # Locked until commit: a second resend of the same rows waits, then finds them held.
+        put_back = list(
+            failed.filter(Q(pk__in=ids) | same_send)
+            .select_for_update()
+            .values_list("pk", flat=True)
+        )
+        failed.filter(pk__in=put_back).update(
             status=OutboxMessage.Status.HELD, sent_at=None, attempts=0, error=""
         )
+        return put_back
 
 
 # --- notices: one email to one person, once per topic ----------------------------------------
@@ -329,8 +341,17 @@ def _send_notice(pk, send, now) -> int:
 def resend_notices(notice_ids, now=None) -> int:
     """Put parked notices back, attempts reset, due now; the number put back. Each goes
     again under its own Message-ID."""
-    return (
-        Notice.objects.failed()
-        .filter(pk__in=list(notice_ids))
-        .update(status=Notice.Status.HELD, attempts=0, error="", due_at=clock.resolve(now))
-    )
+    return len(resend_notice_ids(notice_ids, now))
+
+
+def resend_notice_ids(notice_ids, now=None) -> list[int]:
+    """resend_notices, answering which notices it put back (for the admin's history)."""
+    failed = Notice.objects.failed()
+    with transaction.atomic():
+        put_back = list(
+            failed.filter(pk__in=list(notice_ids)).select_for_update().values_list("pk", flat=True)
+        )
+        failed.filter(pk__in=put_back).update(
+            status=Notice.Status.HELD, attempts=0, error="", due_at=clock.resolve(now)
+        )
+        return put_back

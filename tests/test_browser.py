@@ -485,6 +485,40 @@ def test_the_admin_requeues_a_dead_event(new_page, site, desk, staff_user):
     assert event.status == "done"
 
 
+def test_a_dead_events_page_shows_its_error_as_written_and_requeues_it(
+    new_page, site, desk, staff_user
+):
+    error = "Traceback (most recent call last):\n  File \"agent.py\", line 3\nKeyError: 'order'"
+    event = dead_event(desk, error=error)
+
+    for name, viewport in (("admin-dead-event", DESKTOP), ("admin-dead-event-phone", PHONE)):
+        page = new_page(viewport)
+        log_in_to_admin(page, site, "operator", f"/admin/inbox/event/{event.pk}/change/")
+        block = page.locator(".field-error_block pre")
+        expect(block).to_have_text(error)
+        # The indentation is kept on screen: the "File" line starts two spaces in.
+        assert block.evaluate("e => getComputedStyle(e).whiteSpace") == "pre-wrap"
+        expect(page.get_by_role("button", name="Requeue")).to_be_visible()
+        screenshot(page, name)
+
+    page.get_by_role("button", name="Requeue").click()
+    expect(page.locator(".messagelist")).to_contain_text("1 event(s) requeued")
+    expect(page.get_by_role("button", name="Requeue")).to_have_count(0)
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("pending", 0)
+    page.get_by_role("link", name="History").click()
+    expect(page.locator("#content")).to_contain_text("Requeued: back to pending")
+
+
+def test_the_admin_index_keeps_the_demo_apart_and_links_the_dashboard(new_page, site, staff_user):
+    page = new_page()
+    log_in_to_admin(page, site, "operator")
+    expect(page.locator("#alwayson-dashboard-link a", has_text="Dashboard")).to_be_visible()
+    sections = page.locator("#content-main .module caption").all_inner_texts()
+    assert sections[-1].upper().startswith("DEMO"), sections
+    screenshot(page, "admin-index")
+
+
 def test_the_admin_dashboard(new_page, site, desk, staff_user, make_inbox):
     # Something to show: done, pending and dead events, a held message, a held lease.
     other = make_inbox("ops-desk", owner=staff_user)
