@@ -40,7 +40,10 @@ STEPS = int(os.environ.get("ALWAYSON_MODEL_STEPS", "50"))
 
 
 @pytest.mark.django_db
-def test_random_sequences_keep_the_articles_invariants():
+def test_random_sequences_keep_the_articles_invariants(settings):
+    # Two attempts, not three: an event runs out of them within a few runs of a sequence,
+    # so the dead parking is reached often (the model reads the setting, like the code).
+    settings.ALWAYSON_MAX_ATTEMPTS = 2
     run_state_machine_as_test(
         InboxMachine,
         settings=hsettings(
