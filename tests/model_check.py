@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import transaction
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from alwayson.api import (
     Say,
@@ -170,6 +170,20 @@ class InboxMachine(RuleBasedStateMachine):
 
     # --- rules ------------------------------------------------------------------------------
 
+    @initialize(
+        keys=st.lists(
+            st.tuples(
+                st.sampled_from(INBOXES), st.sampled_from(SOURCES), st.sampled_from(SOURCE_IDS)
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    def first_deliveries(self, keys):
+        """Work from the start, so the first runs have events to claim."""
+        for i, source, sid in keys:
+            self.deliver(i, source, sid)
+
     @rule(seconds=st.sampled_from(STEPS_OF_TIME))
     def advance_clock(self, seconds):
         self.now += timedelta(seconds=seconds)
@@ -300,7 +314,11 @@ class InboxMachine(RuleBasedStateMachine):
         """One whole turn of the worker loop: take (or renew) the lease, claim unless a claim
         is in hand, finish. The separate rules above interleave these steps; this one keeps
         complete runs frequent (retries to the dead state, sends inside the gap) however
-        hypothesis mixes and swarm-disables the rules."""
+        hypothesis mixes and swarm-disables the rules. The holder of a live lease takes the
+        turn, as the worker that holds it would; `holder` only when the lease is free."""
+        lease = self.leases[i]
+        if not lease.is_free(self.now):
+            holder = lease.holder
         self.take_lease(i, holder)
         worker = self.workers.get((i, holder))
         if worker is None or not self.leases[i].is_held_by(holder, worker.generation, self.now):
