@@ -517,18 +517,21 @@ def finish(
 
 
 def _fence(inbox, inbox_id, holder, generation, now, release):
-    """Lock the lease row and check that (holder, generation) holds it, in one statement
-    (an UPDATE takes the row's lock and re-checks its WHERE on the row it then holds); with
-    `release`, give the lease up in the same write. The fence's `now`, or None if refused."""
+    """Lock the lease row and check, under that lock, that (holder, generation) holds it;
+    with `release`, give the lease up in the same write (one statement on PostgreSQL). The
+    fence's `now`, or None if refused."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            # finish, finish_done: by the lease's primary key.
+            # The lease row by its primary key, locked first whoever holds it, then checked.
             cursor.execute(
-                "WITH clock AS (SELECT COALESCE(%s::timestamptz, clock_timestamp()) AS now)"
-                " UPDATE inbox_lease SET until = CASE WHEN %s THEN NULL ELSE until END"
-                " FROM clock WHERE inbox_id = %s AND holder = %s AND generation = %s"
-                " AND until >= clock.now RETURNING clock.now",
-                [now, release, inbox_id, holder, generation],
+                "WITH clock AS (SELECT COALESCE(%s::timestamptz, clock_timestamp()) AS now),"
+                " locked AS (SELECT inbox_id, holder, generation, until FROM inbox_lease"
+                "  WHERE inbox_id = %s FOR UPDATE)"
+                " UPDATE inbox_lease AS l SET until = CASE WHEN %s THEN NULL ELSE l.until END"
+                " FROM locked, clock WHERE l.inbox_id = locked.inbox_id"
+                " AND locked.holder = %s AND locked.generation = %s AND locked.until >= clock.now"
+                " RETURNING clock.now",
+                [now, inbox_id, release, holder, generation],
             )
             row = cursor.fetchone()
             if row is not None:
