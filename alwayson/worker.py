@@ -68,6 +68,11 @@ class Heartbeat:
         with self._lock:
             self._runs.discard(run)
 
+    def _tracks(self, run) -> bool:
+        # A run that finished (and gave its lease back) since this beat listed it was not lost.
+        with self._lock:
+            return run in self._runs
+
     def beat(self):
         with self._lock:
             runs = list(self._runs)
@@ -75,7 +80,7 @@ class Heartbeat:
             if run.lost:
                 continue
             try:
-                if not renew(run.inbox.pk, run.holder, run.generation):
+                if not renew(run.inbox.pk, run.holder, run.generation) and self._tracks(run):
                     log.warning("lease lost: inbox=%s gen=%s", run.inbox.slug, run.generation)
                     run.mark_lost()
             except DatabaseError:
