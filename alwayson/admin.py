@@ -18,9 +18,9 @@ from django.utils.html import format_html, format_html_join
 
 from inbox import clock
 from inbox.admin import InboxAdmin, MachineryAdmin, pretty_json
+from inbox.clock import day_start
 from inbox.models import Inbox
 
-from .claude.client import day_start
 from .models import (
     TOTAL_TOKENS,
     AgentConfig,

@@ -17,10 +17,10 @@ from django.db.models import Count, Min, Q, Sum
 from django.shortcuts import render
 
 from inbox import clock
+from inbox.clock import day_start
 from inbox.models import Event, Inbox, Lease
 from outbox.models import OutboxMessage
 
-from .claude.client import day_start
 from .models import TOTAL_TOKENS, AgentConfig, ModelCall
 
 STATUSES = Event.Status.values

@@ -17,7 +17,7 @@ import threading
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 from django.utils.module_loading import import_string
 
 from approvals.services import Ask
@@ -197,8 +197,15 @@ class Agents:
     def for_inbox(self, inbox):
         from .models import AgentConfig
 
-        path = AgentConfig.objects.filter(inbox_id=inbox.pk).values_list("agent", flat=True)
-        path = path.first()
+        # Read on every run, so an edit in the admin applies from the next run, in every
+        # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
+        # than the lookup itself on a run that does nothing else.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s", [inbox.pk]
+            )
+            row = cursor.fetchone()
+        path = row[0] if row else None
         if not path:
             return self.default
         if path not in self._loaded:

@@ -23,16 +23,7 @@ from django.db import (
     connections,
 )
 
-from inbox.models import Inbox, Session
-from inbox.services import (
-    WORK_CHANNEL,
-    acquire_next,
-    claim_batch,
-    finish,
-    lease_ttl,
-    release,
-    renew,
-)
+from inbox.services import WORK_CHANNEL, Claim, finish, lease_ttl, release, renew, take_next
 
 from . import metrics
 from .health import ProcessBeat
@@ -79,6 +70,11 @@ class Heartbeat:
         with self._lock:
             self._runs.discard(run)
 
+    def _tracks(self, run) -> bool:
+        # A run that finished (and gave its lease back) since this beat listed it was not lost.
+        with self._lock:
+            return run in self._runs
+
     def beat(self):
         with self._lock:
             runs = list(self._runs)
@@ -86,7 +82,7 @@ class Heartbeat:
             if run.lost:
                 continue
             try:
-                if not renew(run.inbox.pk, run.holder, run.generation):
+                if not renew(run.inbox.pk, run.holder, run.generation) and self._tracks(run):
                     log.warning("lease lost: inbox=%s gen=%s", run.inbox.slug, run.generation)
                     run.mark_lost()
             except DatabaseError:
@@ -125,36 +121,41 @@ class Worker:
         self.heartbeat = heartbeat
 
     def step(self) -> StepResult | None:
-        """One run of one inbox, or None when no inbox has claimable work and a free lease."""
-        taken = acquire_next(self.worker_id)
-        if taken is None:
-            return None
-        inbox_id, generation = taken
-        # Every line logged from here to the release carries the run's id (alwayson/logs.py).
-        with run_context(inbox_id, generation):
-            try:
-                return self._run(inbox_id, generation)
-            finally:
-                # Free the inbox at once rather than at TTL: more work may be waiting in it.
-                release(inbox_id, self.worker_id, generation)
+        """One run of one inbox, or None when no inbox has claimable work and a free lease.
 
-    def _run(self, inbox_id, generation) -> StepResult:
+        Two transactions when all goes well: take_next (lease and claim) and a finish that
+        gives the lease back with the run's outcome.
+        """
         started = time.monotonic()
-        holder = self.worker_id
-        events = claim_batch(inbox_id, holder, generation)
-        inbox = Inbox.objects.get(pk=inbox_id)
-        if not events:
-            return self._result(inbox, generation, 0, "nothing claimable", started)
-        state = Session.objects.filter(inbox_id=inbox_id).values_list("state", flat=True).first()
-        run = Run(inbox, holder, generation, events, state)
-        ids = [event.pk for event in events]
+        claim = take_next(self.worker_id)
+        if claim is None:
+            return None
+        if not claim.events:
+            # take_next gave the lease back already.
+            return self._result(claim.inbox, claim.generation, 0, "nothing claimable", started)
+        released = False
+        # Every line logged from here to the release carries the run's id (alwayson/logs.py).
+        with run_context(claim.inbox.pk, claim.generation):
+            try:
+                result, released = self._run(claim, started)
+                return result
+            finally:
+                if not released:
+                    # Free the inbox at once rather than at TTL: more work may be waiting in it.
+                    release(claim.inbox.pk, self.worker_id, claim.generation)
+
+    def _run(self, claim: Claim, started) -> tuple[StepResult, bool]:
+        """The run and its finish; the result, and whether the finish gave the lease back."""
+        holder, inbox, generation = self.worker_id, claim.inbox, claim.generation
+        run = Run(inbox, holder, generation, claim.events, claim.state)
+        ids = [event.pk for event in claim.events]
         error = None
         if self.heartbeat:
             self.heartbeat.track(run)
         try:
             self.agents.for_inbox(inbox)(run)
         except LeaseLost:
-            return self._result(inbox, generation, len(ids), "fenced", started)
+            return self._result(inbox, generation, len(ids), "fenced", started), False
         except Exception as exc:
             error = _describe(exc)
             log.warning("agent failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
@@ -163,13 +164,14 @@ class Worker:
                 self.heartbeat.untrack(run)
         try:
             finished = finish(
-                inbox_id,
+                inbox.pk,
                 holder,
                 generation,
                 ids,
                 run.effects(),
                 error=error,
                 defer=None if error else run.deferred,
+                release=True,
             )
         except (OperationalError, InterfaceError):
             # The database, not the run, failed: nothing was committed, the events stay
@@ -180,14 +182,14 @@ class Worker:
             # events instead, so the failure counts toward their attempts and shows in admin.
             error = f"finish failed: {_describe(exc)}"
             log.warning("finish failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
-            finished = finish(inbox_id, holder, generation, ids, error=error)
+            finished = finish(inbox.pk, holder, generation, ids, error=error, release=True)
         if not finished:
             outcome = "refused"
         elif error:
             outcome = f"error: {error.splitlines()[-1]}"
         else:
             outcome = run.outcome
-        return self._result(inbox, generation, len(ids), outcome, started)
+        return self._result(inbox, generation, len(ids), outcome, started), finished
 
     def _result(self, inbox, generation, count, outcome, started):
         result = StepResult(inbox.slug, generation, count, outcome, time.monotonic() - started)

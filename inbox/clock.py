@@ -35,3 +35,8 @@ def whole_seconds(moment: datetime) -> datetime:
 
 def occurrence_label(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def day_start(moment: datetime) -> datetime:
+    """Midnight UTC of `moment`'s day: where a daily budget starts counting."""
+    return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)

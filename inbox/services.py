@@ -18,13 +18,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 from django.db.models.functions import Greatest
 
 from . import clock
-from .exceptions import InboxBusy
+from .exceptions import InboxBusy, UnknownInbox
 from .models import Event, Inbox, Lease, Session
-from .signals import event_stored, events_dead
+from .signals import event_stored, events_dead, lease_taken_over
 from .validation import require_duration, require_json, require_key
 
 log = logging.getLogger("alwayson.events")
@@ -219,6 +219,125 @@ def acquire_next(holder, now=None) -> tuple[int, int] | None:
         return lease.inbox_id, lease.take(holder, now, lease_ttl())
 
 
+@dataclass
+class Claim:
+    """What take_next took: an inbox's lease and the batch claimed under it, with the
+    session state the run resumes from. `events` is empty when the inbox had nothing
+    claimable after all; the lease is then already given back."""
+
+    inbox: Inbox
+    generation: int
+    events: list[Event]
+    state: dict | None
+
+
+def take_next(holder, now=None) -> Claim | None:
+    """acquire_next and claim_batch in one transaction: take the lease of some inbox with
+    work and no live holder, and claim its batch, by the same rules (orphans back to
+    pending, dead parked, a due retry alone). None when no inbox has work.
+
+    On PostgreSQL the lease row is taken in one statement (locked once, under SKIP LOCKED,
+    returning its inbox and whether leftovers need settling) and the batch is claimed in a
+    second, which also reads the session state.
+    """
+    require_key("holder", holder)
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            taken = acquire_next(holder, now)
+            if taken is None:
+                return None
+            inbox_id, generation = taken
+            inbox = Inbox.objects.get(pk=inbox_id)
+            events = claim_batch(inbox, holder, generation, now)
+            if not events:
+                release(inbox_id, holder, generation)
+                return Claim(inbox, generation, [], None)
+            state = Session.objects.filter(inbox_id=inbox_id).values_list("state", flat=True)
+            return Claim(inbox, generation, events, state.first())
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_TAKE_SQL, [now, holder, lease_ttl(), settings.ALWAYSON_MAX_ATTEMPTS])
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        now, generation, leftovers, old_holder, old_until, *inbox_row = row
+        inbox = Inbox.from_db(connection.alias, _INBOX_FIELDS, inbox_row)
+        if old_until is not None:  # lapsed, not released: a takeover, as in Lease.take
+            lapsed = Lease(
+                inbox_id=inbox.pk, holder=old_holder, generation=generation - 1, until=old_until
+            )
+            lease_taken_over.send(sender=Lease, lease=lapsed, now=now)
+        if leftovers:
+            _settle_leftovers(inbox.pk, generation, now)
+        cursor.execute(_CLAIM_SQL, [inbox.pk, now, generation, now, inbox.pk])
+        rows = cursor.fetchall()
+        if not rows:
+            # Nothing claimable after all (a retry waiting for its backoff): give the lease
+            # back, with the work recounted, in this transaction.
+            Lease.objects.filter(inbox_id=inbox.pk).update(until=None)
+            _recount_work(inbox.pk)
+            return Claim(inbox, generation, [], None)
+        payload = Event._meta.get_field("payload")
+        events = []
+        for *values, _ in rows:
+            values[4] = payload.from_db_value(values[4], None, connection)
+            event = Event.from_db(connection.alias, _EVENT_FIELDS, values)
+            event.inbox = inbox
+            events.append(event)
+        events.sort(key=lambda event: event.pk)  # oldest first; RETURNING has no order
+        state = Session._meta.get_field("state").from_db_value(rows[0][-1], None, connection)
+        return Claim(inbox, generation, events, state)
+
+
+_INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
+_EVENT_FIELDS = [
+    "id", "inbox_id", "source", "source_id", "payload", "status", "attempts", "claim_gen",
+    "error", "available_at", "created", "updated",
+]  # fmt: skip
+
+# take_next, the lease: an inbox with work, soonest first, by lease_work_idx under SKIP
+# LOCKED; the leftovers checks by event_running_idx and event_pending_idx.
+_TAKE_SQL = """
+WITH clock AS (SELECT COALESCE(%s::timestamptz, clock_timestamp()) AS now),
+picked AS (
+    SELECT inbox_id, holder AS old_holder, until AS old_until FROM inbox_lease, clock
+    WHERE work_at <= clock.now AND (until IS NULL OR until < clock.now)
+    ORDER BY work_at LIMIT 1
+    FOR UPDATE OF inbox_lease SKIP LOCKED
+)
+UPDATE inbox_lease AS l
+SET holder = %s, generation = l.generation + 1, until = clock.now + %s
+FROM picked, clock, inbox_inbox AS i
+WHERE l.inbox_id = picked.inbox_id AND i.id = picked.inbox_id
+RETURNING clock.now, l.generation,
+    EXISTS (SELECT 1 FROM inbox_event AS e WHERE e.inbox_id = l.inbox_id
+            AND e.status = 'running' AND e.claim_gen < l.generation)
+    OR EXISTS (SELECT 1 FROM inbox_event AS e WHERE e.inbox_id = l.inbox_id
+               AND e.status = 'pending' AND e.attempts >= %s),
+    picked.old_holder, picked.old_until,
+    i.id, i.owner_id, i.slug, i.name, i.created
+"""
+
+# take_next, the batch: the inbox's due pending rows by event_pending_idx (the oldest due
+# retry alone, if any), claimed in one UPDATE that returns them with the session state.
+_CLAIM_SQL = """
+WITH due AS (
+    SELECT id, attempts FROM inbox_event
+    WHERE inbox_id = %s AND status = 'pending' AND available_at <= %s
+),
+retry AS (SELECT min(id) AS id FROM due WHERE attempts > 0),
+chosen AS (
+    SELECT due.id FROM due, retry WHERE retry.id IS NULL OR due.id = retry.id
+)
+UPDATE inbox_event AS e
+SET status = 'running', attempts = e.attempts + 1, claim_gen = %s, updated = %s
+FROM chosen
+WHERE e.id = chosen.id
+RETURNING e.id, e.inbox_id, e.source, e.source_id, e.payload, e.status, e.attempts,
+    e.claim_gen, e.error, e.available_at, e.created, e.updated,
+    (SELECT state FROM inbox_session WHERE inbox_id = %s)
+"""
+
+
 def renew(inbox, holder, generation, now=None) -> bool:
     """Extend a live lease by one TTL; False if (holder, generation) no longer holds it."""
     inbox_id = Inbox.objects.pk_of(inbox)
@@ -252,26 +371,8 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
         lease = _locked_lease(inbox.pk)
         if not lease.is_held_by(holder, generation, now):
             return []
-        events = Event.objects.filter(inbox=inbox)
-        for orphan in events.orphaned_by(generation):
-            orphan.status = Event.Status.PENDING
-            orphan.error = f"worker lost its lease during the run (generation {orphan.claim_gen})"
-            # The attempt started when it was claimed; its backoff runs from then.
-            orphan.available_at = orphan.updated + retry_delay(orphan.attempts)
-            orphan.updated = now
-            orphan.save(update_fields=["status", "error", "available_at", "updated"])
-        max_attempts = settings.ALWAYSON_MAX_ATTEMPTS
-        going_dead = list(events.out_of_attempts(max_attempts))
-        if going_dead:
-            # Before parking: the receivers see each event's last error, and their writes
-            # (the owner's alert) join this transaction.
-            events_dead.send(sender=Event, inbox_id=inbox.pk, events=going_dead, now=now)
-        for dead in going_dead:
-            dead.status = Event.Status.DEAD
-            dead.error = _dead_reason(dead.error, max_attempts)
-            dead.updated = now
-            dead.save(update_fields=["status", "error", "updated"])
-        due = events.pending().due(now)
+        _settle_leftovers(inbox.pk, generation, now)
+        due = Event.objects.filter(inbox=inbox).pending().due(now)
         retry = due.filter(attempts__gt=0).order_by("id").values_list("id", flat=True).first()
         ids = [retry] if retry else list(due.values_list("id", flat=True))
         Event.objects.filter(pk__in=ids).update(
@@ -283,6 +384,47 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
         if not ids:
             lease.recount_work()
         return list(Event.objects.filter(pk__in=ids).order_by("id"))
+
+
+def _settle_leftovers(inbox_id, generation, now):
+    """Before a claim, under the lease row's lock: rows left running by an older generation
+    go back to pending after their backoff, and pending rows out of attempts are parked."""
+    events = Event.objects.filter(inbox_id=inbox_id)
+    orphans = list(
+        events.orphaned_by(generation).values_list("pk", "claim_gen", "attempts", "updated")
+    )
+    if orphans:
+        # One UPDATE; the backoff is drawn per row, as a retry's is.
+        events.filter(pk__in=[pk for pk, *_ in orphans]).update(
+            status=Event.Status.PENDING,
+            error=_per_row(
+                (pk, f"worker lost its lease during the run (generation {gen})")
+                for pk, gen, _, _ in orphans
+            ),
+            # The attempt started when it was claimed; its backoff runs from then.
+            available_at=_per_row(
+                (pk, updated + retry_delay(attempts)) for pk, _, attempts, updated in orphans
+            ),
+            updated=now,
+        )
+    max_attempts = settings.ALWAYSON_MAX_ATTEMPTS
+    going_dead = list(events.out_of_attempts(max_attempts))
+    if going_dead:
+        # Before parking: the receivers see each event's last error, and their writes
+        # (the owner's alert) join this transaction.
+        events_dead.send(sender=Event, inbox_id=inbox_id, events=going_dead, now=now)
+        events.filter(pk__in=[event.pk for event in going_dead]).update(
+            status=Event.Status.DEAD,
+            error=_per_row(
+                (event.pk, _dead_reason(event.error, max_attempts)) for event in going_dead
+            ),
+            updated=now,
+        )
+
+
+def _per_row(values):
+    """A value per primary key, for one UPDATE of many rows (CASE id WHEN ... THEN ...)."""
+    return Case(*(When(pk=pk, then=Value(value)) for pk, value in values))
 
 
 def _dead_reason(last_error, max_attempts):
@@ -330,6 +472,7 @@ def finish(
     error: str | None = None,
     now=None,
     defer: Defer | None = None,
+    release: bool = False,
 ) -> bool:
     """Record a run's outcome, and commit what it produced, in one fenced transaction.
 
@@ -338,28 +481,31 @@ def finish(
     pending after a backoff, with the error, and the effects are dropped; the attempt was
     counted at claim. With `defer`, the events go back to pending until the deferral's time
     with their attempt given back, and the effects commit (a notice, the session state).
+    With `release`, the lease is given up in the same transaction (not when refused).
     """
     if error and defer is not None:
         raise ValueError("finish: a run ends with an error or a deferral, not both")
     event_ids = sorted(set(event_ids))
-    inbox = Inbox.objects.resolve(inbox)
+    inbox_id = Inbox.objects.pk_of(inbox)
     with transaction.atomic():
-        now = clock.resolve(now)
-        lease = _locked_lease(inbox.pk)
-        if not lease.is_held_by(holder, generation, now):
+        now = _fence(inbox, inbox_id, holder, generation, now, release)
+        if now is None:
             return False
         claimed = Event.objects.running().filter(
-            inbox=inbox, pk__in=event_ids, claim_gen=generation
+            inbox_id=inbox_id, pk__in=event_ids, claim_gen=generation
         )
         if error:
-            failed = list(claimed)
-            for event in failed:
-                event.status = Event.Status.PENDING
-                event.error = error
-                event.available_at = now + retry_delay(event.attempts)
-                event.updated = now
-                event.save(update_fields=["status", "error", "available_at", "updated"])
-            finished = len(failed)
+            attempts = list(claimed.values_list("pk", "attempts"))
+            finished = (
+                claimed.update(
+                    status=Event.Status.PENDING,
+                    error=error,
+                    available_at=_per_row((pk, now + retry_delay(n)) for pk, n in attempts),
+                    updated=now,
+                )
+                if attempts
+                else 0
+            )
         elif defer is not None:
             finished = claimed.update(
                 status=Event.Status.PENDING,
@@ -370,17 +516,81 @@ def finish(
                 updated=now,
             )
         else:
-            finished = claimed.update(status=Event.Status.DONE, error="", updated=now)
+            finished = _finish_done(inbox_id, generation, event_ids, now)
         if finished != len(event_ids):
             # A second finish of the same claim, or ids that were never claimed by this
             # generation: refuse the whole run rather than commit its effects twice.
             transaction.set_rollback(True)
             return False
-        lease.recount_work()
+        if error or defer is not None or connection.vendor != "postgresql":
+            _recount_work(inbox_id)
         if not error:
             for effect in effects:
                 effect(now)
         return True
+
+
+def _fence(inbox, inbox_id, holder, generation, now, release):
+    """Lock the lease row and check, under that lock, that (holder, generation) holds it;
+    with `release`, give the lease up in the same write (one statement on PostgreSQL). The
+    fence's `now`, or None if refused."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # The lease row by its primary key, locked first whoever holds it, then checked.
+            cursor.execute(
+                "WITH clock AS (SELECT COALESCE(%s::timestamptz, clock_timestamp()) AS now),"
+                " locked AS (SELECT inbox_id, holder, generation, until FROM inbox_lease"
+                "  WHERE inbox_id = %s FOR UPDATE)"
+                " UPDATE inbox_lease AS l SET until = CASE WHEN %s THEN NULL ELSE l.until END"
+                " FROM locked, clock WHERE l.inbox_id = locked.inbox_id"
+                " AND locked.holder = %s AND locked.generation = %s AND locked.until >= clock.now"
+                " RETURNING clock.now",
+                [now, inbox_id, release, holder, generation],
+            )
+            row = cursor.fetchone()
+            if row is not None:
+                return row[0]
+        else:
+            now = clock.resolve(now)
+            lease = _locked_lease(inbox_id)
+            if lease.is_held_by(holder, generation, now):
+                if release:
+                    lease.until = None
+                    lease.save(update_fields=["until"])
+                return now
+    if not Lease.objects.filter(inbox_id=inbox_id).exists():
+        raise UnknownInbox(inbox)
+    return None
+
+
+def _finish_done(inbox_id, generation, event_ids, now) -> int:
+    """Mark the run's events done; on PostgreSQL, recount the inbox's work in the same
+    statement (done rows leave the pending set as it was, so the recount reads it as is).
+    Runs after the fence, in a statement of its own: its snapshot includes every event
+    committed before the lease row's lock was granted, and later ones wait for that lock."""
+    if connection.vendor != "postgresql":
+        return (
+            Event.objects.running()
+            .filter(inbox_id=inbox_id, pk__in=event_ids, claim_gen=generation)
+            .update(status=Event.Status.DONE, error="", updated=now)
+        )
+    with connection.cursor() as cursor:
+        # The running rows by event_running_idx (or the primary key); the recount by
+        # event_pending_idx.
+        cursor.execute(
+            "WITH done AS (UPDATE inbox_event SET status = 'done', error = '', updated = %s"
+            "  WHERE inbox_id = %s AND status = 'running' AND claim_gen = %s AND id = ANY(%s)"
+            "  RETURNING id),"
+            " recount AS (UPDATE inbox_lease SET work_at = (SELECT min(available_at)"
+            "  FROM inbox_event WHERE inbox_id = %s AND status = 'pending') WHERE inbox_id = %s)"
+            " SELECT count(*) FROM done",
+            [now, inbox_id, generation, list(event_ids), inbox_id, inbox_id],
+        )
+        return cursor.fetchone()[0]
+
+
+def _recount_work(inbox_id):
+    Lease(inbox_id=inbox_id).recount_work()
 
 
 @dataclass(frozen=True)
@@ -392,9 +602,10 @@ class SaveState:
 
     def __call__(self, now):
         require_json("state", self.state)
-        Session.objects.update_or_create(
-            inbox_id=self.inbox_id, defaults={"state": self.state, "updated": now}
-        )
+        # The row exists from the inbox's creation (Inbox.save); one UPDATE, no read first.
+        saved = Session.objects.filter(inbox_id=self.inbox_id).update(state=self.state, updated=now)
+        if not saved:
+            Session.objects.create(inbox_id=self.inbox_id, state=self.state, updated=now)
 
 
 def requeue(event_ids: Iterable[int], now=None) -> int:

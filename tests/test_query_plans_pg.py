@@ -35,7 +35,7 @@ from alwayson.models import ModelCall, Process, ToolResult
 from approvals.models import Approval, AuditEntry
 from approvals.services import Ask
 from inbox.models import Event, Inbox, Lease, Membership, Role
-from inbox.services import acquire_next, release, renew
+from inbox.services import acquire_next, release, renew, take_next
 from outbox.models import Notice, OutboxMessage
 from outbox.services import dispatch_notices
 from tests.conftest import T0
@@ -69,6 +69,11 @@ def plan_of(run):
     statements = sql_of(run)
     assert len(statements) == 1, statements
     return explain(statements[0])
+
+
+def savepoint(sql):
+    """The savepoints of a test's own nested atomic blocks."""
+    return sql.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))
 
 
 def assert_uses(plan, index):
@@ -289,6 +294,36 @@ def test_finish_finds_its_running_rows_by_index(world, t0):
     assert "event_running_idx" in plan or "inbox_event_pkey" in plan, plan
 
 
+def test_take_next_finds_work_and_claims_it_by_index(world, t0, ttl):
+    """The worker's fast path: the lease by lease_work_idx (under SKIP LOCKED), the leftover
+    checks by the partial running and pending indexes, the batch by event_pending_idx."""
+    statements = [s for s in sql_of(lambda: take_next("W", now=t0)) if not savepoint(s)]
+    take, claim = statements
+    assert "SKIP LOCKED" in take, statements
+    plan = explain(take)
+    assert_uses(plan, "lease_work_idx")
+    assert_uses(plan, "event_running_idx")
+    assert_uses(plan, "event_pending_idx")
+    assert "Seq Scan" not in plan, plan
+    plan = explain(claim)
+    assert_uses(plan, "event_pending_idx")
+    assert "Seq Scan" not in plan, plan
+
+
+def test_finish_with_release_locks_the_lease_and_finds_its_rows_by_index(world, t0):
+    claim = take_next("W", now=t0)
+    assert claim.inbox == world and claim.events
+    analyze()
+    ids = [e.pk for e in claim.events]
+    statements = sql_of(lambda: finish(world, "W", claim.generation, ids, now=t0, release=True))
+    fence, done = [s for s in statements if not savepoint(s)]
+    assert "FOR UPDATE" in fence and "inbox_lease_pkey" in explain(fence), fence
+    plan = explain(done)
+    assert "Seq Scan" not in plan, plan
+    assert "event_running_idx" in plan or "inbox_event_pkey" in plan, plan
+    assert_uses(plan, "event_pending_idx")  # the recount
+
+
 # --- the dedupe key --------------------------------------------------------------------------
 
 
@@ -420,6 +455,11 @@ def test_no_statement_of_a_worker_cycle_needs_a_table_scan(world, t0, ttl):
         effects = [Say(world.pk, "hi"), Ask(world.pk, "r2", "refund order 43", HOUR)]
         finish(world, "W", gen, [e.pk for e in batch], effects, now=t0)
         release(world, "W", gen)
+        # The worker's fast path: take_next, then finish and release together.
+        ingest(world, "chat", "cycle-0", {}, now=t0)
+        claim = take_next("W", now=t0)
+        assert claim.inbox == world
+        finish(world, "W", claim.generation, [e.pk for e in claim.events], now=t0, release=True)
         run_scheduler(now=t0)
         dispatch(lambda *args: None, now=t0)
         dispatch_notices(lambda notice: "", now=t0)
@@ -438,7 +478,7 @@ def test_no_statement_of_a_worker_cycle_needs_a_table_scan(world, t0, ttl):
 
     def reads_a_table(sql):
         verb = sql.split(None, 1)[0]
-        return verb in ("UPDATE", "DELETE") or (verb == "SELECT" and " FROM " in sql)
+        return verb in ("UPDATE", "DELETE", "WITH") or (verb == "SELECT" and " FROM " in sql)
 
     statements = [s for s in sql_of(cycle) if reads_a_table(s)]
     assert len(statements) > 20

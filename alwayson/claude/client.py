@@ -22,6 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
 from inbox import clock
+from inbox.clock import day_start
 
 from ..models import ModelCall
 
@@ -71,10 +72,6 @@ def client() -> anthropic.Anthropic:
 def request_key(request: dict) -> str:
     canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def day_start(now: datetime) -> datetime:
-    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def tokens_today(inbox_id, now) -> int:

@@ -1,0 +1,134 @@
+"""The worker's fast paths: take_next (lease and claim in one transaction) and
+finish(release=True) (outcome and release in one). Same rules as acquire_next + claim_batch
+and finish + release, checked on the rows; on both databases.
+"""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from alwayson.api import Say, acquire, claim_batch, finish, ingest
+from inbox.models import Event, Lease, Session
+from inbox.services import SaveState, take_next
+from outbox.models import OutboxMessage
+
+pytestmark = pytest.mark.django_db
+
+SECOND = timedelta(seconds=1)
+
+
+def test_take_next_takes_the_lease_and_claims_the_batch_with_the_session_state(inbox, t0, ttl):
+    Session.objects.filter(inbox=inbox).update(state={"step": 2})
+    ingest(inbox, "chat", "m-1", {"text": "one"}, now=t0)
+    ingest(inbox, "chat", "m-2", {"text": "two"}, now=t0 + SECOND)
+    claim = take_next("W", now=t0 + 2 * SECOND)
+    assert claim.inbox == inbox and claim.inbox.slug == inbox.slug
+    assert claim.generation == 1
+    assert [e.source_id for e in claim.events] == ["m-1", "m-2"]
+    assert [e.payload for e in claim.events] == [{"text": "one"}, {"text": "two"}]
+    assert claim.state == {"step": 2}
+    lease = Lease.objects.get(inbox=inbox)
+    assert (lease.holder, lease.generation) == ("W", 1)
+    assert lease.until == t0 + 2 * SECOND + ttl
+    rows = Event.objects.filter(inbox=inbox).values_list("status", "attempts", "claim_gen")
+    assert set(rows) == {("running", 1, 1)}
+
+
+def test_take_next_finds_nothing_without_work_or_while_the_lease_is_held(inbox, t0):
+    assert take_next("W", now=t0) is None
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    assert acquire(inbox, "other", now=t0) == 1
+    assert take_next("W", now=t0 + SECOND) is None
+    assert Event.objects.get().status == "pending"
+
+
+def test_take_next_claims_a_due_retry_alone(inbox, t0):
+    ingest(inbox, "chat", "poison", {}, now=t0)
+    claim = take_next("W", now=t0)
+    assert finish(inbox, "W", claim.generation, [claim.events[0].pk], error="boom", now=t0)
+    ingest(inbox, "chat", "healthy", {}, now=t0 + SECOND)
+    later = t0 + timedelta(hours=2)
+    Lease.objects.filter(inbox=inbox).update(until=None)
+    claim = take_next("W", now=later)
+    assert [e.source_id for e in claim.events] == ["poison"]
+    assert claim.events[0].attempts == 2
+
+
+def test_take_next_resets_orphans_of_a_lost_lease_and_parks_the_dead(inbox, t0, ttl, settings):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    old = take_next("A", now=t0)
+    later = t0 + ttl + SECOND
+    # The lease lapsed mid-run: the next taker sends the orphan back to pending, after its
+    # backoff from the claim (long past), and claims it again as a retry.
+    claim = take_next("B", now=later)
+    assert claim.generation == old.generation + 1
+    [orphan] = claim.events
+    assert (orphan.status, orphan.attempts, orphan.claim_gen) == ("running", 2, claim.generation)
+    assert f"generation {old.generation}" in Event.objects.get().error
+    # Out of attempts: parked as dead by the next claim.
+    Event.objects.update(
+        status="pending", attempts=settings.ALWAYSON_MAX_ATTEMPTS, available_at=later
+    )
+    Lease.objects.filter(inbox=inbox).update(until=None, work_at=later)
+    assert take_next("C", now=later).events == []
+    dead = Event.objects.get()
+    assert dead.status == "dead"
+    assert dead.error.startswith("too many attempts")
+    assert Lease.objects.get(inbox=inbox).work_at is None
+
+
+def test_finish_with_release_commits_the_run_and_gives_the_lease_back(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    effects = [Say(inbox.pk, "hello"), SaveState(inbox.pk, {"seen": 1})]
+    assert finish(inbox.pk, "W", claim.generation, ids, effects, now=t0, release=True)
+    lease = Lease.objects.get(inbox=inbox)
+    assert lease.until is None and lease.work_at is None
+    assert lease.generation == claim.generation
+    assert Event.objects.get().status == "done"
+    assert OutboxMessage.objects.get().body == "hello"
+    assert Session.objects.get(inbox=inbox).state == {"seen": 1}
+
+
+def test_finish_recounts_work_that_arrived_during_the_run(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
+    ids = [e.pk for e in claim.events]
+    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True)
+    assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND
+    assert [e.source_id for e in take_next("W", now=t0 + 2 * SECOND).events] == ["m-2"]
+
+
+def test_a_refused_finish_does_not_release_the_new_holders_lease(inbox, t0, ttl):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    old = take_next("A", now=t0)
+    later = t0 + ttl + SECOND
+    new = acquire(inbox, "B", now=later)
+    ids = [e.pk for e in old.events]
+    assert not finish(
+        inbox, "A", old.generation, ids, [Say(inbox.pk, "x")], now=later, release=True
+    )
+    lease = Lease.objects.get(inbox=inbox)
+    assert (lease.holder, lease.generation, lease.until) == ("B", new, later + ttl)
+    assert not OutboxMessage.objects.exists()
+    assert Event.objects.get().status == "running"
+
+
+def test_finish_with_an_error_backs_each_event_off_in_one_update(inbox, t0, settings):
+    for n in range(3):
+        ingest(inbox, "chat", f"m-{n}", {}, now=t0)
+    gen = acquire(inbox, "W", now=t0)
+    ids = [e.pk for e in claim_batch(inbox, "W", gen, now=t0)]
+    with CaptureQueriesContext(connection) as captured:
+        assert finish(inbox, "W", gen, ids, error="boom", now=t0)
+    updates = [q["sql"] for q in captured if q["sql"].startswith('UPDATE "inbox_event"')]
+    assert len(updates) == 1, updates
+    step = settings.ALWAYSON_RETRY_BASE
+    for event in Event.objects.all():
+        assert (event.status, event.error, event.attempts) == ("pending", "boom", 1)
+        assert t0 + timedelta(seconds=step / 2) <= event.available_at
+        assert event.available_at <= t0 + timedelta(seconds=step)
