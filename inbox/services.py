@@ -24,7 +24,15 @@ from . import clock
 from .exceptions import InboxBusy
 from .models import Event, Inbox, Lease, Session
 from .signals import event_stored
-from .validation import require_duration, require_json, require_key
+from .validation import (
+    require_duration,
+    require_ids,
+    require_int,
+    require_json,
+    require_key,
+    require_mapping,
+    require_text,
+)
 
 # Idle workers LISTEN here; a stored event NOTIFYs with its inbox id (sent at commit).
 WORK_CHANNEL = "alwayson_work"
@@ -37,6 +45,12 @@ Effect = Callable[[datetime], object]
 # Sources only the machinery writes, through store_event: a timer tick or an approval answer
 # ingested from outside could take the key of a real occurrence or bypass a deadline.
 RESERVED_SOURCES = frozenset({"timer", "approval"})
+
+# The columns' widths: a longer key is refused on both databases (PostgreSQL would refuse it
+# mid-transaction; SQLite would store it).
+SOURCE_MAX = Event._meta.get_field("source").max_length
+SOURCE_ID_MAX = Event._meta.get_field("source_id").max_length
+HOLDER_MAX = Lease._meta.get_field("holder").max_length
 
 
 def require_unreserved_source(field: str, source: str) -> str:
@@ -173,9 +187,9 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     inbox's lock stays taken past ALWAYSON_INGEST_LOCK_WAIT: nothing is stored, the sender
     is told to retry.
     """
-    require_unreserved_source("source", require_key("source", source))
-    require_key("source_id", source_id)
-    payload = require_json("payload", {} if payload is None else payload)
+    require_unreserved_source("source", require_key("source", source, SOURCE_MAX))
+    require_key("source_id", source_id, SOURCE_ID_MAX)
+    payload = require_mapping("payload", {} if payload is None else payload)
     inbox = Inbox.objects.resolve(inbox)
     return store_event(
         inbox.pk,
@@ -189,7 +203,8 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
 
 def acquire(inbox, holder, now=None) -> int | None:
     """Take or renew the inbox's lease: the generation, or None while another holds it."""
-    require_key("holder", holder)
+    require_key("holder", holder, HOLDER_MAX)
+    clock.resolve(now)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -202,7 +217,7 @@ def acquire_next(holder, now=None) -> tuple[int, int] | None:
     SKIP LOCKED lets many workers on many hosts look at once without queueing behind each
     other; the row each one locks is an inbox nobody else can take in the meantime.
     """
-    require_key("holder", holder)
+    require_key("holder", holder, HOLDER_MAX)
     with transaction.atomic():
         now = clock.resolve(now)
         lease = (
@@ -218,6 +233,7 @@ def acquire_next(holder, now=None) -> tuple[int, int] | None:
 
 def renew(inbox, holder, generation, now=None) -> bool:
     """Extend a live lease by one TTL; False if (holder, generation) no longer holds it."""
+    _require_run(holder, generation)
     inbox_id = Inbox.objects.pk_of(inbox)
     now = clock.resolve(now)
     renewed = Lease.objects.filter(
@@ -228,6 +244,7 @@ def renew(inbox, holder, generation, now=None) -> bool:
 
 def release(inbox, holder, generation) -> bool:
     """Give the lease up early; a no-op (False) once somebody else's generation holds it."""
+    _require_run(holder, generation)
     inbox_id = Inbox.objects.pk_of(inbox)
     released = Lease.objects.filter(
         inbox_id=inbox_id, holder=holder, generation=generation, until__isnull=False
@@ -243,6 +260,8 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
     retry is claimed alone, so a poison event cannot take healthy events down with it, and
     healthy events are claimed while a retry waits for its backoff.
     """
+    _require_run(holder, generation)
+    clock.resolve(now)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -277,6 +296,13 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
         return list(Event.objects.filter(pk__in=ids).order_by("id"))
 
 
+def _require_run(holder, generation):
+    """A run's (holder, generation), checked before the fence compares them: a mistyped
+    one would only ever be fenced off, silently."""
+    require_key("holder", holder, HOLDER_MAX)
+    require_int("generation", generation)
+
+
 def _dead_reason(last_error, max_attempts):
     reason = f"too many attempts ({max_attempts})"
     return f"{reason}; last error: {last_error}" if last_error else reason
@@ -297,6 +323,7 @@ class Defer:
     def __post_init__(self):
         if not isinstance(self.reason, str) or not self.reason.strip():
             raise ValueError(f"reason must be a non-empty string, not {self.reason!r}")
+        require_text("reason", self.reason)
         if (self.until is None) == (self.delay is None):
             raise ValueError("defer: give either until (a datetime) or delay, not both or none")
         if self.until is not None and (
@@ -333,7 +360,14 @@ def finish(
     """
     if error and defer is not None:
         raise ValueError("finish: a run ends with an error or a deferral, not both")
-    event_ids = sorted(set(event_ids))
+    _require_run(holder, generation)
+    event_ids = sorted(set(require_ids("event_ids", event_ids)))
+    effects = _require_effects(effects)
+    if error is not None:
+        require_text("error", error)
+    if defer is not None and not isinstance(defer, Defer):
+        raise ValueError(f"defer must be a Defer, not {type(defer).__name__}")
+    clock.resolve(now)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -375,6 +409,18 @@ def finish(
         return True
 
 
+def _require_effects(effects) -> list:
+    """Checked before the fence: an effect that is not callable would fail inside the
+    transaction, after the events were marked done."""
+    if callable(effects) or isinstance(effects, str | bytes | dict) or effects is None:
+        raise ValueError(f"effects must be a list of callables, not {type(effects).__name__}")
+    effects = list(effects)
+    for n, effect in enumerate(effects):
+        if not callable(effect):
+            raise ValueError(f"effects[{n}] is not callable: {type(effect).__name__}")
+    return effects
+
+
 @dataclass(frozen=True)
 class SaveState:
     """The run's session state as an effect: replaced only when the run's finish commits."""
@@ -391,8 +437,8 @@ class SaveState:
 
 def requeue(event_ids: Iterable[int], now=None) -> int:
     """Put dead events back to pending with their attempts reset; the number requeued."""
+    event_ids = require_ids("event_ids", event_ids)
     now = clock.resolve(now)
-    event_ids = list(event_ids)
     requeued = 0
     by_inbox = {}
     for pk, inbox_id in Event.objects.dead().filter(pk__in=event_ids).values_list("pk", "inbox_id"):
@@ -422,8 +468,8 @@ def requeue(event_ids: Iterable[int], now=None) -> int:
 def mark_dead(event_ids: Iterable[int], reason: str, now=None) -> int:
     """Park pending events as dead by hand (an operator's decision); the number parked."""
     require_key("reason", reason)
+    event_ids = require_ids("event_ids", event_ids)
     now = clock.resolve(now)
-    event_ids = list(event_ids)
     parked = 0
     inbox_ids = set(
         Event.objects.pending().filter(pk__in=event_ids).values_list("inbox_id", flat=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from . import validation
 from .validation import UNSTORABLE
 
 SCHEMES = ("github", "stripe", "standard")
@@ -40,9 +41,10 @@ STANDARD_SECRET_MAX_BYTES = 64
 STANDARD_SECRET_PREFIX = "whsec_"
 STRIPE_SECRET_PREFIX = "whsec_"
 
-# Deeper bodies are refused before storing: json.dumps (ingest, the JSONField) recurses per
-# level on a stack that is already a request deep, and nothing a sender means nests this far.
+# Deeper bodies are refused as malformed. The stored payload wraps the body one level down,
+# so this stays below what ingest accepts (validation.MAX_JSON_DEPTH).
 MAX_JSON_DEPTH = 100
+assert MAX_JSON_DEPTH < validation.MAX_JSON_DEPTH
 
 # Keys become source_id; printable ASCII without spaces keeps them unambiguous in logs and
 # storable on both databases. GitHub's hook id is joined with ':' so it must not contain one.
