@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 MAX_KEY_LENGTH = 255
+# A primary key is a 64-bit integer (BigAutoField) on both databases.
+MIN_ID, MAX_ID = -(2**63), 2**63 - 1
 
 # Deeper JSON is refused before storing: json.dumps (here, the JSONField) recurses per level,
 # on a stack that may already be a request deep, and nothing a sender means nests this far.
@@ -120,6 +122,9 @@ def require_ids(field: str, value) -> list[int]:
     for pk in ids:
         if isinstance(pk, bool) or not isinstance(pk, int):
             raise ValueError(f"{field} must be a list of ids (ints), not one of {_short(pk)}")
+        if not MIN_ID <= pk <= MAX_ID:
+            # SQLite raises OverflowError binding it; no row has such an id anyway.
+            raise ValueError(f"{field}: {pk} is out of range for an id")
     return ids
 
 

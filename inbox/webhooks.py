@@ -70,6 +70,10 @@ class Malformed(WebhookError):
     status = 400
 
 
+class NotJson(WebhookError):
+    status = 415
+
+
 class Stale(WebhookError):
     status = 400
 
@@ -353,6 +357,22 @@ def parse_json(body: bytes) -> Any:
 
 def _headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name.lower(): value for name, value in headers.items()}
+
+
+def require_json_content_type(headers: Mapping[str, str]) -> None:
+    """Refuse (415) a body its sender declares as something other than JSON.
+
+    Every scheme sends application/json; GitHub can be set to form-encode its payload, and
+    that body would otherwise be refused as "not JSON" without saying which setting to
+    change. No Content-Type at all is let through to the JSON parser.
+    """
+    declared = _headers(headers).get("content-type", "")
+    media = declared.split(";", 1)[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise NotJson(
+            f"Content-Type must be application/json, not {media[:100]!r} (for GitHub, set"
+            " the webhook's content type to application/json)"
+        )
 
 
 def github_delivery(headers: Mapping[str, str], body: bytes, secrets: Iterable[str]) -> Delivery:
