@@ -152,13 +152,11 @@ def test_deadletters_checks_every_id_before_changing_any(rows):
 
 # --- through a real process -------------------------------------------------------------------
 
+# Each row is a Python start-up (seconds on a loaded host): few, one per kind of answer.
 PROCESS_ROWS = {
     # A CommandError: exit 1, "CommandError: <message>" on stderr.
     "runworker-interval": (["runworker", "--once", "--interval=-1"], 1, "--interval must be"),
-    "runscheduler-worker-id": (["runscheduler", "--once", "--worker-id", HUGE], 1, "--worker-id"),
-    "runegress-addr": (["runegress", "--port", "9", "--addr", "8.8.8.8"], 1, "loopback address"),
     "chaos-seconds-nan": (["chaos", "--seconds", "nan"], 1, "--seconds must be positive"),
-    "runworker-agent": (["runworker", "--once", "--agent", "no.such.Agent"], 1, "cannot import"),
     # A usage error (argparse): exit 2, the usage line and the argument it could not read.
     "rundispatcher-interval-text": (
         ["rundispatcher", "--interval", "soon"],
