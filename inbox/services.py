@@ -298,9 +298,11 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
 
 def _require_run(holder, generation):
     """A run's (holder, generation), checked before the fence compares them: a mistyped
-    one would only ever be fenced off, silently."""
+    one would only ever be fenced off, silently. None is acquire()'s "not yours": fenced
+    off like any generation that does not hold the lease."""
     require_key("holder", holder, HOLDER_MAX)
-    require_int("generation", generation)
+    if generation is not None:
+        require_int("generation", generation)
 
 
 def _dead_reason(last_error, max_attempts):

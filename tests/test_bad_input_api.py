@@ -198,7 +198,7 @@ CASES = [
         ValueError,
         "holder must be",
     ),
-    ("renew-gen-none", lambda w: renew(w.inbox, "A", None, now=w.t0), ValueError, "generation"),
+    ("renew-gen-float", lambda w: renew(w.inbox, "A", 1.0, now=w.t0), ValueError, "generation"),
     ("renew-holder-int", lambda w: renew(w.inbox, 5, w.gen, now=w.t0), ValueError, "holder must"),
     ("renew-naive", lambda w: renew(w.inbox, "A", w.gen, now=NAIVE), ValueError, "now must be"),
     ("release-gen-bool", lambda w: release(w.inbox, "A", True), ValueError, "generation must be"),
@@ -398,4 +398,16 @@ def test_answer_approval_by_an_outsider_is_refused_and_stores_nothing(world, t0)
     before = snapshot()
     with pytest.raises(MayNotAnswer, match="stranger may not answer approvals of desk"):
         answer_approval(world.inbox, "refund-1", "yes", now=t0, by=stranger)
+    assert snapshot() == before
+
+
+def test_a_generation_of_none_is_acquires_not_yours_and_is_fenced_off(world, t0):
+    """acquire() returns None while another holds the lease; passed on, it is refused like
+    any generation that does not hold it, not as a wrong type."""
+    before = snapshot()
+    assert acquire(world.inbox, "B", now=t0) is None
+    assert claim_batch(world.inbox, "B", None, now=t0) == []
+    assert finish(world.inbox, "B", None, [], now=t0) is False
+    assert renew(world.inbox, "B", None, now=t0) is False
+    assert release(world.inbox, "B", None) is False
     assert snapshot() == before
