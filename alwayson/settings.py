@@ -81,6 +81,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After CSRF: an admin action on ids that are not ids, or a changelist filter the list
+    # does not have, is 400 with the reason (not a 500, not a silent redirect).
+    "alwayson.middleware.RefuseBadAdminInput",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",

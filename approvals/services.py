@@ -5,13 +5,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
 from inbox import clock
 from inbox.models import Event, Inbox
 from inbox.services import bounded_write, lock_inbox, store_event
-from inbox.validation import require_duration, require_key, require_mapping
+from inbox.validation import require_duration, require_int, require_key, require_mapping
+from timers.models import RESERVED_KEY_PREFIX
+from timers.services import KEY_MAX as TIMER_KEY_MAX
 from timers.services import Schedule
 
 from .models import APPROVAL_SOURCE, Approval, AuditEntry, expiry_timer_key, may_answer
@@ -22,6 +25,10 @@ UNKNOWN = "unknown"
 WAITING = "waiting"
 # It names the approval's page in a URL, so it stays one path segment.
 REQUEST_ID = re.compile(r"[\w.:-]+")
+# The request id keys the Approval and, prefixed, its expiry timer: it fits both columns.
+REQUEST_ID_MAX = min(
+    Approval._meta.get_field("request_id").max_length, TIMER_KEY_MAX - len(RESERVED_KEY_PREFIX)
+)
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,8 @@ class Ask:
     approvers: int = 1
 
     def __post_init__(self):
-        require_key("request_id", self.request_id)
+        require_int("inbox_id", self.inbox_id)
+        require_key("request_id", self.request_id, REQUEST_ID_MAX)
         if not REQUEST_ID.fullmatch(self.request_id):
             raise ValueError(
                 f"request_id may use letters, digits and . _ : - only, not {self.request_id!r}"
@@ -133,6 +141,8 @@ def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEn
     if answer not in (Approval.Answer.YES, Approval.Answer.NO):
         raise ValueError(f'answer must be "yes" or "no", not {answer!r}')
     require_key("request_id", request_id)
+    if by is not None and not isinstance(by, get_user_model()):
+        raise ValueError(f"by must be a user (or None), not {by!r}")
     if via not in (AuditEntry.Via.PAGE, AuditEntry.Via.CONVERSATION, AuditEntry.Via.API):
         raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
     inbox = Inbox.objects.resolve(inbox)

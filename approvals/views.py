@@ -49,7 +49,9 @@ def approval_detail(request, slug, request_id):
     status = 200
     refused = ""
     if request.method == "POST":
-        answer = request.POST.get("answer")
+        # One answer: of a form carrying two, QueryDict.get would take the last silently.
+        answers = request.POST.getlist("answer")
+        answer = answers[0] if len(answers) == 1 else None
         if answer not in (Approval.Answer.YES, Approval.Answer.NO):
             return HttpResponseBadRequest('answer must be "yes" or "no"', content_type="text/plain")
         if not answerer:

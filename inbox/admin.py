@@ -28,6 +28,7 @@ from django.utils.text import Truncator
 
 from . import clock, services
 from .models import Event, Inbox, Lease, Membership, Role, Session
+from .validation import require_key
 
 # Ids handed to a service per call: keeps `pk IN (...)` under SQLite's variable limit when
 # an action runs on "all N rows matching the filter".
@@ -251,11 +252,9 @@ class InboxAdmin(InboxRoleMixin, admin.ModelAdmin):
 
 
 class EventActionForm(ActionForm):
-    reason = forms.CharField(
-        required=False,
-        max_length=255,
-        label="Reason (mark dead):",
-    )
+    # No max_length here: an invalid action form makes Django say "No action selected";
+    # mark_dead checks the reason and says what is wrong with it.
+    reason = forms.CharField(required=False, label="Reason (mark dead):")
 
 
 @admin.register(Event)
@@ -362,6 +361,11 @@ class EventAdmin(MachineryAdmin):
         reason = request.POST.get("reason", "").strip()
         if not reason:
             reason = f"marked dead in the admin by {request.user.get_username()}"
+        try:
+            require_key("reason", reason)
+        except ValueError as exc:
+            self.message_user(request, f"Nothing marked dead: {exc}.", messages.ERROR)
+            return
         selected = queryset.count()
         ids = list(queryset.pending().values_list("pk", flat=True))
         parked = [pk for chunk in chunks(ids) for pk in services.mark_dead_ids(chunk, reason)]

@@ -25,7 +25,15 @@ from . import clock
 from .exceptions import InboxBusy, UnknownInbox
 from .models import Event, Inbox, Lease, Session
 from .signals import event_stored, events_dead, lease_taken_over
-from .validation import require_duration, require_json, require_key
+from .validation import (
+    require_duration,
+    require_ids,
+    require_int,
+    require_json,
+    require_key,
+    require_mapping,
+    require_text,
+)
 
 log = logging.getLogger("alwayson.events")
 
@@ -40,6 +48,12 @@ Effect = Callable[[datetime], object]
 # Sources only the machinery writes, through store_event: a timer tick or an approval answer
 # ingested from outside could take the key of a real occurrence or bypass a deadline.
 RESERVED_SOURCES = frozenset({"timer", "approval"})
+
+# The columns' widths: a longer key is refused on both databases (PostgreSQL would refuse it
+# mid-transaction; SQLite would store it).
+SOURCE_MAX = Event._meta.get_field("source").max_length
+SOURCE_ID_MAX = Event._meta.get_field("source_id").max_length
+HOLDER_MAX = Lease._meta.get_field("holder").max_length
 
 
 def require_unreserved_source(field: str, source: str) -> str:
@@ -176,9 +190,9 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     inbox's lock stays taken past ALWAYSON_INGEST_LOCK_WAIT: nothing is stored, the sender
     is told to retry.
     """
-    require_unreserved_source("source", require_key("source", source))
-    require_key("source_id", source_id)
-    payload = require_json("payload", {} if payload is None else payload)
+    require_unreserved_source("source", require_key("source", source, SOURCE_MAX))
+    require_key("source_id", source_id, SOURCE_ID_MAX)
+    payload = require_mapping("payload", {} if payload is None else payload)
     inbox = Inbox.objects.resolve(inbox)
     return store_event(
         inbox.pk,
@@ -192,7 +206,8 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
 
 def acquire(inbox, holder, now=None) -> int | None:
     """Take or renew the inbox's lease: the generation, or None while another holds it."""
-    require_key("holder", holder)
+    require_key("holder", holder, HOLDER_MAX)
+    clock.resolve(now)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -205,7 +220,7 @@ def acquire_next(holder, now=None) -> tuple[int, int] | None:
     SKIP LOCKED lets many workers on many hosts look at once without queueing behind each
     other; the row each one locks is an inbox nobody else can take in the meantime.
     """
-    require_key("holder", holder)
+    require_key("holder", holder, HOLDER_MAX)
     with transaction.atomic():
         now = clock.resolve(now)
         lease = (
@@ -340,6 +355,7 @@ RETURNING e.id, e.inbox_id, e.source, e.source_id, e.payload, e.status, e.attemp
 
 def renew(inbox, holder, generation, now=None) -> bool:
     """Extend a live lease by one TTL; False if (holder, generation) no longer holds it."""
+    _require_run(holder, generation)
     inbox_id = Inbox.objects.pk_of(inbox)
     now = clock.resolve(now)
     renewed = Lease.objects.filter(
@@ -350,6 +366,7 @@ def renew(inbox, holder, generation, now=None) -> bool:
 
 def release(inbox, holder, generation) -> bool:
     """Give the lease up early; a no-op (False) once somebody else's generation holds it."""
+    _require_run(holder, generation)
     inbox_id = Inbox.objects.pk_of(inbox)
     released = Lease.objects.filter(
         inbox_id=inbox_id, holder=holder, generation=generation, until__isnull=False
@@ -365,6 +382,8 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
     retry is claimed alone, so a poison event cannot take healthy events down with it, and
     healthy events are claimed while a retry waits for its backoff.
     """
+    _require_run(holder, generation)
+    clock.resolve(now)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -427,6 +446,15 @@ def _per_row(values):
     return Case(*(When(pk=pk, then=Value(value)) for pk, value in values))
 
 
+def _require_run(holder, generation):
+    """A run's (holder, generation), checked before the fence compares them: a mistyped
+    one would only ever be fenced off, silently. None is acquire()'s "not yours": fenced
+    off like any generation that does not hold the lease."""
+    require_key("holder", holder, HOLDER_MAX)
+    if generation is not None:
+        require_int("generation", generation)
+
+
 def _dead_reason(last_error, max_attempts):
     reason = f"too many attempts ({max_attempts})"
     return f"{reason}; last error: {last_error}" if last_error else reason
@@ -447,6 +475,7 @@ class Defer:
     def __post_init__(self):
         if not isinstance(self.reason, str) or not self.reason.strip():
             raise ValueError(f"reason must be a non-empty string, not {self.reason!r}")
+        require_text("reason", self.reason)
         if (self.until is None) == (self.delay is None):
             raise ValueError("defer: give either until (a datetime) or delay, not both or none")
         if self.until is not None and (
@@ -485,7 +514,14 @@ def finish(
     """
     if error and defer is not None:
         raise ValueError("finish: a run ends with an error or a deferral, not both")
-    event_ids = sorted(set(event_ids))
+    _require_run(holder, generation)
+    event_ids = sorted(set(require_ids("event_ids", event_ids)))
+    effects = _require_effects(effects)
+    if error is not None:
+        require_text("error", error)
+    if defer is not None and not isinstance(defer, Defer):
+        raise ValueError(f"defer must be a Defer, not {type(defer).__name__}")
+    clock.resolve(now)
     inbox_id = Inbox.objects.pk_of(inbox)
     with transaction.atomic():
         now = _fence(inbox, inbox_id, holder, generation, now, release)
@@ -593,6 +629,18 @@ def _recount_work(inbox_id):
     Lease(inbox_id=inbox_id).recount_work()
 
 
+def _require_effects(effects) -> list:
+    """Checked before the fence: an effect that is not callable would fail inside the
+    transaction, after the events were marked done."""
+    if callable(effects) or isinstance(effects, str | bytes | dict) or effects is None:
+        raise ValueError(f"effects must be a list of callables, not {type(effects).__name__}")
+    effects = list(effects)
+    for n, effect in enumerate(effects):
+        if not callable(effect):
+            raise ValueError(f"effects[{n}] is not callable: {type(effect).__name__}")
+    return effects
+
+
 @dataclass(frozen=True)
 class SaveState:
     """The run's session state as an effect: replaced only when the run's finish commits."""
@@ -615,8 +663,8 @@ def requeue(event_ids: Iterable[int], now=None) -> int:
 
 def requeue_ids(event_ids: Iterable[int], now=None) -> list[int]:
     """requeue, answering which events it put back (the admin's history names each)."""
+    event_ids = require_ids("event_ids", event_ids)
     now = clock.resolve(now)
-    event_ids = list(event_ids)
     requeued = []
     by_inbox = {}
     for pk, inbox_id in Event.objects.dead().filter(pk__in=event_ids).values_list("pk", "inbox_id"):
@@ -649,8 +697,8 @@ def mark_dead(event_ids: Iterable[int], reason: str, now=None) -> int:
 def mark_dead_ids(event_ids: Iterable[int], reason: str, now=None) -> list[int]:
     """mark_dead, answering which events it parked (the admin's history names each)."""
     require_key("reason", reason)
+    event_ids = require_ids("event_ids", event_ids)
     now = clock.resolve(now)
-    event_ids = list(event_ids)
     parked = []
     inbox_ids = set(
         Event.objects.pending().filter(pk__in=event_ids).values_list("inbox_id", flat=True)

@@ -1,10 +1,27 @@
-"""Checks shared by every entry point that stores something: they run before any write."""
+"""Checks shared by every entry point that stores something: they run before any write.
+
+Each raises ValueError naming the argument. A value one database would keep and the other
+refuse (a NUL, an over-long key, a lone surrogate) is refused here on both, so an input is
+valid or not whatever the engine.
+"""
 
 import json
+import math
 import re
+from collections.abc import Iterable
 from datetime import timedelta
 
 MAX_KEY_LENGTH = 255
+# A primary key is a 64-bit integer (BigAutoField) on both databases.
+MIN_ID, MAX_ID = -(2**63), 2**63 - 1
+
+# Deeper JSON is refused before storing: json.dumps (here, the JSONField) recurses per level,
+# on a stack that may already be a request deep, and nothing a sender means nests this far.
+# Above a webhook body's limit (inbox/webhooks.py), which the payload wraps.
+MAX_JSON_DEPTH = 128
+# Larger JSON is refused: one event or timer payload is read whole by every run that claims
+# it. Above any webhook body the default ALWAYSON_WEBHOOK_MAX_BYTES lets through.
+MAX_JSON_BYTES = 8 * 1024 * 1024
 
 # What PostgreSQL's text and jsonb cannot hold: NUL (psycopg refuses it before sending) and
 # unpaired surrogates (not UTF-8). SQLite keeps both; refusing them on both databases gives
@@ -12,40 +29,62 @@ MAX_KEY_LENGTH = 255
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
-def require_key(field: str, value) -> str:
+def require_key(field: str, value, max_length: int = MAX_KEY_LENGTH) -> str:
+    """A non-blank string that fits its column (`max_length`, the model field's)."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{field} must be a non-empty string, not {value!r}")
-    if len(value) > MAX_KEY_LENGTH:
-        raise ValueError(f"{field} is longer than {MAX_KEY_LENGTH} characters")
+        raise ValueError(f"{field} must be a non-empty string, not {_short(value)}")
+    if len(value) > max_length:
+        raise ValueError(f"{field} is longer than {max_length} characters")
+    return require_text(field, value)
+
+
+def require_text(field: str, value) -> str:
+    """A string both databases can store (free text: a reason, an error, a message body)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be a string, not {_short(value)}")
+    if "\x00" in value:
+        raise ValueError(f"{field} contains a NUL character, which cannot be stored")
+    if UNSTORABLE.search(value):
+        raise ValueError(f"{field} contains a lone surrogate, which cannot be stored")
     return value
 
 
 def require_json(field: str, value):
+    """Plain JSON both databases store as given: no NaN, sets, datetimes or bytes; string
+    keys only (json.dumps would turn 1 into "1" and could merge two keys into one); at most
+    MAX_JSON_DEPTH levels and MAX_JSON_BYTES bytes."""
+    _walk(field, value)
     try:
-        json.dumps(value, allow_nan=False)
+        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from None
-    _require_storable_strings(field, value)
+    if len(encoded) > MAX_JSON_BYTES or len(encoded.encode()) > MAX_JSON_BYTES:
+        raise ValueError(f"{field} is larger than {MAX_JSON_BYTES} bytes as JSON")
     return value
 
 
-def _require_storable_strings(field, value):
-    """PostgreSQL's jsonb refuses NUL characters and lone surrogates that SQLite would keep;
-    refuse them on both, so a payload is valid or not whatever the database."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{field} contains a NUL character, which cannot be stored")
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{field} contains a lone surrogate, which cannot be stored") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _require_storable_strings(field, key)
-            _require_storable_strings(field, item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _require_storable_strings(field, item)
+def _walk(field, value):
+    """Depth, keys and strings, iteratively: a deep value is measured without spending the
+    stack it would overflow."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise ValueError(f"{field} contains a NUL character, which cannot be stored")
+            if UNSTORABLE.search(item):
+                raise ValueError(f"{field} contains a lone surrogate, which cannot be stored")
+        elif isinstance(item, dict | list | tuple):
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"{field} nests deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(item, dict):
+                for key in item:
+                    if not isinstance(key, str):
+                        raise ValueError(f"{field} has a non-string key {_short(key)}")
+                stack.extend((key, depth + 1) for key in item)
+                stack.extend((child, depth + 1) for child in item.values())
+            else:
+                stack.extend((child, depth + 1) for child in item)
 
 
 def require_mapping(field: str, value) -> dict:
@@ -59,5 +98,37 @@ def require_duration(field: str, value) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{field} must be seconds or a timedelta, not {value!r}")
-    return timedelta(seconds=value)
+        raise ValueError(f"{field} must be seconds or a timedelta, not {_short(value)}")
+    if not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number of seconds, not {value!r}")
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise ValueError(f"{field} is out of range: {value!r} seconds") from None
+
+
+def require_int(field: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field} must be an int, not {_short(value)}")
+    return value
+
+
+def require_ids(field: str, value) -> list[int]:
+    """Primary keys, as a list: an iterable of ints, not a string (whose characters would
+    each be taken for an id) and not a single id."""
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise ValueError(f"{field} must be a list of ids, not {_short(value)}")
+    ids = list(value)
+    for pk in ids:
+        if isinstance(pk, bool) or not isinstance(pk, int):
+            raise ValueError(f"{field} must be a list of ids (ints), not one of {_short(pk)}")
+        if not MIN_ID <= pk <= MAX_ID:
+            # SQLite raises OverflowError binding it; no row has such an id anyway.
+            raise ValueError(f"{field}: {pk} is out of range for an id")
+    return ids
+
+
+def _short(value) -> str:
+    """A value for an error message: a huge argument is named, not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({type(value).__name__})"

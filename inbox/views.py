@@ -68,6 +68,7 @@ def _receive(request, slug, scheme, verify):
         settings.ALWAYSON_WEBHOOK_INBOX_SECRETS,
     )
     try:
+        webhooks.require_json_content_type(request.headers)
         delivery = verify(request.headers, body, secrets)
     except webhooks.WebhookError as exc:
         logger.info("%s webhook for %s refused (%s): %s", scheme, slug, exc.status, exc.reason)

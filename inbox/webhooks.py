@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from . import validation
 from .validation import UNSTORABLE
 
 SCHEMES = ("github", "stripe", "standard")
@@ -40,9 +41,10 @@ STANDARD_SECRET_MAX_BYTES = 64
 STANDARD_SECRET_PREFIX = "whsec_"
 STRIPE_SECRET_PREFIX = "whsec_"
 
-# Deeper bodies are refused before storing: json.dumps (ingest, the JSONField) recurses per
-# level on a stack that is already a request deep, and nothing a sender means nests this far.
+# Deeper bodies are refused as malformed. The stored payload wraps the body one level down,
+# so this stays below what ingest accepts (validation.MAX_JSON_DEPTH).
 MAX_JSON_DEPTH = 100
+assert MAX_JSON_DEPTH < validation.MAX_JSON_DEPTH
 
 # Keys become source_id; printable ASCII without spaces keeps them unambiguous in logs and
 # storable on both databases. GitHub's hook id is joined with ':' so it must not contain one.
@@ -66,6 +68,10 @@ class WebhookError(Exception):
 
 class Malformed(WebhookError):
     status = 400
+
+
+class NotJson(WebhookError):
+    status = 415
 
 
 class Stale(WebhookError):
@@ -351,6 +357,22 @@ def parse_json(body: bytes) -> Any:
 
 def _headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {name.lower(): value for name, value in headers.items()}
+
+
+def require_json_content_type(headers: Mapping[str, str]) -> None:
+    """Refuse (415) a body its sender declares as something other than JSON.
+
+    Every scheme sends application/json; GitHub can be set to form-encode its payload, and
+    that body would otherwise be refused as "not JSON" without saying which setting to
+    change. No Content-Type at all is let through to the JSON parser.
+    """
+    declared = _headers(headers).get("content-type", "")
+    media = declared.split(";", 1)[0].strip().lower()
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise NotJson(
+            f"Content-Type must be application/json, not {media[:100]!r} (for GitHub, set"
+            " the webhook's content type to application/json)"
+        )
 
 
 def github_delivery(headers: Mapping[str, str], body: bytes, secrets: Iterable[str]) -> Delivery:

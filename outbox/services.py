@@ -11,6 +11,7 @@ from django.db.models import F, Q
 from inbox import clock
 from inbox.models import Inbox
 from inbox.services import retry_delay
+from inbox.validation import require_int, require_text
 
 from .channels import SendFailed, send_notice, sender_for
 from .models import Channel, Notice, OutboxMessage, notice_key, send_key_for
@@ -31,8 +32,10 @@ class Say:
     urgent: bool = False
 
     def __post_init__(self):
+        require_int("inbox_id", self.inbox_id)
         if not isinstance(self.body, str) or not self.body.strip():
             raise ValueError(f"body must be a non-empty string, not {self.body!r}")
+        require_text("body", self.body)
 
     def __call__(self, now):
         return OutboxMessage.objects.create(
@@ -58,9 +61,17 @@ class Delivery:
         return self.messages[0].send_key
 
 
+def _require_send(send):
+    """Checked before anything is stamped: at most once, a send that cannot be called would
+    leave rows marked sent that were never sent."""
+    if send is not None and not callable(send):
+        raise ValueError(f"send must be a callable taking the delivery, not {send!r}")
+
+
 def dispatch(send: Send | None = None, now=None) -> int:
     """Send each inbox's held messages as one, at most once per gap per inbox; the number
     of messages sent. `send(delivery)` overrides every inbox's channel (tests, scripts)."""
+    _require_send(send)
     now = clock.resolve(now)
     return sum(
         dispatch_inbox(inbox_id, send, now)
@@ -85,6 +96,8 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     rule requires. At most once: the rows are stamped, marked sent and committed in the
     first transaction, then sent outside any lock; a crash in between loses them.
     """
+    _require_send(send)
+    clock.resolve(now)
     inbox_id = Inbox.objects.resolve(inbox).pk
     Channel.objects.get_or_create(inbox_id=inbox_id)
     with transaction.atomic():
@@ -291,6 +304,7 @@ def dispatch_notices(send=None, now=None) -> int:
     send is retried with the outbox's backoff and parked as failed after
     ALWAYSON_OUTBOX_MAX_ATTEMPTS. `send(notice)` overrides the email (tests, scripts).
     """
+    _require_send(send)
     now = clock.resolve(now)
     due = Notice.objects.due(now).order_by("due_at", "id").values_list("pk", flat=True)
     return sum(_send_notice(pk, send, now) for pk in list(due[:NOTICE_BATCH]))

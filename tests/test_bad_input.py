@@ -156,7 +156,7 @@ def test_reserved_sources_cannot_be_ingested(inbox, t0, unchanged, source):
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "payload, problem",
-    [({"text": "a\x00b"}, "NUL"), ({"k\x00": 1}, "NUL"), (["\ud800"], "lone surrogate")],
+    [({"text": "a\x00b"}, "NUL"), ({"k\x00": 1}, "NUL"), ({"k": ["\ud800"]}, "lone surrogate")],
 )
 def test_payload_that_postgres_cannot_store_is_refused_on_every_database(
     inbox, t0, unchanged, payload, problem

@@ -324,7 +324,7 @@ BAD_FLAGS = [
     (["--concurrency", "0"], "concurrency"),
     (["--interval", "0"], "interval"),
     (["--interval", "-1"], "interval"),
-    (["--max-runs", "0"], "max_runs"),
+    (["--max-runs", "0"], "--max-runs"),
     (["--agent", "no.such.module.agent"], "cannot import"),
     (["--agent", "alwayson.refund_desk.APPROVAL_WINDOW"], "not callable"),
 ]

@@ -56,7 +56,7 @@ class TimerForm(forms.ModelForm):
                 cron=data.get("cron") or None,
                 timezone=data.get("timezone") or "UTC",
                 policy=data.get("policy") or Timer.Policy.COALESCE,
-                catch_up_max=data.get("catch_up_max") or 1,
+                catch_up_max=data.get("catch_up_max"),
                 payload=data.get("payload") or {},
             )
         except ValueError as exc:

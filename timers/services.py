@@ -11,12 +11,13 @@ from django.db import transaction
 
 from inbox import clock
 from inbox.models import Inbox, Lease
-from inbox.services import require_unreserved_source
-from inbox.validation import require_duration, require_key, require_mapping
+from inbox.services import SOURCE_ID_MAX, SOURCE_MAX, require_unreserved_source
+from inbox.validation import require_duration, require_int, require_key, require_mapping
 
 from .models import RESERVED_KEY_PREFIX, TIMER_SOURCE, Timer
 
 SCHEDULER_BATCH = 100
+KEY_MAX = Timer._meta.get_field("key").max_length
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class Schedule:
         return _ReservedSchedule(*args, **kwargs)
 
     def __post_init__(self):
-        require_key("key", self.key)
+        require_int("inbox_id", self.inbox_id)
+        require_key("key", self.key, KEY_MAX)
         if self.key.startswith(RESERVED_KEY_PREFIX) and not self.may_reserve:
             raise ValueError(
                 f"key {self.key!r}: keys starting {RESERVED_KEY_PREFIX!r} are reserved for"
@@ -86,11 +88,15 @@ class Schedule:
         if self.event_key is not None:
             if every is not None or self.cron:
                 raise ValueError("event_key: a recurring timer can't use a fixed event key")
+            if not isinstance(self.event_key, tuple | list) or len(self.event_key) != 2:
+                raise ValueError(
+                    f"event_key must be a pair (source, source_id), not {self.event_key!r}"
+                )
             source, source_id = self.event_key
-            require_key("event_key source", source)
+            require_key("event_key source", source, SOURCE_MAX)
             if not self.may_reserve or source == TIMER_SOURCE:
                 require_unreserved_source("event_key source", source)
-            require_key("event_key source_id", source_id)
+            require_key("event_key source_id", source_id, SOURCE_ID_MAX)
         object.__setattr__(
             self,
             "payload",
@@ -102,6 +108,8 @@ class Schedule:
             zone = ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
             raise ValueError(f"timezone: unknown time zone {self.timezone!r}") from None
+        if self.cron is not None and not isinstance(self.cron, str):
+            raise ValueError(f"cron must be a string like '0 9 * * *', not {self.cron!r}")
         if not self.cron:
             return
         if self.every is not None:

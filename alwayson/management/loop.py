@@ -1,6 +1,7 @@
 """What every loop command shares: flags, logging by verbosity, process name, signals."""
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -9,8 +10,14 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connections
 
 from alwayson.health import ProcessBeat
+from alwayson.models import Process
+from inbox.validation import require_key
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+# Longer sleeps are a typo (a wait past threading.TIMEOUT_MAX even raises OverflowError).
+MAX_INTERVAL = 24 * 3600
+# The worker id is the lease holder and the Process row's name: it fits both columns.
+WORKER_ID_MAX = Process._meta.get_field("worker_id").max_length
 
 
 class LoopCommand(BaseCommand):
@@ -39,9 +46,28 @@ class LoopCommand(BaseCommand):
             "--worker-id", default=None, help="this process's name (default host:pid)"
         )
 
-    def check_positive(self, name, value):
-        if value is not None and value <= 0:
+    def check_positive(self, name, value, most=None):
+        """`--name` is None (not given) or a positive, finite number, at most `most`."""
+        if value is None:
+            return
+        if not math.isfinite(value) or value <= 0:
             raise CommandError(f"--{name} must be positive, not {value}")
+        if most is not None and value > most:
+            raise CommandError(f"--{name} must be at most {most}, not {value}")
+
+    def check_interval(self, interval):
+        self.check_positive("interval", interval, most=MAX_INTERVAL)
+
+    def worker_id(self, given):
+        """`--worker-id`, or host:pid when not given."""
+        if given is None or given == "":
+            from alwayson.worker import default_worker_id  # alwayson.worker imports this module
+
+            return default_worker_id()
+        try:
+            return require_key("--worker-id", given, WORKER_ID_MAX)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
 
     def configure(self, verbosity, worker_id):
         logging.getLogger("alwayson").setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))

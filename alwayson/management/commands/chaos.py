@@ -1,3 +1,4 @@
+import math
 import random
 import shutil
 import tempfile
@@ -50,9 +51,14 @@ class Command(BaseCommand):
             return
 
         seed = random.randrange(1, 1_000_000) if seed is None else seed
-        for name in ("seconds", "inboxes", "rate", "workers", "concurrency"):
-            if options[name] <= 0:
-                raise CommandError(f"--{name} must be positive, not {options[name]}")
+        for name in ("seconds", "inboxes", "rate", "workers", "concurrency", "drain_timeout"):
+            value = drain_timeout if name == "drain_timeout" else options[name]
+            # NaN passes a `<= 0` test; infinity would never end the run.
+            if not math.isfinite(value) or value <= 0:
+                flag = name.replace("_", "-")
+                raise CommandError(f"--{flag} must be positive and finite, not {value}")
+        if not math.isfinite(options["outage"]):
+            raise CommandError(f"--outage must be finite, not {options['outage']}")
         try:
             plan = make_plan(
                 seed,

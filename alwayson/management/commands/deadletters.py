@@ -1,7 +1,8 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from inbox.models import Event
+from inbox.models import Event, Inbox
 from inbox.services import requeue as requeue_events
+from inbox.validation import require_ids
 from outbox.models import Notice, OutboxMessage
 from outbox.services import resend as resend_messages
 from outbox.services import resend_notices as resend_parked_notices
@@ -38,7 +39,9 @@ class Command(BaseCommand):
         dead = Event.objects.dead().select_related("inbox").order_by("id")
         failed = OutboxMessage.objects.failed().select_related("inbox").order_by("id")
         notices = Notice.objects.failed().select_related("inbox", "recipient").order_by("id")
-        if inbox:
+        if inbox is not None:
+            if not inbox or not Inbox.objects.filter(slug=inbox).exists():
+                raise CommandError(f"--inbox: unknown inbox {inbox!r}")
             dead = dead.filter(inbox__slug=inbox)
             failed = failed.filter(inbox__slug=inbox)
             notices = notices.filter(inbox__slug=inbox)
@@ -77,6 +80,10 @@ class Command(BaseCommand):
             )
 
     def check_ids(self, queryset, ids, what):
+        try:
+            require_ids(what, ids)
+        except ValueError as exc:
+            raise CommandError(f"{exc}; nothing changed") from None
         found = set(queryset.filter(pk__in=ids).values_list("pk", flat=True))
         missing = sorted(set(ids) - found)
         if missing:

@@ -57,6 +57,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, addr, no_demo, concurrency, production, verbosity, **options):
+        # Checked before migrate and the demo login: a typo must not half-start anything.
+        if concurrency is not None and concurrency < 1:
+            raise CommandError(f"--concurrency must be at least 1, not {concurrency}")
         if addr is not None:
             if not re.fullmatch(r"(\S+:)?\d+", addr):
                 raise CommandError(f"--addr must be [address:]port like 0.0.0.0:8000, not {addr!r}")

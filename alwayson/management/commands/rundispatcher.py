@@ -2,7 +2,6 @@ import logging
 
 from alwayson.alerts import flush_dead_alerts
 from alwayson.management.loop import LoopCommand
-from alwayson.worker import default_worker_id
 from outbox.services import dispatch, dispatch_notices
 
 log = logging.getLogger("alwayson.dispatcher")
@@ -17,8 +16,8 @@ class Command(LoopCommand):
     kind = "dispatcher"
 
     def handle(self, *args, once, interval, worker_id, verbosity, **options):
-        self.check_positive("interval", interval)
-        worker_id = worker_id or default_worker_id()
+        self.check_interval(interval)
+        worker_id = self.worker_id(worker_id)
         self.configure(verbosity, worker_id)
         log.info("dispatcher %s: interval %.2fs", worker_id, interval)
         self.loop(once, interval, worker_id)

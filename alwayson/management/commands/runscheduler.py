@@ -1,7 +1,6 @@
 import logging
 
 from alwayson.management.loop import LoopCommand
-from alwayson.worker import default_worker_id
 from timers.services import run_scheduler
 
 log = logging.getLogger("alwayson.scheduler")
@@ -13,8 +12,8 @@ class Command(LoopCommand):
     kind = "scheduler"
 
     def handle(self, *args, once, interval, worker_id, verbosity, **options):
-        self.check_positive("interval", interval)
-        worker_id = worker_id or default_worker_id()
+        self.check_interval(interval)
+        worker_id = self.worker_id(worker_id)
         self.configure(verbosity, worker_id)
         log.info("scheduler %s: interval %.2fs", worker_id, interval)
         self.loop(once, interval, worker_id)

@@ -4,7 +4,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
 
 from alwayson.management.loop import LoopCommand
-from alwayson.worker import WorkerPool, default_worker_id
+from alwayson.worker import WorkerPool
 
 log = logging.getLogger("alwayson.worker")
 
@@ -26,12 +26,20 @@ class Command(LoopCommand):
     ):
         from alwayson.runtime import load_agent
 
-        worker_id = worker_id or default_worker_id()
+        self.check_interval(interval)
+        self.check_positive("concurrency", concurrency)
+        self.check_positive("max-runs", max_runs)
+        worker_id = self.worker_id(worker_id)
+        try:
+            # Before configure(), which reopens the connection: a bad flag touches nothing.
+            default_agent = load_agent(agent, field="--agent" if agent else "ALWAYSON_AGENT")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self.configure(verbosity, worker_id)
         try:
             pool = WorkerPool(
                 worker_id=worker_id,
-                agent=load_agent(agent),
+                agent=default_agent,
                 concurrency=concurrency,
                 interval=interval,
                 once=once,
