@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 from django.db import connection
 
 from .exceptions import UnknownInbox
@@ -61,6 +62,22 @@ def inbox_lookup(ref) -> tuple[str, object]:
 
 def _table(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
+
+
+class _PreparingCursor(psycopg.Cursor):
+    # Django turns psycopg's automatic preparing off for the whole connection (for poolers);
+    # these statements ask for it themselves.
+    def execute(self, query, params=None, *, prepare=True, binary=None):
+        return super().execute(query, params, prepare=prepare, binary=binary)
+
+
+def _prepared_cursor():
+    """A cursor binding its parameters on the server, so psycopg prepares the statement
+    after a few runs and PostgreSQL plans it once per connection (Django's own cursors
+    inline parameters, and every statement is planned again). Wrapped by Django as its own
+    cursors are: counted by CaptureQueriesContext, logged under DEBUG."""
+    connection.ensure_connection()
+    return connection._prepare_cursor(_PreparingCursor(connection.connection))
 
 
 def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
@@ -121,7 +138,7 @@ def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
                CASE WHEN s.id IS NOT NULL THEN pg_notify(%(channel)s, t.id::text)::text END
         FROM target t LEFT JOIN stored s ON true
     """
-    with connection.cursor() as cursor:
+    with _prepared_cursor() as cursor:
         cursor.execute(sql, params)
         result = cursor.fetchall()
     if not result:

@@ -412,6 +412,7 @@ def test_an_ingest_waiting_behind_a_finish_that_recounts_keeps_its_work_marker(m
         assert done.join() == [True]
         assert late.join() == [True]
         assert Lease.objects.get(inbox=inbox).work_at == t0 + 2 * SECOND
+        assert release(inbox, "W", generation)
         assert acquire_next("X", now=t0 + 3 * SECOND) == (inbox.pk, generation + 1)
 
 
@@ -437,6 +438,7 @@ def test_a_finish_waiting_behind_an_uncommitted_ingest_counts_its_event(make_inb
             assert early.join() == [True]
             assert done.join() == [True]
         assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND
+        assert release(inbox, "W", generation)
         assert acquire_next("X", now=t0 + 3 * SECOND) == (inbox.pk, generation + 1)
 
 
