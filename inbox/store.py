@@ -14,7 +14,11 @@ is one round trip and one commit. In the order the statement runs:
    committed meanwhile too; no exception, no savepoint.
 4. `marked`: work_at lowered to the events' time when the locked row (not the statement's
    older snapshot, which may predate a finish's recount) has no earlier work.
-5. pg_notify for a stored event, sent at commit.
+5. pg_notify when the marker moved (the inbox had no earlier work), sent at commit. An
+   inbox whose marker already stood has been announced, or is held by a worker that looks
+   for more work when its run ends; and a NOTIFY is not free: PostgreSQL serialises the
+   commits of notifying transactions database-wide, which would undo group commit for
+   concurrent deliveries.
 
 A finish recounts work_at under the same lock: an ingest either committed before the finish
 took the lock (the recount, a later statement, sees its event) or waits for the finish to
@@ -133,9 +137,10 @@ def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
             FROM (SELECT min(available_at) AS first FROM stored) s, lease k
             WHERE m.inbox_id = k.inbox_id AND s.first IS NOT NULL
               AND (k.work_at IS NULL OR k.work_at > s.first)
+            RETURNING m.inbox_id
         )
         SELECT t.id, s.id, s.source, s.source_id, s.available_at,
-               CASE WHEN s.id IS NOT NULL THEN pg_notify(%(channel)s, t.id::text)::text END
+               (SELECT pg_notify(%(channel)s, inbox_id::text)::text FROM marked)
         FROM target t LEFT JOIN stored s ON true
     """
     with _prepared_cursor() as cursor:
