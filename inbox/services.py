@@ -11,7 +11,7 @@ locked in the same order and two writers on one inbox can never deadlock.
 
 import random
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -135,8 +135,11 @@ def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
     rows stored. event_stored is sent for each, in the caller's transaction when there is
     one; otherwise the insert has already committed (on PostgreSQL it commits on its own)."""
     if connection.vendor == "postgresql":
+        # Inside a caller's transaction a lock timeout must not abort it: a savepoint there.
+        bounded = lock_wait is not None and connection.in_atomic_block
         try:
-            inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
+            with transaction.atomic() if bounded else nullcontext():
+                inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
         except OperationalError as exc:
             if lock_wait is not None and _is_lock_timeout(exc):
                 raise InboxBusy(inbox, lock_wait) from exc
