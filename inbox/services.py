@@ -145,7 +145,9 @@ def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
                 raise InboxBusy(inbox, lock_wait) from exc
             raise
     else:
-        inbox_id = Inbox.objects.pk_of(inbox)
+        # Looked up even for an id: SQLite checks the foreign key only at commit, too late
+        # for UnknownInbox.
+        inbox_id = Inbox.objects.resolve(inbox).pk
         now = clock.resolve(now)
         with bounded_write(inbox_id, lock_wait):
             stored = store.insert_sqlite(inbox_id, rows, now)
