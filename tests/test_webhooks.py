@@ -963,7 +963,7 @@ def test_a_stored_delivery_and_its_retry_take_the_fewest_queries(client, secrets
     assert Lease.objects.get(inbox=inbox).work_at is not None
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_delivery_to_an_unknown_inbox_is_one_query_and_a_404(client, secrets):
     with CaptureQueriesContext(connection) as queries:
         assert deliver_once(client, "github", "nobody").status_code == 404
