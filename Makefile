@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # Where `make run` serves: `make run ADDR=0.0.0.0:8000` to be reached from other hosts.
 ADDR ?= 127.0.0.1:8000
 
-.PHONY: install run scenarios test lint format
+.PHONY: install run scenarios test lint format bench bench-quick
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,3 +35,11 @@ lint: install
 format: install
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
+
+# Speed, side by side with each measure's reference in one run (PostgreSQL; BENCH_DATABASE_URL
+# names a database the bench makes and drops, default .../bench). Prints the table, writes JSON.
+bench: install
+	$(PY) bench/run.py --json bench-results.json
+
+bench-quick: install
+	$(PY) bench/run.py --quick --json bench-results.json

@@ -4,7 +4,7 @@ Each lives in the app that owns its tables; this module only gathers them.
 """
 
 from approvals.services import answer_approval, request_approval
-from inbox.services import acquire, claim_batch, finish, ingest
+from inbox.services import acquire, claim_batch, finish, ingest, ingest_many
 from outbox.services import Say, dispatch, dispatch_inbox, dispatch_notices
 from timers.services import add_timer, run_scheduler
 
@@ -19,6 +19,7 @@ __all__ = [
     "dispatch_notices",
     "finish",
     "ingest",
+    "ingest_many",
     "request_approval",
     "run_scheduler",
 ]

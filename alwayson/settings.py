@@ -133,6 +133,9 @@ def database_from_url():
         config.setdefault("OPTIONS", {}).setdefault(
             "application_name", env.str("ALWAYSON_APPLICATION_NAME", default="alwayson")
         )
+        # A web process keeps its connection between requests (checked before reuse): a
+        # webhook is one statement, so opening a session per request would cost more than it.
+        config.setdefault("CONN_MAX_AGE", ALWAYSON_DB_CONN_MAX_AGE)
         config.setdefault("CONN_HEALTH_CHECKS", True)
         idle = f"-c idle_in_transaction_session_timeout={ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s"
         options = config["OPTIONS"]
@@ -162,6 +165,13 @@ ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT = positive_int("ALWAYSON_IDLE_IN_TRANSACTIO
 # Seconds a delivery (ingest) or a person's answer waits for its inbox's lock before it is
 # refused as busy (a webhook then answers 503 with Retry-After): under a sender's timeout.
 ALWAYSON_INGEST_LOCK_WAIT = positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5)
+
+# Seconds a web process keeps its PostgreSQL connection between requests; 0: one per request.
+ALWAYSON_DB_CONN_MAX_AGE = (
+    0
+    if env.str("ALWAYSON_DB_CONN_MAX_AGE", default="60").strip() == "0"
+    else positive_int("ALWAYSON_DB_CONN_MAX_AGE", 60)
+)
 
 DATABASES = {"default": database_from_url()}
 

@@ -12,19 +12,20 @@ locked in the same order and two writers on one inbox can never deadlock.
 import logging
 import random
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Greatest
 
-from . import clock
+from . import clock, store
 from .exceptions import InboxBusy, UnknownInbox
 from .models import Event, Inbox, Lease, Session
 from .signals import event_stored, events_dead, lease_taken_over
+from .store import WORK_CHANNEL  # idle workers LISTEN there; a stored event NOTIFYs
 from .validation import (
     require_duration,
     require_ids,
@@ -36,9 +37,6 @@ from .validation import (
 )
 
 log = logging.getLogger("alwayson.events")
-
-# Idle workers LISTEN here; a stored event NOTIFYs with its inbox id (sent at commit).
-WORK_CHANNEL = "alwayson_work"
 
 # Something a run produced that must commit with its finish: called with `now` inside the
 # fenced transaction, after the fence check. Apps above inbox/ build these (outbox rows,
@@ -149,59 +147,101 @@ def _is_lock_timeout(exc: OperationalError) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == "55P03" or "database is locked" in str(exc)
 
 
+def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
+    """Store validated rows ((source, source_id, payload), keys distinct) in one inbox; the
+    rows stored. event_stored is sent for each, in the caller's transaction when there is
+    one; otherwise the insert has already committed (on PostgreSQL it commits on its own)."""
+    if connection.vendor == "postgresql":
+        # Inside a caller's transaction a lock timeout must not abort it: a savepoint there.
+        bounded = lock_wait is not None and connection.in_atomic_block
+        try:
+            with transaction.atomic() if bounded else nullcontext():
+                inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
+        except OperationalError as exc:
+            if lock_wait is not None and _is_lock_timeout(exc):
+                raise InboxBusy(inbox, lock_wait) from exc
+            raise
+    else:
+        # Looked up even for an id: SQLite checks the foreign key only at commit, too late
+        # for UnknownInbox.
+        inbox_id = Inbox.objects.resolve(inbox).pk
+        now = clock.resolve(now)
+        with bounded_write(inbox_id, lock_wait):
+            stored = store.insert_sqlite(inbox_id, rows, now)
+    if stored:
+        payloads = {(source, source_id): payload for source, source_id, payload in rows}
+        for row in stored:
+            event = store.as_event(inbox_id, row, payloads[row.source, row.source_id])
+            event_stored.send(sender=Event, event=event, now=row.at)
+    return stored
+
+
 def store_event(inbox_id, source, source_id, payload, now, lock_wait=None) -> bool:
     """Insert one event; False if (inbox, source, source_id) is already stored.
 
-    For callers that validated their input (ingest does). The UNIQUE constraint decides, not
-    a prior SELECT, so two concurrent deliveries of one key store one row. The savepoint keeps
-    a caller's surrounding transaction usable after the conflict. `lock_wait` bounds the wait
-    for the inbox's lock (InboxBusy past it), see bounded_write.
+    For callers that validated their input (ingest does), including the machinery's own
+    sources. The UNIQUE constraint decides, not a prior SELECT, so two concurrent deliveries
+    of one key store one row; the duplicate raises nothing, so a caller's surrounding
+    transaction stays usable. `lock_wait` bounds the wait for the inbox's lock (InboxBusy
+    past it), see bounded_write.
     """
-    with bounded_write(inbox_id, lock_wait):
-        lease = _locked_lease(inbox_id)
-        try:
-            with transaction.atomic():
-                event = Event.objects.create(
-                    inbox_id=inbox_id,
-                    source=source,
-                    source_id=source_id,
-                    payload=payload,
-                    available_at=now,
-                    created=now,
-                    updated=now,
-                )
-        except IntegrityError:
-            duplicate = Event.objects.filter(
-                inbox_id=inbox_id, source=source, source_id=source_id
-            ).exists()
-            if not duplicate:
-                raise
-            return False
-        lease.note_work(now)
-        _notify_work(inbox_id)
-        event_stored.send(sender=Event, event=event, now=now)
-        return True
+    return bool(_store(inbox_id, [(source, source_id, payload)], now, lock_wait))
+
+
+def _checked(field, source, source_id, payload):
+    require_unreserved_source(f"{field}source", require_key(f"{field}source", source, SOURCE_MAX))
+    require_key(f"{field}source_id", source_id, SOURCE_ID_MAX)
+    payload = require_mapping(f"{field}payload", {} if payload is None else payload)
+    return source, source_id, payload
+
+
+def _given_now(now):
+    """`now` checked; None stays None, so the database reads its clock inside the insert."""
+    return None if now is None else clock.resolve(now)
 
 
 def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     """Store an event; False for a duplicate delivery of the same (source, source_id).
 
-    Call it after the sender's signature check, then acknowledge. InboxBusy when the
+    Call it after the sender's signature check, then acknowledge. On PostgreSQL, outside a
+    transaction, it is one statement and one commit (inbox/store.py). InboxBusy when the
     inbox's lock stays taken past ALWAYSON_INGEST_LOCK_WAIT: nothing is stored, the sender
     is told to retry.
     """
-    require_unreserved_source("source", require_key("source", source, SOURCE_MAX))
-    require_key("source_id", source_id, SOURCE_ID_MAX)
-    payload = require_mapping("payload", {} if payload is None else payload)
-    inbox = Inbox.objects.resolve(inbox)
-    return store_event(
-        inbox.pk,
-        source,
-        source_id,
-        payload,
-        clock.resolve(now),
-        lock_wait=settings.ALWAYSON_INGEST_LOCK_WAIT,
-    )
+    row = _checked("", source, source_id, payload)
+    stored = _store(inbox, [row], _given_now(now), settings.ALWAYSON_INGEST_LOCK_WAIT)
+    return bool(stored)
+
+
+def ingest_many(inbox, events, now=None) -> list[bool]:
+    """Store many events in one inbox at once: for each (source, source_id, payload) in
+    order, whether it was new (False for a key already stored or repeated earlier in the
+    batch, whose first copy wins).
+
+    Validated like ingest, all before anything is written: one bad event and nothing is
+    stored. One statement on PostgreSQL, one transaction on SQLite; the same lock, marker
+    and wake-up as one ingest.
+    """
+    if isinstance(events, str | bytes | dict):
+        raise ValueError("events must be a list of (source, source_id, payload) tuples")
+    checked = []
+    for n, item in enumerate(events):
+        if not isinstance(item, list | tuple) or len(item) not in (2, 3):
+            raise ValueError(
+                f"events[{n}] must be a (source, source_id, payload) tuple, not {item!r}"
+            )
+        checked.append(_checked(f"events[{n}].", *item, *([None] * (3 - len(item)))))
+    now = _given_now(now)
+    if not checked:
+        Inbox.objects.pk_of(inbox)
+        return []
+    first = {}
+    for n, (source, source_id, _) in enumerate(checked):
+        first.setdefault((source, source_id), n)
+    rows = [checked[n] for n in sorted(first.values())]
+    stored = _store(inbox, rows, now, settings.ALWAYSON_INGEST_LOCK_WAIT)
+    new = {first[row.source, row.source_id] for row in stored}
+    return [n in new for n in range(len(checked))]
 
 
 def acquire(inbox, holder, now=None) -> int | None:

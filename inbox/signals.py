@@ -1,8 +1,9 @@
 from django.dispatch import Signal
 
-# Sent inside the storing transaction, once, when an event is stored (never for a duplicate).
-# Arguments: event, now. Apps that record an outcome alongside an event (approvals) listen
-# here so the record commits or rolls back with the event itself.
+# Sent once per stored event (never for a duplicate). Arguments: event, now. Inside the
+# storing transaction when the caller holds one (answer_approval, the scheduler: store_event
+# runs in theirs), so apps that record an outcome alongside an event (approvals) commit or
+# roll back with it; a bare `ingest` commits its one statement first, then sends it.
 event_stored = Signal()
 
 # Sent inside claim_batch's transaction, under the inbox's lock, when events run out of

@@ -38,7 +38,7 @@ from alwayson.api import (
 from approvals.models import Approval
 from inbox.clock import occurrence_label
 from inbox.models import Event, Lease
-from inbox.services import acquire_next
+from inbox.services import acquire_next, release
 from inbox.signals import event_stored
 from outbox.models import OutboxMessage
 from tests import conftest
@@ -351,9 +351,18 @@ def test_twenty_concurrent_deliveries_of_one_key_store_one_row(inbox, t0, stored
     assert len(stored_signals) == 3
 
 
+def _ingest_in_a_transaction(*args, **kwargs):
+    """ingest inside a caller's transaction: on its own it commits in its one statement,
+    before event_stored is sent, so only a caller's transaction can be held open after it."""
+    with transaction.atomic():
+        return ingest(*args, **kwargs)
+
+
 def test_deliveries_queued_behind_an_uncommitted_insert_are_duplicates(inbox, t0, stored_signals):
     with hold_after_store() as hold:
-        first = Together(holding(partial(ingest, inbox, "chat", "m1", {"n": 0}, now=t0))).start()
+        first = Together(
+            holding(partial(_ingest_in_a_transaction, inbox, "chat", "m1", {"n": 0}, now=t0))
+        ).start()
         hold.wait_reached()
         rest = Together(
             *(partial(ingest, inbox, "chat", "m1", {"n": n}, now=t0) for n in range(1, 20))
@@ -364,6 +373,99 @@ def test_deliveries_queued_behind_an_uncommitted_insert_are_duplicates(inbox, t0
         assert rest.join() == [False] * 19
     assert list(Event.objects.values_list("source_id", "payload")) == [("m1", {"n": 0})]
     assert len(stored_signals) == 1
+
+
+def _run_one_event(inbox, t0):
+    """Ingest, acquire and claim one event: a run in progress whose finish will find no
+    pending work left (work_at still says t0 until that finish recounts)."""
+    assert ingest(inbox, "chat", "m0", now=t0)
+    generation = acquire(inbox, "W", now=t0)
+    [event] = claim_batch(inbox, "W", generation, now=t0)
+    assert Lease.objects.get(inbox=inbox).work_at == t0
+    return generation, event.pk
+
+
+def test_an_ingest_waiting_behind_a_finish_that_recounts_keeps_its_work_marker(make_inbox, t0):
+    """The ingest's statement starts while the finish holds the lease row, after the finish
+    recounted (no pending work: work_at None) and before it commits. Its snapshot still shows
+    work_at = t0; the marker must be decided on the row the finish leaves, or the new event
+    is pending with no marker and no worker ever finds it."""
+    for n in range(ROUNDS // 2):
+        inbox = make_inbox()
+        generation, event_id = _run_one_event(inbox, t0)
+        hold = Hold()
+        done = Together(
+            partial(
+                finish,
+                inbox,
+                "W",
+                generation,
+                [event_id],
+                effects=[lambda now, hold=hold: hold()],
+                now=t0 + SECOND,
+            )
+        ).start()
+        hold.wait_reached()  # the finish recounted under the lease row's lock
+        late = Together(partial(ingest, inbox, "chat", f"m{n + 1}", now=t0 + 2 * SECOND)).start()
+        wait_until_blocked(late.pids)  # its statement waits on the lease row
+        hold.release.set()
+        assert done.join() == [True]
+        assert late.join() == [True]
+        assert Lease.objects.get(inbox=inbox).work_at == t0 + 2 * SECOND
+        assert release(inbox, "W", generation)
+        assert acquire_next("X", now=t0 + 3 * SECOND) == (inbox.pk, generation + 1)
+
+
+def test_a_finish_waiting_behind_an_uncommitted_ingest_counts_its_event(make_inbox, t0):
+    """The other order: the ingest holds the lease row (in a caller's transaction, held
+    after storing) when the finish asks for it; the finish recounts after the ingest
+    commits and leaves the marker at the new event."""
+    for n in range(ROUNDS // 2):
+        inbox = make_inbox()
+        generation, event_id = _run_one_event(inbox, t0)
+        with hold_after_store() as hold:
+            early = Together(
+                holding(
+                    partial(_ingest_in_a_transaction, inbox, "chat", f"m{n + 1}", now=t0 + SECOND)
+                )
+            ).start()
+            hold.wait_reached()
+            done = Together(
+                partial(finish, inbox, "W", generation, [event_id], now=t0 + 2 * SECOND)
+            ).start()
+            wait_until_blocked(done.pids)
+            hold.release.set()
+            assert early.join() == [True]
+            assert done.join() == [True]
+        assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND
+        assert release(inbox, "W", generation)
+        assert acquire_next("X", now=t0 + 3 * SECOND) == (inbox.pk, generation + 1)
+
+
+def test_ingests_and_finishes_racing_on_one_inbox_never_lose_a_marker(inbox, t0):
+    """Many rounds of a finish and deliveries released together: after each, every pending
+    event is found through the marker."""
+    for n in range(ROUNDS):
+        now = t0 + n * 10 * SECOND
+        assert ingest(inbox, "chat", f"seed-{n}", now=now)
+        generation = acquire(inbox, "W", now=now)
+        claimed = [event.pk for event in claim_batch(inbox, "W", generation, now=now)]
+        results = together(
+            partial(finish, inbox, "W", generation, claimed, now=now + SECOND),
+            *(partial(ingest, inbox, "chat", f"r{n}-{k}", now=now + SECOND) for k in range(4)),
+        )
+        assert results == [True] * 5
+        release(inbox, "W", generation)
+        pending = Event.objects.filter(inbox=inbox, status="pending")
+        assert pending.count() == 4
+        assert Lease.objects.get(inbox=inbox).work_at == now + SECOND
+        # Drain them so the next round starts from an inbox with no pending work.
+        generation = acquire(inbox, "W", now=now + 2 * SECOND)
+        batch = [event.pk for event in claim_batch(inbox, "W", generation, now=now + 2 * SECOND)]
+        assert len(batch) == 4
+        assert finish(inbox, "W", generation, batch, now=now + 2 * SECOND)
+        release(inbox, "W", generation)
+        assert Lease.objects.get(inbox=inbox).work_at is None
 
 
 # --- (c) answer_approval vs the expiry scheduler -------------------------------------------

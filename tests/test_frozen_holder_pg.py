@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 
 from alwayson.api import answer_approval, ingest, request_approval
@@ -71,6 +71,27 @@ def test_ingest_behind_a_frozen_holder_is_refused_as_busy_within_the_wait(inbox,
     # The sender's retry, once the lock is free, stores the event once.
     assert ingest(inbox, "chat", "m-1", {"text": "hi"}) is True
     assert Event.objects.filter(inbox=inbox).count() == 1
+
+
+def test_busy_inside_a_callers_transaction_leaves_that_transaction_usable(
+    inbox, short_wait, make_inbox
+):
+    other = make_inbox()
+    with frozen_holder(inbox), transaction.atomic():
+        outcome, _ = timed(lambda: ingest(inbox, "chat", "m-1", {"text": "hi"}))
+        assert isinstance(outcome, InboxBusy)
+        # The caller goes on in its transaction: its next write commits with it.
+        assert ingest(other, "chat", "m-1", {"text": "hi"}) is True
+    assert list(Event.objects.values_list("inbox", flat=True)) == [other.pk]
+
+
+def test_a_retry_of_a_stored_delivery_is_a_duplicate_even_behind_a_frozen_holder(inbox, short_wait):
+    """A duplicate writes nothing and takes no lock: the sender's retry is acknowledged."""
+    assert ingest(inbox, "chat", "m-1", {"text": "hi"}) is True
+    with frozen_holder(inbox):
+        # Had it waited for the lock, it would be InboxBusy: the holder never lets go.
+        outcome, _ = timed(lambda: ingest(inbox, "chat", "m-1", {"text": "hi"}))
+    assert outcome is False
 
 
 def test_webhook_behind_a_frozen_holder_answers_503_with_retry_after(inbox, short_wait):

@@ -15,14 +15,16 @@ from datetime import UTC, datetime
 import pytest
 import stripe
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook as StandardWebhook
 
 from inbox import webhooks
-from inbox.models import Event
+from inbox.models import Event, Lease
 from inbox.webhooks import BadSignature, Malformed, Stale
 
 GITHUB_SECRET = "It's a Secret to Everybody"
@@ -926,3 +928,43 @@ def test_random_deliveries_never_500_and_never_store_unsigned(secrets, inbox, sc
             assert stored == (1 if response.status_code == 202 else 0)
 
     check()
+
+
+# --- queries per delivery -------------------------------------------------------------------
+# A webhook delivery costs the fewest queries the database allows, so a regression (a lookup
+# per request, a session read, an extra clock query) fails here instead of in a benchmark.
+
+# PostgreSQL: the one statement that resolves the slug, stores, marks and wakes (and, for
+# the schemes whose signatures carry a time, the database's clock). SQLite: the slug, then
+# BEGIN IMMEDIATE, the INSERT, the marker's UPDATE (not for a duplicate) and COMMIT.
+STORE = {"postgresql": 1, "sqlite": 5}
+DUPLICATE = {"postgresql": 1, "sqlite": 4}
+CLOCK = {"github": 0, "stripe": 1, "standard": 1}
+CLOCK_QUERIES = {"postgresql": 1, "sqlite": 0}
+
+
+def deliver_once(client, scheme, slug):
+    return post(client, scheme, slug, BODY, signed(scheme, BODY))
+
+
+# transaction=True: counted as in production, where no test transaction wraps the request.
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_stored_delivery_and_its_retry_take_the_fewest_queries(client, secrets, inbox, scheme):
+    vendor = connection.vendor
+    clock = CLOCK[scheme] * CLOCK_QUERIES[vendor]
+    with CaptureQueriesContext(connection) as stored:
+        assert deliver_once(client, scheme, inbox.slug).status_code == 202
+    with CaptureQueriesContext(connection) as duplicate:
+        assert deliver_once(client, scheme, inbox.slug).status_code == 200
+    assert len(stored) == STORE[vendor] + clock, [q["sql"] for q in stored]
+    assert len(duplicate) == DUPLICATE[vendor] + clock, [q["sql"] for q in duplicate]
+    assert Event.objects.filter(inbox=inbox).count() == 1
+    assert Lease.objects.get(inbox=inbox).work_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_delivery_to_an_unknown_inbox_is_one_query_and_a_404(client, secrets):
+    with CaptureQueriesContext(connection) as queries:
+        assert deliver_once(client, "github", "nobody").status_code == 404
+    assert len(queries) == 1
