@@ -38,8 +38,13 @@ format: install
 
 # Speed, side by side with each measure's reference in one run (PostgreSQL; BENCH_DATABASE_URL
 # names a database the bench makes and drops, default .../bench). Prints the table, writes JSON.
-bench: install
+# The references (procrastinate) are a benchmark-only extra.
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
 	$(PY) bench/run.py --json bench-results.json
 
-bench-quick: install
+bench-quick: $(VENV)/.bench-installed
 	$(PY) bench/run.py --quick --json bench-results.json

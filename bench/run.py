@@ -12,7 +12,6 @@ ran. Ratios, not absolute figures, are what to compare: the machine may be share
 """
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -86,12 +85,9 @@ def main(argv=None):
             connections.close_all()
             common.drop_database(url)
     if "drain" in only:
-        try:
-            drain = importlib.import_module("bench.drain")
-        except ModuleNotFoundError:
-            print("(the drain rows come from bench/drain.py, not in this checkout)")
-        else:
-            rows += drain.measure(common.sibling_url(url, "drain"), args.quick, repeats)
+        from bench import drain
+
+        rows += drain.measure(common.sibling_url(url, "drain"), args.quick, repeats)
 
     for entry in rows:
         entry.setdefault("met", common.met(entry))
