@@ -30,6 +30,7 @@ from inbox.models import Inbox
 from inbox.services import lock_inbox
 from outbox.models import OutboxMessage
 
+from .logs import bind_run
 from .models import DeadAlert
 
 log = logging.getLogger("alwayson.events")
@@ -44,8 +45,10 @@ def last_line(error: str) -> str:
     return lines[-1] if lines else ""
 
 
-def events_going_dead(sender, inbox_id, events, now, **kwargs):
+def events_going_dead(sender, inbox_id, events, now, generation=None, **kwargs):
     """Receiver of inbox.signals.events_dead, inside the transaction that parks `events`."""
+    # The claim parking them is the start of a worker's run: its lines name that run.
+    bind_run(inbox_id, generation)
     slug = Inbox.objects.values_list("slug", flat=True).get(pk=inbox_id)
     note_dead(inbox_id, events, now)
     lines = [

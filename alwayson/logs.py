@@ -11,7 +11,7 @@ import json
 import logging
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 FORMATS = ("text", "json")
@@ -20,8 +20,8 @@ FORMATS = ("text", "json")
 @dataclass(frozen=True)
 class RunContext:
     run_id: str
-    inbox_id: int
-    generation: int
+    inbox_id: int | None
+    generation: int | None
 
 
 _current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
@@ -34,13 +34,22 @@ def current_run() -> RunContext | None:
 
 
 @contextmanager
-def run_context(inbox_id, generation):
-    """The run's context for everything logged inside the block: a fresh run id."""
+def run_context(inbox_id=None, generation=None):
+    """The run's context for everything logged inside the block: a fresh run id. The
+    worker opens it before its claim (what the claim logs belongs to the run) and names the
+    inbox and generation with bind_run once the claim has taken them."""
     token = _current_run.set(RunContext(uuid.uuid4().hex[:12], inbox_id, generation))
     try:
         yield _current_run.get()
     finally:
         _current_run.reset(token)
+
+
+def bind_run(inbox_id, generation):
+    """Name the open run's inbox and generation; its run id stays."""
+    run = _current_run.get()
+    if run is not None:
+        _current_run.set(replace(run, inbox_id=inbox_id, generation=generation))
 
 
 class RunContextFilter(logging.Filter):

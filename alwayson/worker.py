@@ -27,7 +27,7 @@ from inbox.services import WORK_CHANNEL, Claim, finish, lease_ttl, release, rene
 
 from . import metrics
 from .health import ProcessBeat
-from .logs import run_context
+from .logs import bind_run, run_context
 from .management.loop import OutageBackoff
 from .models import Process
 from .runtime import Agents, LeaseLost, Run
@@ -126,16 +126,18 @@ class Worker:
         Two transactions when all goes well: take_next (lease and claim) and a finish that
         gives the lease back with the run's outcome.
         """
-        started = time.monotonic()
-        claim = take_next(self.worker_id)
-        if claim is None:
-            return None
-        if not claim.events:
-            # take_next gave the lease back already.
-            return self._result(claim.inbox, claim.generation, 0, "nothing claimable", started)
-        released = False
-        # Every line logged from here to the release carries the run's id (alwayson/logs.py).
-        with run_context(claim.inbox.pk, claim.generation):
+        # Every line logged from the claim to the release carries the run's id, the dead
+        # events the claim parks included (alwayson/logs.py).
+        with run_context():
+            started = time.monotonic()
+            claim = take_next(self.worker_id)
+            if claim is None:
+                return None
+            bind_run(claim.inbox.pk, claim.generation)
+            if not claim.events:
+                # take_next gave the lease back already.
+                return self._result(claim.inbox, claim.generation, 0, "nothing claimable", started)
+            released = False
             try:
                 result, released = self._run(claim, started)
                 return result

@@ -471,7 +471,9 @@ def _settle_leftovers(inbox_id, generation, now):
     if going_dead:
         # Before parking: the receivers see each event's last error, and their writes
         # (the owner's alert) join this transaction.
-        events_dead.send(sender=Event, inbox_id=inbox_id, events=going_dead, now=now)
+        events_dead.send(
+            sender=Event, inbox_id=inbox_id, generation=generation, events=going_dead, now=now
+        )
         events.filter(pk__in=[event.pk for event in going_dead]).update(
             status=Event.Status.DEAD,
             error=_per_row(

@@ -8,8 +8,9 @@ event_stored = Signal()
 
 # Sent inside claim_batch's transaction, under the inbox's lock, when events run out of
 # attempts and are parked as dead: once per claim, with every event parked by it. Arguments:
-# inbox_id, events (the rows as they were before parking: pending, each with its last error),
-# now. What a receiver writes (the owner's alert) commits with the parking or not at all.
+# inbox_id, generation (the claim's), events (the rows as they were before parking: pending,
+# each with its last error), now. What a receiver writes (the owner's alert) commits with the
+# parking or not at all.
 # An operator's mark_dead does not send it: that is a decision, not a failure.
 events_dead = Signal()
 

@@ -38,6 +38,7 @@ from django.db import connection
 
 from .exceptions import UnknownInbox
 from .models import Event, Inbox, Lease
+from .validation import UNSTORABLE
 
 # Idle workers LISTEN here; a stored event NOTIFYs with its inbox id (sent at commit).
 WORK_CHANNEL = "alwayson_work"
@@ -59,7 +60,8 @@ def inbox_lookup(ref) -> tuple[str, object]:
         return "id", ref.pk
     if isinstance(ref, int) and not isinstance(ref, bool):
         return "id", ref
-    if isinstance(ref, str) and ref:
+    # A slug PostgreSQL cannot even compare (a NUL) names no inbox, as in Inbox.objects.resolve.
+    if isinstance(ref, str) and ref and not UNSTORABLE.search(ref):
         return "slug", ref
     raise UnknownInbox(ref)
 

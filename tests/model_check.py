@@ -123,6 +123,10 @@ class InboxMachine(RuleBasedStateMachine):
         self.approvals: dict[tuple[int, str], dict] = {}
         self.held: dict[int, list[bool]] = {i: [] for i in INBOXES}  # urgent flag per message
         self.last_send: dict[int, datetime | None] = {i: None for i in INBOXES}
+        # The owner's dead-event alert (alwayson/alerts.py): when the last was queued, and
+        # how many went dead since without one (told by the dispatcher's flush, not modelled).
+        self.last_alert: dict[int, datetime | None] = {i: None for i in INBOXES}
+        self.unreported: dict[int, int] = {i: 0 for i in INBOXES}
         self.sends: list[tuple[int, datetime, list[int], list[bool]]] = []
         self.last_pass: datetime | None = None
         self.said = 0
@@ -243,6 +247,17 @@ class InboxMachine(RuleBasedStateMachine):
             self.ghosts.append((i, holder, worker.generation, worker.batch))
         worker.batch = got
 
+    def model_dead_alert(self, i, count):
+        """The first events to go dead after a quiet interval queue one urgent alert at once,
+        bringing along those counted since; within the interval they are only counted."""
+        last = self.last_alert[i]
+        interval = timedelta(seconds=settings.ALWAYSON_DEAD_ALERT_INTERVAL)
+        if last is None or self.now - last >= interval:
+            self.held[i].append(True)
+            self.last_alert[i], self.unreported[i] = self.now, 0
+        else:
+            self.unreported[i] += count
+
     def model_claim(self, i, holder, generation):
         if not self.leases[i].is_held_by(holder, generation, self.now):
             return []
@@ -252,9 +267,13 @@ class InboxMachine(RuleBasedStateMachine):
                 e.status = PENDING
                 self.adopt_backoff(e, e.updated)
                 e.updated = self.now
+        going_dead = 0
         for e in events:
             if e.status == PENDING and e.attempts >= settings.ALWAYSON_MAX_ATTEMPTS:
                 e.status, e.updated = DEAD, self.now
+                going_dead += 1
+        if going_dead:
+            self.model_dead_alert(i, going_dead)
         due = [e for e in events if e.status == PENDING and e.available_at <= self.now]
         retries = [e for e in due if e.attempts > 0]
         chosen = retries[:1] or due
