@@ -29,10 +29,6 @@ _current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar
 )
 
 
-def current_run() -> RunContext | None:
-    return _current_run.get()
-
-
 @contextmanager
 def run_context(inbox_id=None, generation=None):
     """The run's context for everything logged inside the block: a fresh run id. The
