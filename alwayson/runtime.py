@@ -17,10 +17,11 @@ import threading
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
 from approvals.services import Ask
+from inbox import store
 from inbox.models import Event, Inbox
 from inbox.services import Defer, SaveState, renew
 from outbox.services import Say
@@ -40,7 +41,9 @@ class Run:
         self.holder = holder
         self.generation = generation
         self.events = list(events)
-        # The agent may mutate or replace it; the finish saves whatever it is then.
+        # The agent may mutate or replace it; the finish saves whatever it is then, unless it
+        # is still what the claim read (no write for a run that left the state alone).
+        self._claimed_state = state
         self.state = copy.deepcopy(state) if state is not None else {}
         self._effects = []
         self._lost = threading.Event()
@@ -172,6 +175,8 @@ class Run:
         return f"said {self.said}" if self.said else "quiet"
 
     def effects(self) -> list:
+        if self._claimed_state is not None and self.state == self._claimed_state:
+            return list(self._effects)
         return [*self._effects, SaveState(self.inbox.pk, self.state)]
 
 
@@ -200,9 +205,10 @@ class Agents:
         # Read on every run, so an edit in the admin applies from the next run, in every
         # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
         # than the lookup itself on a run that does nothing else.
-        with connection.cursor() as cursor:
+        with store.prepared_cursor() as cursor:
             cursor.execute(
-                f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s", [inbox.pk]
+                f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
+                [inbox.pk],
             )
             row = cursor.fetchone()
         path = row[0] if row else None

@@ -269,9 +269,15 @@ class WorkerPool:
 
     def slot(self):
         backoff = OutageBackoff()
+        woke = True
         try:
             while not self.stop.is_set():
-                close_old_connections()
+                if woke:
+                    # On each wake, not between the runs of a drain: with health checks on,
+                    # the check is a round trip of its own, and a failed run's connection
+                    # is closed by the except below anyway.
+                    close_old_connections()
+                    woke = False
                 try:
                     result = self.worker.step()
                 except DatabaseError:
@@ -279,6 +285,7 @@ class WorkerPool:
                     log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
                     connection.close()
                     self.stop.wait(delay)
+                    woke = True
                     continue
                 backoff.reset()
                 if result is not None:
@@ -288,6 +295,7 @@ class WorkerPool:
                 if self.once:
                     return
                 self._idle()
+                woke = True
         finally:
             connection.close()
 

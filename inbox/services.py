@@ -247,7 +247,7 @@ def ingest_many(inbox, events, now=None) -> list[bool]:
 def acquire(inbox, holder, now=None) -> int | None:
     """Take or renew the inbox's lease: the generation, or None while another holds it."""
     require_key("holder", holder, HOLDER_MAX)
-    clock.resolve(now)
+    _given_now(now)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -287,15 +287,18 @@ class Claim:
 
 
 def take_next(holder, now=None) -> Claim | None:
-    """acquire_next and claim_batch in one transaction: take the lease of some inbox with
-    work and no live holder, and claim its batch, by the same rules (orphans back to
-    pending, dead parked, a due retry alone). None when no inbox has work.
+    """acquire_next and claim_batch together: take the lease of some inbox with work and no
+    live holder, and claim its batch, by the same rules (orphans back to pending, dead
+    parked, a due retry alone). None when no inbox has work.
 
-    On PostgreSQL the lease row is taken in one statement (locked once, under SKIP LOCKED,
-    returning its inbox and whether leftovers need settling) and the batch is claimed in a
-    second, which also reads the session state.
+    On PostgreSQL, in the common case, it is one statement and one commit (_TAKE_SQL): the
+    lease under SKIP LOCKED, the batch and the session state. When the inbox has leftovers
+    to settle first (rows an older generation left running, events out of attempts) the
+    statement only takes the lease, and the settling and the claim follow in a transaction
+    under the lease row's lock (_claim_locked).
     """
     require_key("holder", holder)
+    now = _given_now(now)
     if connection.vendor != "postgresql":
         with transaction.atomic():
             taken = acquire_next(holder, now)
@@ -309,38 +312,66 @@ def take_next(holder, now=None) -> Claim | None:
                 return Claim(inbox, generation, [], None)
             state = Session.objects.filter(inbox_id=inbox_id).values_list("state", flat=True)
             return Claim(inbox, generation, events, state.first())
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_TAKE_SQL, [now, holder, lease_ttl(), settings.ALWAYSON_MAX_ATTEMPTS])
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        now, generation, leftovers, old_holder, old_until, *inbox_row = row
-        inbox = Inbox.from_db(connection.alias, _INBOX_FIELDS, inbox_row)
-        if old_until is not None:  # lapsed, not released: a takeover, as in Lease.take
-            lapsed = Lease(
-                inbox_id=inbox.pk, holder=old_holder, generation=generation - 1, until=old_until
-            )
-            lease_taken_over.send(sender=Lease, lease=lapsed, now=now)
-        if leftovers:
-            _settle_leftovers(inbox.pk, generation, now)
-        cursor.execute(_CLAIM_SQL, [inbox.pk, now, generation, now, inbox.pk])
+    params = {
+        "now": now,
+        "holder": holder,
+        "ttl": lease_ttl(),
+        "max_attempts": settings.ALWAYSON_MAX_ATTEMPTS,
+    }
+    with store.prepared_cursor() as cursor:
+        cursor.execute(_TAKE_SQL, params)
         rows = cursor.fetchall()
+    if not rows:
+        return None
+    now, generation, leftovers, old_holder, old_until, *inbox_row = rows[0][:10]
+    inbox = Inbox.from_db(connection.alias, _INBOX_FIELDS, inbox_row)
+    if old_until is not None:  # lapsed, not released: a takeover, as in Lease.take
+        lapsed = Lease(
+            inbox_id=inbox.pk, holder=old_holder, generation=generation - 1, until=old_until
+        )
+        lease_taken_over.send(sender=Lease, lease=lapsed, now=now)
+    if leftovers:
+        return _claim_locked(inbox, holder, generation, now)
+    if rows[0][10] is None:
+        # Nothing claimable after all (a retry waiting for its backoff, or events this
+        # statement's snapshot predates): give the lease back with the work recounted, in
+        # statements that see what committed before the lock.
+        with transaction.atomic():
+            if _fence(inbox, inbox.pk, holder, generation, now, release=True) is not None:
+                _recount_work(inbox.pk)
+        return Claim(inbox, generation, [], None)
+    return _claimed(inbox, generation, [row[10:] for row in rows])
+
+
+def _claim_locked(inbox, holder, generation, now) -> Claim:
+    """The claim after take_next's lease when leftovers need settling first: in one
+    transaction under the lease row's lock, fenced as a finish is."""
+    with transaction.atomic():
+        if _fence(inbox, inbox.pk, holder, generation, now, release=False) is None:
+            return Claim(inbox, generation, [], None)
+        _settle_leftovers(inbox.pk, generation, now)
+        with store.prepared_cursor() as cursor:
+            cursor.execute(_CLAIM_SQL, {"inbox": inbox.pk, "now": now, "generation": generation})
+            rows = cursor.fetchall()
         if not rows:
-            # Nothing claimable after all (a retry waiting for its backoff): give the lease
-            # back, with the work recounted, in this transaction.
-            Lease.objects.filter(inbox_id=inbox.pk).update(until=None)
+            _fence(inbox, inbox.pk, holder, generation, now, release=True)
             _recount_work(inbox.pk)
             return Claim(inbox, generation, [], None)
-        payload = Event._meta.get_field("payload")
-        events = []
-        for *values, _ in rows:
-            values[4] = payload.from_db_value(values[4], None, connection)
-            event = Event.from_db(connection.alias, _EVENT_FIELDS, values)
-            event.inbox = inbox
-            events.append(event)
-        events.sort(key=lambda event: event.pk)  # oldest first; RETURNING has no order
-        state = Session._meta.get_field("state").from_db_value(rows[0][-1], None, connection)
-        return Claim(inbox, generation, events, state)
+    return _claimed(inbox, generation, rows)
+
+
+def _claimed(inbox, generation, rows) -> Claim:
+    """A Claim from claimed rows: the event's columns (_EVENT_FIELDS), then the state."""
+    payload = Event._meta.get_field("payload")
+    events = []
+    for *values, _ in rows:
+        values[4] = payload.from_db_value(values[4], None, connection)
+        event = Event.from_db(connection.alias, _EVENT_FIELDS, values)
+        event.inbox = inbox
+        events.append(event)
+    events.sort(key=lambda event: event.pk)  # oldest first; RETURNING has no order
+    state = Session._meta.get_field("state").from_db_value(rows[0][-1], None, connection)
+    return Claim(inbox, generation, events, state)
 
 
 _INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
@@ -349,47 +380,82 @@ _EVENT_FIELDS = [
     "error", "available_at", "created", "updated",
 ]  # fmt: skip
 
-# take_next, the lease: an inbox with work, soonest first, by lease_work_idx under SKIP
-# LOCKED; the leftovers checks by event_running_idx and event_pending_idx.
+# take_next: an inbox with work, soonest first, by lease_work_idx under SKIP LOCKED; the
+# leftovers checks by event_running_idx and event_pending_idx; the batch by
+# event_pending_idx (the oldest due retry alone, if any).
+#
+# One snapshot serves the whole statement, taken before the lease row was locked: the
+# events a delivery committed after it are not claimed now (the finish's recount, a later
+# statement, finds them), and `e.status = 'pending'` in the claim is re-checked on the
+# newest row version, so an event an operator parked meanwhile is not claimed. A finish of
+# the previous run that this snapshot predates shows as leftovers (its events still
+# running), and the claim then happens in _claim_locked, which reads everything afresh.
 _TAKE_SQL = """
-WITH clock AS (SELECT COALESCE(%s::timestamptz, clock_timestamp()) AS now),
+WITH clock AS (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS now),
 picked AS (
     SELECT inbox_id, holder AS old_holder, until AS old_until FROM inbox_lease, clock
     WHERE work_at <= clock.now AND (until IS NULL OR until < clock.now)
     ORDER BY work_at LIMIT 1
     FOR UPDATE OF inbox_lease SKIP LOCKED
+),
+taken AS (
+    UPDATE inbox_lease AS l
+    SET holder = %(holder)s::text, generation = l.generation + 1,
+        until = clock.now + %(ttl)s::interval
+    FROM picked, clock
+    WHERE l.inbox_id = picked.inbox_id
+    RETURNING l.inbox_id, l.generation, clock.now, picked.old_holder, picked.old_until,
+        EXISTS (SELECT 1 FROM inbox_event AS e WHERE e.inbox_id = l.inbox_id
+                AND e.status = 'running' AND e.claim_gen < l.generation)
+        OR EXISTS (SELECT 1 FROM inbox_event AS e WHERE e.inbox_id = l.inbox_id
+                   AND e.status = 'pending' AND e.attempts >= %(max_attempts)s::int)
+        AS leftovers
+),
+due AS (
+    SELECT e.id, e.attempts FROM inbox_event AS e, taken AS t
+    WHERE e.inbox_id = t.inbox_id AND e.status = 'pending' AND e.available_at <= t.now
+      AND NOT t.leftovers
+),
+retry AS (SELECT min(id) AS id FROM due WHERE attempts > 0),
+chosen AS (SELECT due.id FROM due, retry WHERE retry.id IS NULL OR due.id = retry.id),
+claimed AS (
+    UPDATE inbox_event AS e
+    SET status = 'running', attempts = e.attempts + 1, claim_gen = t.generation, updated = t.now
+    FROM chosen, taken AS t
+    WHERE e.id = chosen.id AND e.status = 'pending'
+    RETURNING e.id, e.inbox_id, e.source, e.source_id, e.payload, e.status, e.attempts,
+        e.claim_gen, e.error, e.available_at, e.created, e.updated
 )
-UPDATE inbox_lease AS l
-SET holder = %s, generation = l.generation + 1, until = clock.now + %s
-FROM picked, clock, inbox_inbox AS i
-WHERE l.inbox_id = picked.inbox_id AND i.id = picked.inbox_id
-RETURNING clock.now, l.generation,
-    EXISTS (SELECT 1 FROM inbox_event AS e WHERE e.inbox_id = l.inbox_id
-            AND e.status = 'running' AND e.claim_gen < l.generation)
-    OR EXISTS (SELECT 1 FROM inbox_event AS e WHERE e.inbox_id = l.inbox_id
-               AND e.status = 'pending' AND e.attempts >= %s),
-    picked.old_holder, picked.old_until,
-    i.id, i.owner_id, i.slug, i.name, i.created
+SELECT t.now, t.generation, t.leftovers, t.old_holder, t.old_until,
+    i.id, i.owner_id, i.slug, i.name, i.created,
+    c.id, c.inbox_id, c.source, c.source_id, c.payload, c.status, c.attempts,
+    c.claim_gen, c.error, c.available_at, c.created, c.updated,
+    s.state
+FROM taken AS t
+JOIN inbox_inbox AS i ON i.id = t.inbox_id
+LEFT JOIN inbox_session AS s ON s.inbox_id = t.inbox_id
+LEFT JOIN claimed AS c ON true
 """
 
-# take_next, the batch: the inbox's due pending rows by event_pending_idx (the oldest due
-# retry alone, if any), claimed in one UPDATE that returns them with the session state.
+# _claim_locked, the batch after settling: as in _TAKE_SQL, in a statement of its own.
 _CLAIM_SQL = """
 WITH due AS (
     SELECT id, attempts FROM inbox_event
-    WHERE inbox_id = %s AND status = 'pending' AND available_at <= %s
+    WHERE inbox_id = %(inbox)s::bigint AND status = 'pending'
+      AND available_at <= %(now)s::timestamptz
 ),
 retry AS (SELECT min(id) AS id FROM due WHERE attempts > 0),
 chosen AS (
     SELECT due.id FROM due, retry WHERE retry.id IS NULL OR due.id = retry.id
 )
 UPDATE inbox_event AS e
-SET status = 'running', attempts = e.attempts + 1, claim_gen = %s, updated = %s
+SET status = 'running', attempts = e.attempts + 1, claim_gen = %(generation)s::bigint,
+    updated = %(now)s::timestamptz
 FROM chosen
 WHERE e.id = chosen.id
 RETURNING e.id, e.inbox_id, e.source, e.source_id, e.payload, e.status, e.attempts,
     e.claim_gen, e.error, e.available_at, e.created, e.updated,
-    (SELECT state FROM inbox_session WHERE inbox_id = %s)
+    (SELECT state FROM inbox_session WHERE inbox_id = %(inbox)s::bigint)
 """
 
 
@@ -423,7 +489,7 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
     healthy events are claimed while a retry waits for its backoff.
     """
     _require_run(holder, generation)
-    clock.resolve(now)
+    _given_now(now)
     inbox = Inbox.objects.resolve(inbox)
     with transaction.atomic():
         now = clock.resolve(now)
@@ -563,15 +629,16 @@ def finish(
         require_text("error", error)
     if defer is not None and not isinstance(defer, Defer):
         raise ValueError(f"defer must be a Defer, not {type(defer).__name__}")
-    clock.resolve(now)
+    now = _given_now(now)
     inbox_id = Inbox.objects.pk_of(inbox)
     with transaction.atomic():
         now = _fence(inbox, inbox_id, holder, generation, now, release)
         if now is None:
             return False
-        claimed = Event.objects.running().filter(
-            inbox_id=inbox_id, pk__in=event_ids, claim_gen=generation
-        )
+        if error or defer is not None:
+            claimed = Event.objects.running().filter(
+                inbox_id=inbox_id, pk__in=event_ids, claim_gen=generation
+            )
         if error:
             attempts = list(claimed.values_list("pk", "attempts"))
             finished = (
@@ -612,30 +679,21 @@ def _fence(inbox, inbox_id, holder, generation, now, release):
     """Lock the lease row and check, under that lock, that (holder, generation) holds it;
     with `release`, give the lease up in the same write (one statement on PostgreSQL). The
     fence's `now`, or None if refused."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+    if connection.vendor == "postgresql":
+        with store.prepared_cursor() as cursor:
             # The lease row by its primary key, locked first whoever holds it, then checked.
-            cursor.execute(
-                "WITH clock AS (SELECT COALESCE(%s::timestamptz, clock_timestamp()) AS now),"
-                " locked AS (SELECT inbox_id, holder, generation, until FROM inbox_lease"
-                "  WHERE inbox_id = %s FOR UPDATE)"
-                " UPDATE inbox_lease AS l SET until = CASE WHEN %s THEN NULL ELSE l.until END"
-                " FROM locked, clock WHERE l.inbox_id = locked.inbox_id"
-                " AND locked.holder = %s AND locked.generation = %s AND locked.until >= clock.now"
-                " RETURNING clock.now",
-                [now, inbox_id, release, holder, generation],
-            )
+            cursor.execute(_FENCE_SQL, [now, inbox_id, release, holder, generation])
             row = cursor.fetchone()
-            if row is not None:
-                return row[0]
-        else:
-            now = clock.resolve(now)
-            lease = _locked_lease(inbox_id)
-            if lease.is_held_by(holder, generation, now):
-                if release:
-                    lease.until = None
-                    lease.save(update_fields=["until"])
-                return now
+        if row is not None:
+            return row[0]
+    else:
+        now = clock.resolve(now)
+        lease = _locked_lease(inbox_id)
+        if lease.is_held_by(holder, generation, now):
+            if release:
+                lease.until = None
+                lease.save(update_fields=["until"])
+            return now
     if not Lease.objects.filter(inbox_id=inbox_id).exists():
         raise UnknownInbox(inbox)
     return None
@@ -652,19 +710,42 @@ def _finish_done(inbox_id, generation, event_ids, now) -> int:
             .filter(inbox_id=inbox_id, pk__in=event_ids, claim_gen=generation)
             .update(status=Event.Status.DONE, error="", updated=now)
         )
-    with connection.cursor() as cursor:
-        # The running rows by event_running_idx (or the primary key); the recount by
-        # event_pending_idx.
-        cursor.execute(
-            "WITH done AS (UPDATE inbox_event SET status = 'done', error = '', updated = %s"
-            "  WHERE inbox_id = %s AND status = 'running' AND claim_gen = %s AND id = ANY(%s)"
-            "  RETURNING id),"
-            " recount AS (UPDATE inbox_lease SET work_at = (SELECT min(available_at)"
-            "  FROM inbox_event WHERE inbox_id = %s AND status = 'pending') WHERE inbox_id = %s)"
-            " SELECT count(*) FROM done",
-            [now, inbox_id, generation, list(event_ids), inbox_id, inbox_id],
-        )
+    with store.prepared_cursor() as cursor:
+        cursor.execute(_DONE_SQL, [now, inbox_id, generation, list(event_ids), inbox_id, inbox_id])
         return cursor.fetchone()[0]
+
+
+_FENCE_SQL = """
+WITH clock AS (SELECT COALESCE(%s::timestamptz, clock_timestamp()) AS now),
+locked AS (
+    SELECT inbox_id, holder, generation, until FROM inbox_lease
+    WHERE inbox_id = %s::bigint FOR UPDATE
+)
+UPDATE inbox_lease AS l SET until = CASE WHEN %s::boolean THEN NULL ELSE l.until END
+FROM locked, clock
+WHERE l.inbox_id = locked.inbox_id
+  AND locked.holder = %s::text AND locked.generation = %s::bigint AND locked.until >= clock.now
+RETURNING clock.now
+"""
+
+# The running rows by event_running_idx (or the primary key); the recount by
+# event_pending_idx.
+_DONE_SQL = """
+WITH done AS (
+    UPDATE inbox_event SET status = 'done', error = '', updated = %s::timestamptz
+    WHERE inbox_id = %s::bigint AND status = 'running' AND claim_gen = %s::bigint
+      AND id = ANY(%s::bigint[])
+    RETURNING id
+),
+recount AS (
+    UPDATE inbox_lease SET work_at = (
+        SELECT min(available_at) FROM inbox_event
+        WHERE inbox_id = %s::bigint AND status = 'pending'
+    )
+    WHERE inbox_id = %s::bigint
+)
+SELECT count(*) FROM done
+"""
 
 
 def _recount_work(inbox_id):

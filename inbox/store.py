@@ -71,17 +71,28 @@ def _table(model) -> str:
 
 
 class _PreparingCursor(psycopg.Cursor):
-    # Django turns psycopg's automatic preparing off for the whole connection (for poolers);
-    # these statements ask for it themselves.
+    # Prepared at their first run, not after psycopg's threshold: only the hot paths' few
+    # statements come here. Django leaves preparing off altogether (prepare_threshold None,
+    # for poolers) unless settings turn it on (ALWAYSON_DB_PREPARE); then this asks in vain
+    # and the statement runs unprepared, as Django's own do.
     def execute(self, query, params=None, *, prepare=True, binary=None):
         return super().execute(query, params, prepare=prepare, binary=binary)
 
+    def _send_query_prepared(self, name, pgq, *, binary=None):
+        # psycopg records the query it ran only when it sends it unprepared; Django's
+        # last_executed_query reads it (CaptureQueriesContext, the SQL log under DEBUG).
+        self._query = pgq
+        return super()._send_query_prepared(name, pgq, binary=binary)
 
-def _prepared_cursor():
+
+def prepared_cursor():
     """A cursor binding its parameters on the server, so psycopg prepares the statement
     after a few runs and PostgreSQL plans it once per connection (Django's own cursors
     inline parameters, and every statement is planned again). Wrapped by Django as its own
-    cursors are: counted by CaptureQueriesContext, logged under DEBUG."""
+    cursors are: counted by CaptureQueriesContext, logged under DEBUG. On SQLite, Django's
+    own cursor (its statements are cached by the driver already)."""
+    if connection.vendor != "postgresql":
+        return connection.cursor()
     connection.ensure_connection()
     return connection._prepare_cursor(_PreparingCursor(connection.connection))
 
@@ -145,7 +156,7 @@ def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
                (SELECT pg_notify(%(channel)s, inbox_id::text)::text FROM marked)
         FROM target t LEFT JOIN stored s ON true
     """
-    with _prepared_cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, params)
         result = cursor.fetchall()
     if not result:

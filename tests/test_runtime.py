@@ -403,7 +403,8 @@ def test_bad_verb_arguments_raise_at_the_call(inbox, t0, verb):
         verb(run)
 
     assert (run.said, run.asked) == (0, 0)
-    assert [type(e) for e in run.effects()] == [SaveState]
+    # Nothing to commit: no verb was recorded and the state is as the claim read it.
+    assert run.effects() == []
     assert finish_run(run, now=t0) is True
     assert nothing_written(inbox)
 
@@ -418,7 +419,37 @@ def test_schedule_with_both_due_and_delay_raises(inbox, t0):
     with pytest.raises(ValueError, match="aware"):
         run.schedule("k", t0.replace(tzinfo=None))
 
+    assert run.effects() == []
+
+
+@pytest.mark.django_db
+def test_a_run_that_leaves_the_state_alone_writes_no_session_row(inbox, t0):
+    Session.objects.filter(inbox=inbox).update(state={"seen": 1}, updated=t0)
+    ingest(inbox, "chat", "m1", {}, now=t0)
+    run = start_run(inbox, "A", now=t0 + SECOND)
+    run.state = {"seen": 1}  # replaced by an equal value: still nothing to write
+
+    assert run.effects() == []
+    assert finish_run(run, now=t0 + SECOND)
+    assert Session.objects.filter(inbox=inbox).values_list("state", "updated").get() == (
+        {"seen": 1},
+        t0,
+    )
+
+
+@pytest.mark.django_db
+def test_a_state_changed_in_place_is_saved_with_the_finish(inbox, t0):
+    Session.objects.filter(inbox=inbox).update(state={"seen": 1}, updated=t0)
+    ingest(inbox, "chat", "m1", {}, now=t0)
+    run = start_run(inbox, "A", now=t0 + SECOND)
+    run.state["seen"] += 1
+
     assert [type(e) for e in run.effects()] == [SaveState]
+    assert finish_run(run, now=t0 + SECOND)
+    assert Session.objects.filter(inbox=inbox).values_list("state", "updated").get() == (
+        {"seen": 2},
+        t0 + SECOND,
+    )
 
 
 # --- the heartbeat ---------------------------------------------------------------------------

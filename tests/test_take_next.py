@@ -79,6 +79,39 @@ def test_take_next_resets_orphans_of_a_lost_lease_and_parks_the_dead(inbox, t0, 
     assert Lease.objects.get(inbox=inbox).work_at is None
 
 
+def test_take_next_with_nothing_due_gives_the_lease_back_with_the_work_recounted(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    first = take_next("W", now=t0)
+    ids = [first.events[0].pk]
+    assert finish(inbox, "W", first.generation, ids, error="boom", now=t0, release=True)
+    retry_at = Event.objects.get().available_at
+    # A marker earlier than the work (as a take whose snapshot predates a change finds it):
+    # the take claims nothing, and must not leave the inbox held or the marker wrong.
+    Lease.objects.filter(inbox=inbox).update(work_at=t0)
+    claim = take_next("W", now=t0 + SECOND)
+    assert claim.inbox == inbox and claim.events == [] and claim.state is None
+    lease = Lease.objects.get(inbox=inbox)
+    assert (lease.holder, lease.generation, lease.until) == ("W", first.generation + 1, None)
+    assert lease.work_at == retry_at
+    assert Event.objects.get().status == "pending"
+
+
+@pytest.mark.postgres_only
+def test_the_workers_statements_are_prepared_once_per_connection(inbox, t0):
+    for n in range(3):
+        now = t0 + n * SECOND
+        ingest(inbox, "chat", f"m-{n}", {}, now=now)
+        claim = take_next("W", now=now)
+        ids = [e.pk for e in claim.events]
+        assert finish(inbox, "W", claim.generation, ids, now=now, release=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+        prepared = [row[0] for row in cursor.fetchall()]
+    # The take (lease and batch), the fence, and the done rows with their recount.
+    for marker in ("SKIP LOCKED", "locked AS", "done AS"):
+        assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
+
+
 def test_finish_with_release_commits_the_run_and_gives_the_lease_back(inbox, t0):
     ingest(inbox, "chat", "m-1", {}, now=t0)
     claim = take_next("W", now=t0)
