@@ -199,18 +199,23 @@ class Agents:
         self.default = default or load_agent()
         self._loaded = {}
 
-    def for_inbox(self, inbox):
+    def for_inbox(self, inbox, extras=None):
+        """The inbox's agent: from `extras` (a Claim's, which read it with the take), or
+        read now."""
         from .models import AgentConfig
 
-        # Read on every run, so an edit in the admin applies from the next run, in every
-        # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
-        # than the lookup itself on a run that does nothing else.
-        with store.prepared_cursor() as cursor:
-            cursor.execute(
-                f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
-                [inbox.pk],
-            )
-            row = cursor.fetchone()
+        if extras is not None and "agent" in extras:
+            row = (extras["agent"],)
+        else:
+            # Read on every run, so an edit in the admin applies from the next run, in every
+            # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
+            # than the lookup itself on a run that does nothing else.
+            with store.prepared_cursor() as cursor:
+                cursor.execute(
+                    f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
+                    [inbox.pk],
+                )
+                row = cursor.fetchone()
         path = row[0] if row else None
         if not path:
             return self.default

@@ -155,7 +155,7 @@ class Worker:
         if self.heartbeat:
             self.heartbeat.track(run)
         try:
-            self.agents.for_inbox(inbox)(run)
+            self.agents.for_inbox(inbox, claim.extras)(run)
         except LeaseLost:
             return self._result(inbox, generation, len(ids), "fenced", started), False
         except Exception as exc:

@@ -13,9 +13,10 @@ import logging
 import random
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import psycopg
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.db.models import Case, F, Value, When
@@ -284,6 +285,14 @@ class Claim:
     generation: int
     events: list[Event]
     state: dict | None
+    # What CLAIM_EXTRAS read with the take, by name; empty where the take could not.
+    extras: dict = field(default_factory=dict)
+
+
+# Values an app above inbox/ reads with the claim, by name: a scalar SQL expression over the
+# taken inbox's id (`t.inbox_id`), read in take_next's statement on PostgreSQL instead of in
+# a round trip of its own. alwayson registers the inbox's agent (alwayson/apps.py).
+CLAIM_EXTRAS: dict[str, str] = {}
 
 
 def take_next(holder, now=None) -> Claim | None:
@@ -318,11 +327,14 @@ def take_next(holder, now=None) -> Claim | None:
         "ttl": lease_ttl(),
         "max_attempts": settings.ALWAYSON_MAX_ATTEMPTS,
     }
+    names = sorted(CLAIM_EXTRAS)
+    extras_sql = "".join(f",\n    ({CLAIM_EXTRAS[name]})" for name in names)
     with store.prepared_cursor() as cursor:
-        cursor.execute(_TAKE_SQL, params)
+        cursor.execute(_TAKE_SQL.replace("{extras}", extras_sql), params)
         rows = cursor.fetchall()
     if not rows:
         return None
+    extras = dict(zip(names, rows[0][23:], strict=True))
     now, generation, leftovers, old_holder, old_until, *inbox_row = rows[0][:10]
     inbox = Inbox.from_db(connection.alias, _INBOX_FIELDS, inbox_row)
     if old_until is not None:  # lapsed, not released: a takeover, as in Lease.take
@@ -340,7 +352,7 @@ def take_next(holder, now=None) -> Claim | None:
             if _fence(inbox, inbox.pk, holder, generation, now, release=True) is not None:
                 _recount_work(inbox.pk)
         return Claim(inbox, generation, [], None)
-    return _claimed(inbox, generation, [row[10:] for row in rows])
+    return _claimed(inbox, generation, [row[10:23] for row in rows], extras)
 
 
 def _claim_locked(inbox, holder, generation, now) -> Claim:
@@ -360,7 +372,7 @@ def _claim_locked(inbox, holder, generation, now) -> Claim:
     return _claimed(inbox, generation, rows)
 
 
-def _claimed(inbox, generation, rows) -> Claim:
+def _claimed(inbox, generation, rows, extras=None) -> Claim:
     """A Claim from claimed rows: the event's columns (_EVENT_FIELDS), then the state."""
     payload = Event._meta.get_field("payload")
     events = []
@@ -371,7 +383,7 @@ def _claimed(inbox, generation, rows) -> Claim:
         events.append(event)
     events.sort(key=lambda event: event.pk)  # oldest first; RETURNING has no order
     state = Session._meta.get_field("state").from_db_value(rows[0][-1], None, connection)
-    return Claim(inbox, generation, events, state)
+    return Claim(inbox, generation, events, state, extras or {})
 
 
 _INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
@@ -430,7 +442,7 @@ SELECT t.now, t.generation, t.leftovers, t.old_holder, t.old_until,
     i.id, i.owner_id, i.slug, i.name, i.created,
     c.id, c.inbox_id, c.source, c.source_id, c.payload, c.status, c.attempts,
     c.claim_gen, c.error, c.available_at, c.created, c.updated,
-    s.state
+    s.state{extras}
 FROM taken AS t
 JOIN inbox_inbox AS i ON i.id = t.inbox_id
 LEFT JOIN inbox_session AS s ON s.inbox_id = t.inbox_id
@@ -631,6 +643,9 @@ def finish(
         raise ValueError(f"defer must be a Defer, not {type(defer).__name__}")
     now = _given_now(now)
     inbox_id = Inbox.objects.pk_of(inbox)
+    if connection.vendor == "postgresql" and not error and defer is None:
+        run = {"inbox": inbox_id, "holder": holder, "generation": generation, "now": now}
+        return _finish_done_pg(inbox, run, event_ids, effects, release)
     with transaction.atomic():
         now = _fence(inbox, inbox_id, holder, generation, now, release)
         if now is None:
@@ -700,19 +715,102 @@ def _fence(inbox, inbox_id, holder, generation, now, release):
 
 
 def _finish_done(inbox_id, generation, event_ids, now) -> int:
-    """Mark the run's events done; on PostgreSQL, recount the inbox's work in the same
-    statement (done rows leave the pending set as it was, so the recount reads it as is).
-    Runs after the fence, in a statement of its own: its snapshot includes every event
-    committed before the lease row's lock was granted, and later ones wait for that lock."""
-    if connection.vendor != "postgresql":
-        return (
-            Event.objects.running()
-            .filter(inbox_id=inbox_id, pk__in=event_ids, claim_gen=generation)
-            .update(status=Event.Status.DONE, error="", updated=now)
-        )
-    with store.prepared_cursor() as cursor:
-        cursor.execute(_DONE_SQL, [now, inbox_id, generation, list(event_ids), inbox_id, inbox_id])
-        return cursor.fetchone()[0]
+    """Mark the run's events done (SQLite; PostgreSQL's is _finish_done_pg)."""
+    return (
+        Event.objects.running()
+        .filter(inbox_id=inbox_id, pk__in=event_ids, claim_gen=generation)
+        .update(status=Event.Status.DONE, error="", updated=now)
+    )
+
+
+def _finish_done_pg(inbox, run, event_ids, effects, release) -> bool:
+    """A run that ended well, on PostgreSQL: the lease row locked (_LOCK_SQL), then one
+    statement that checks the fence, marks the events done, recounts the work and gives the
+    lease back, all or nothing (_FINISH_DONE_SQL), then the effects; one transaction.
+
+    Without effects, and outside a caller's transaction, the four (BEGIN, the lock, the
+    finish, COMMIT) go in one pipeline: one round trip. The finish still runs after the lock
+    is granted, so its snapshot holds every event committed before, as the recount needs,
+    and it writes nothing when refused, so committing blind is safe.
+    """
+    params = {**run, "ids": event_ids, "count": len(event_ids), "release": release}
+    if effects or connection.in_atomic_block or not psycopg.Pipeline.is_supported():
+        with transaction.atomic():
+            locked, (now, ok) = _lock_and_finish(params)
+            if locked is None:
+                raise UnknownInbox(inbox)
+            if not ok:
+                return False
+            for effect in effects:
+                effect(now)
+            return True
+    connection.ensure_connection()
+    raw = connection.connection
+    try:
+        with connection.wrap_database_errors, raw.pipeline():
+            raw.execute("BEGIN", prepare=False)
+            locked, finished = _lock_and_finish(params, fetch=False)
+            raw.execute("COMMIT", prepare=False)
+    except BaseException:
+        # The pipeline stopped at the error: COMMIT was never run.
+        if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with connection.wrap_database_errors:
+                raw.execute("ROLLBACK", prepare=False)
+        raise
+    if locked.fetchone() is None:
+        raise UnknownInbox(inbox)
+    return finished.fetchone()[1]
+
+
+def _lock_and_finish(params, fetch=True):
+    """Send _LOCK_SQL then _FINISH_DONE_SQL: their rows, or (in a pipeline) their cursors."""
+    lock, finish = store.prepared_cursor(), store.prepared_cursor()
+    lock.execute(_LOCK_SQL, [params["inbox"]])
+    finish.execute(_FINISH_DONE_SQL, params)
+    if not fetch:
+        return lock, finish
+    return lock.fetchone(), finish.fetchone()
+
+
+# The lease row by its primary key, locked first whoever holds it (then checked).
+_LOCK_SQL = "SELECT inbox_id FROM inbox_lease WHERE inbox_id = %s::bigint FOR UPDATE"
+
+# After _LOCK_SQL, in a statement of its own, so that its snapshot includes every event
+# committed before the lock was granted (later ones wait for it): the fence, then, only if
+# the lease is held and every event is still running under this generation, the events done
+# (by event_running_idx or the primary key), the work recounted (by event_pending_idx: the
+# done rows leave the pending set as the snapshot has it) and the lease given back.
+_FINISH_DONE_SQL = """
+WITH clock AS (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS now),
+held AS (
+    SELECT l.inbox_id FROM inbox_lease AS l, clock
+    WHERE l.inbox_id = %(inbox)s::bigint AND l.holder = %(holder)s::text
+      AND l.generation = %(generation)s::bigint AND l.until >= clock.now
+),
+claimed AS (
+    SELECT e.id FROM inbox_event AS e, held
+    WHERE e.inbox_id = held.inbox_id AND e.status = 'running'
+      AND e.claim_gen = %(generation)s::bigint AND e.id = ANY(%(ids)s::bigint[])
+),
+whole AS (
+    SELECT EXISTS (SELECT 1 FROM held)
+        AND (SELECT count(*) FROM claimed) = %(count)s::int AS ok
+),
+done AS (
+    UPDATE inbox_event AS e SET status = 'done', error = '', updated = clock.now
+    FROM claimed, whole, clock
+    WHERE e.id = claimed.id AND e.status = 'running' AND whole.ok
+),
+lease AS (
+    UPDATE inbox_lease AS l
+    SET until = CASE WHEN %(release)s::boolean THEN NULL ELSE l.until END,
+        work_at = (SELECT min(available_at) FROM inbox_event
+                   WHERE inbox_id = l.inbox_id AND status = 'pending')
+    FROM whole
+    WHERE l.inbox_id = %(inbox)s::bigint AND whole.ok
+)
+SELECT clock.now, whole.ok FROM clock, whole
+"""
 
 
 _FENCE_SQL = """
@@ -726,25 +824,6 @@ FROM locked, clock
 WHERE l.inbox_id = locked.inbox_id
   AND locked.holder = %s::text AND locked.generation = %s::bigint AND locked.until >= clock.now
 RETURNING clock.now
-"""
-
-# The running rows by event_running_idx (or the primary key); the recount by
-# event_pending_idx.
-_DONE_SQL = """
-WITH done AS (
-    UPDATE inbox_event SET status = 'done', error = '', updated = %s::timestamptz
-    WHERE inbox_id = %s::bigint AND status = 'running' AND claim_gen = %s::bigint
-      AND id = ANY(%s::bigint[])
-    RETURNING id
-),
-recount AS (
-    UPDATE inbox_lease SET work_at = (
-        SELECT min(available_at) FROM inbox_event
-        WHERE inbox_id = %s::bigint AND status = 'pending'
-    )
-    WHERE inbox_id = %s::bigint
-)
-SELECT count(*) FROM done
 """
 
 

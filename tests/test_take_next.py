@@ -10,6 +10,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from alwayson.api import Say, acquire, claim_batch, finish, ingest
+from alwayson.models import AgentConfig
+from alwayson.worker import Worker
 from inbox.models import Event, Lease, Session
 from inbox.services import SaveState, take_next
 from outbox.models import OutboxMessage
@@ -107,9 +109,41 @@ def test_the_workers_statements_are_prepared_once_per_connection(inbox, t0):
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
         prepared = [row[0] for row in cursor.fetchall()]
-    # The take (lease and batch), the fence, and the done rows with their recount.
-    for marker in ("SKIP LOCKED", "locked AS", "done AS"):
+    # The take (lease and batch), the finish's lock on the lease row, and the finish.
+    for marker in ("SKIP LOCKED", "inbox_id = $1::bigint FOR UPDATE", "held AS"):
         assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
+
+
+@pytest.mark.postgres_only
+def test_take_next_reads_the_inboxs_agent_with_the_claim(make_inbox, t0):
+    configured, plain = make_inbox(), make_inbox()
+    AgentConfig.objects.create(inbox=configured, agent=CONFIGURED)
+    ingest(configured, "chat", "m-1", {}, now=t0)
+    ingest(plain, "chat", "m-1", {}, now=t0 + SECOND)
+    with CaptureQueriesContext(connection) as captured:
+        first, second = take_next("W", now=t0 + SECOND), take_next("W", now=t0 + SECOND)
+    assert len(captured) == 2
+    assert (first.inbox, first.extras) == (configured, {"agent": CONFIGURED})
+    assert (second.inbox, second.extras) == (plain, {"agent": None})
+
+
+CONFIGURED = "tests.test_take_next.configured_agent"
+
+
+def configured_agent(run):
+    run.say("from the configured agent")
+
+
+@pytest.mark.postgres_only
+def test_the_worker_runs_the_agent_its_claim_read_without_a_lookup_of_its_own(inbox, t0):
+    AgentConfig.objects.create(inbox=inbox, agent=CONFIGURED)
+    ingest(inbox, "chat", "m-1", {})
+    worker = Worker("W", agent=lambda run: run.say("from the default agent"))
+    with CaptureQueriesContext(connection) as captured:
+        assert worker.step().outcome == "said 1"
+    reading_the_agent = [q["sql"] for q in captured if "alwayson_agentconfig" in q["sql"]]
+    assert len(reading_the_agent) == 1 and "SKIP LOCKED" in reading_the_agent[0]
+    assert OutboxMessage.objects.get().body == "from the configured agent"
 
 
 def test_finish_with_release_commits_the_run_and_gives_the_lease_back(inbox, t0):

@@ -178,7 +178,7 @@ def listening(worker):
 
 def wait_idle(worker, quiet=0.3):
     """Wait until every slot of the worker has found no work and gone to sleep: its database
-    session is idle after the COMMIT of an empty acquire_next, and has been for `quiet` s.
+    session is idle after an empty take (take_next's one statement), and has been for `quiet` s.
     The process heartbeat's session (its last statement on alwayson_process) is no slot."""
 
     def idle():
@@ -195,7 +195,10 @@ def wait_idle(worker, quiet=0.3):
                 ],
             )
             sessions = cursor.fetchall()
-        return sessions and all(session == ("idle", "COMMIT", True) for session in sessions)
+        return sessions and all(
+            state == "idle" and "SKIP LOCKED" in query and quiet_enough
+            for state, query, quiet_enough in sessions
+        )
 
     wait_for(idle, START_TIMEOUT, f"{worker.worker_id} to go idle")
 

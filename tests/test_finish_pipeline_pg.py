@@ -1,0 +1,145 @@
+"""The worker's finish on PostgreSQL when the run ended well with nothing else to commit:
+BEGIN, the lease row's lock, the fenced finish and COMMIT sent as one pipeline. The rules
+are finish's own (tests/test_take_next.py, tests/test_inbox_rules.py); these tests run
+outside a transaction, where the pipeline is used, and check that a refusal or an error
+leaves nothing written and no transaction open.
+"""
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import OperationalError, connection
+
+from alwayson.api import acquire, finish, ingest
+from inbox.exceptions import UnknownInbox
+from inbox.models import Event, Inbox, Lease
+from inbox.services import take_next
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+
+SECOND = timedelta(seconds=1)
+
+
+@pytest.fixture
+def pipelines(monkeypatch):
+    """Counts the pipelines the connection opens."""
+    opened = []
+    original = psycopg.Connection.pipeline
+
+    def counting(self):
+        opened.append(self)
+        return original(self)
+
+    monkeypatch.setattr(psycopg.Connection, "pipeline", counting)
+    return opened
+
+
+def lease_row(inbox):
+    return Lease.objects.filter(inbox=inbox).values_list("holder", "generation", "until").get()
+
+
+def states(inbox):
+    return sorted(Event.objects.filter(inbox=inbox).values_list("status", "claim_gen"))
+
+
+def no_transaction_open():
+    return connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_good_finish_commits_in_one_pipeline(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    ingest(inbox, "chat", "m-2", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    ingest(inbox, "chat", "m-3", {}, now=t0 + SECOND)  # arrived during the run
+
+    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is True
+    assert len(pipelines) == 1
+    assert no_transaction_open()
+    assert lease_row(inbox) == ("W", claim.generation, None)
+    assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND  # m-3, recounted
+    assert states(inbox) == [("done", 1), ("done", 1), ("pending", None)]
+
+
+def test_a_finish_after_the_lease_was_taken_over_writes_nothing(inbox, t0, ttl, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    old = take_next("A", now=t0)
+    later = t0 + ttl + SECOND
+    new = acquire(inbox, "B", now=later)
+    ids = [e.pk for e in old.events]
+
+    assert finish(inbox, "A", old.generation, ids, now=later, release=True) is False
+    assert len(pipelines) == 1
+    assert no_transaction_open()
+    assert lease_row(inbox) == ("B", new, later + ttl)
+    assert states(inbox) == [("running", old.generation)]
+
+
+def test_a_second_finish_of_one_claim_is_refused(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    # Without release, so the lease is still held by the same generation the second time.
+    assert finish(inbox, "W", claim.generation, ids, now=t0) is True
+    ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
+    held = lease_row(inbox)
+
+    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is False
+    assert len(pipelines) == 2
+    assert no_transaction_open()
+    assert lease_row(inbox) == held  # not released by the refusal
+    assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND
+    assert states(inbox) == [("done", claim.generation), ("pending", None)]
+
+
+def test_a_finish_naming_an_event_it_did_not_claim_writes_nothing(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
+    stranger = Event.objects.get(source_id="m-2").pk
+    ids = [e.pk for e in claim.events] + [stranger]
+    held = lease_row(inbox)
+
+    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is False
+    assert no_transaction_open()
+    assert lease_row(inbox) == held  # still held: a refused finish gives nothing back
+    assert states(inbox) == [("pending", None), ("running", claim.generation)]
+
+
+def test_a_finish_for_an_inbox_that_is_gone_raises_unknown_inbox(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    inbox_id = inbox.pk
+    Inbox.objects.filter(pk=inbox_id).delete()
+
+    with pytest.raises(UnknownInbox):
+        finish(inbox_id, "W", claim.generation, ids, now=t0, release=True)
+    assert no_transaction_open()
+    assert not Event.objects.exists()
+
+
+def test_a_lock_timeout_mid_pipeline_rolls_back_and_leaves_the_connection_usable(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "password", "host", "port")
+    other = psycopg.connect(**{k: params[k] for k in keys if params.get(k)})
+    try:
+        # Another session holds the lease row (a frozen delivery, say).
+        other.execute("SELECT 1 FROM inbox_lease WHERE inbox_id = %s FOR UPDATE", [inbox.pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '100ms'")
+        with pytest.raises(OperationalError):
+            finish(inbox, "W", claim.generation, ids, now=t0, release=True)
+        assert no_transaction_open()
+    finally:
+        other.rollback()
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert states(inbox) == [("running", claim.generation)]
+    assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
+    assert states(inbox) == [("done", claim.generation)]
