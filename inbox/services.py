@@ -753,7 +753,8 @@ def _finish_done_pg(inbox, run, event_ids, effects, release) -> bool:
             raw.execute("COMMIT", prepare=False)
     except BaseException:
         # The pipeline stopped at the error: COMMIT was never run.
-        if not raw.closed and raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        status = psycopg.pq.TransactionStatus
+        if not raw.broken and raw.info.transaction_status in (status.INTRANS, status.INERROR):
             with connection.wrap_database_errors:
                 raw.execute("ROLLBACK", prepare=False)
         raise

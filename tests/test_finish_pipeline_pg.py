@@ -143,3 +143,22 @@ def test_a_lock_timeout_mid_pipeline_rolls_back_and_leaves_the_connection_usable
     assert states(inbox) == [("running", claim.generation)]
     assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
     assert states(inbox) == [("done", claim.generation)]
+
+
+def test_a_finish_on_a_severed_connection_raises_and_writes_nothing(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [pid] = cursor.fetchone()
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "password", "host", "port")
+    with psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    with pytest.raises(OperationalError):
+        finish(inbox, "W", claim.generation, ids, now=t0, release=True)
+    connection.close()  # as the worker's slot does after a database error
+    assert states(inbox) == [("running", claim.generation)]
+    assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
