@@ -237,6 +237,7 @@ def test_a_trusted_origin_without_scheme_or_with_a_path_stops_start_up(monkeypat
         ("SECURE_SSL_REDIRECT", "maybe"),
         ("ALWAYSON_HEALTH_REQUIRE", "worker,cron"),
         ("ALWAYSON_HEARTBEAT_INTERVAL", "0"),
+        ("ALWAYSON_DB_PREPARE", "sometimes"),
     ],
 )
 def test_a_malformed_module_level_setting_stops_start_up(name, value):
@@ -244,6 +245,27 @@ def test_a_malformed_module_level_setting_stops_start_up(name, value):
 
     assert done.returncode != 0
     assert "ImproperlyConfigured" in done.stderr and name in done.stderr
+
+
+@pytest.mark.parametrize("value, threshold", [("true", 5), ("false", None)])
+def test_alwayson_db_prepare_turns_psycopgs_prepared_statements_on_or_off(value, threshold):
+    script = (
+        "import json, django; from django.conf import settings; django.setup(); "
+        "print(json.dumps(settings.DATABASES['default']['OPTIONS'].get('prepare_threshold')))"
+    )
+    env = environment(
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/test", ALWAYSON_DB_PREPARE=value
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == threshold
 
 
 def test_an_empty_health_requirement_checks_the_database_only():
