@@ -321,38 +321,57 @@ def take_next(holder, now=None) -> Claim | None:
                 return Claim(inbox, generation, [], None)
             state = Session.objects.filter(inbox_id=inbox_id).values_list("state", flat=True)
             return Claim(inbox, generation, events, state.first())
+    take = _take_statement(holder, now)
+    with store.prepared_cursor() as cursor:
+        cursor.execute(take.sql, take.params)
+        rows = cursor.fetchall()
+    return take.claim(rows)
+
+
+@dataclass(frozen=True)
+class _Take:
+    """take_next's statement for one holder, and what its rows make (after they commit)."""
+
+    holder: str
+    sql: str
+    params: dict
+    extras: list
+
+    def claim(self, rows) -> Claim | None:
+        if not rows:
+            return None
+        holder = self.holder
+        extras = dict(zip(self.extras, rows[0][23:], strict=True))
+        now, generation, leftovers, old_holder, old_until, *inbox_row = rows[0][:10]
+        inbox = Inbox.from_db(connection.alias, _INBOX_FIELDS, inbox_row)
+        if old_until is not None:  # lapsed, not released: a takeover, as in Lease.take
+            lapsed = Lease(
+                inbox_id=inbox.pk, holder=old_holder, generation=generation - 1, until=old_until
+            )
+            lease_taken_over.send(sender=Lease, lease=lapsed, now=now)
+        if leftovers:
+            return _claim_locked(inbox, holder, generation, now)
+        if rows[0][10] is None:
+            # Nothing claimable after all (a retry waiting for its backoff, or events this
+            # statement's snapshot predates): give the lease back with the work recounted,
+            # in statements that see what committed before the lock.
+            with transaction.atomic():
+                if _fence(inbox, inbox.pk, holder, generation, now, release=True) is not None:
+                    _recount_work(inbox.pk)
+            return Claim(inbox, generation, [], None)
+        return _claimed(inbox, generation, [row[10:23] for row in rows], extras)
+
+
+def _take_statement(holder, now) -> _Take:
+    names = sorted(CLAIM_EXTRAS)
+    extras_sql = "".join(f",\n    ({CLAIM_EXTRAS[name]})" for name in names)
     params = {
         "now": now,
         "holder": holder,
         "ttl": lease_ttl(),
         "max_attempts": settings.ALWAYSON_MAX_ATTEMPTS,
     }
-    names = sorted(CLAIM_EXTRAS)
-    extras_sql = "".join(f",\n    ({CLAIM_EXTRAS[name]})" for name in names)
-    with store.prepared_cursor() as cursor:
-        cursor.execute(_TAKE_SQL.replace("{extras}", extras_sql), params)
-        rows = cursor.fetchall()
-    if not rows:
-        return None
-    extras = dict(zip(names, rows[0][23:], strict=True))
-    now, generation, leftovers, old_holder, old_until, *inbox_row = rows[0][:10]
-    inbox = Inbox.from_db(connection.alias, _INBOX_FIELDS, inbox_row)
-    if old_until is not None:  # lapsed, not released: a takeover, as in Lease.take
-        lapsed = Lease(
-            inbox_id=inbox.pk, holder=old_holder, generation=generation - 1, until=old_until
-        )
-        lease_taken_over.send(sender=Lease, lease=lapsed, now=now)
-    if leftovers:
-        return _claim_locked(inbox, holder, generation, now)
-    if rows[0][10] is None:
-        # Nothing claimable after all (a retry waiting for its backoff, or events this
-        # statement's snapshot predates): give the lease back with the work recounted, in
-        # statements that see what committed before the lock.
-        with transaction.atomic():
-            if _fence(inbox, inbox.pk, holder, generation, now, release=True) is not None:
-                _recount_work(inbox.pk)
-        return Claim(inbox, generation, [], None)
-    return _claimed(inbox, generation, [row[10:23] for row in rows], extras)
+    return _Take(holder, _TAKE_SQL.replace("{extras}", extras_sql), params, names)
 
 
 def _claim_locked(inbox, holder, generation, now) -> Claim:
@@ -723,7 +742,34 @@ def _finish_done(inbox_id, generation, event_ids, now) -> int:
     )
 
 
-def _finish_done_pg(inbox, run, event_ids, effects, release) -> bool:
+def finish_and_take(
+    inbox, holder, generation, event_ids: Iterable[int], effects: Iterable[Effect] = (), now=None
+) -> tuple[bool, Claim | None]:
+    """finish(..., release=True) of a run that ended well, then take_next(holder): whether
+    the finish was accepted, and the next claim (None when there is no work; it may also be
+    None after a refused finish, which the caller then follows with take_next).
+
+    On PostgreSQL the take is a statement of the finish's own transaction, after the finish
+    (one commit and, without effects, one round trip for both): the take then sees the
+    finish's recount and may pick the same inbox again. The finish's lease row is locked
+    first and waited for; the take's is taken under SKIP LOCKED and never waited for, so
+    holding both cannot deadlock.
+    """
+    if connection.vendor != "postgresql":
+        finished = finish(inbox, holder, generation, event_ids, effects, now=now, release=True)
+        return finished, take_next(holder, now) if finished else None
+    _require_run(holder, generation)
+    event_ids = sorted(set(require_ids("event_ids", event_ids)))
+    effects = _require_effects(effects)
+    now = _given_now(now)
+    inbox_id = Inbox.objects.pk_of(inbox)
+    run = {"inbox": inbox_id, "holder": holder, "generation": generation, "now": now}
+    take = _take_statement(holder, now)
+    finished, rows = _finish_done_pg(inbox, run, event_ids, effects, True, take)
+    return finished, take.claim(rows)
+
+
+def _finish_done_pg(inbox, run, event_ids, effects, release, take=None):
     """A run that ended well, on PostgreSQL: the lease row locked (_LOCK_SQL), then one
     statement that checks the fence, marks the events done, recounts the work and gives the
     lease back, all or nothing (_FINISH_DONE_SQL), then the effects; one transaction.
@@ -740,16 +786,23 @@ def _finish_done_pg(inbox, run, event_ids, effects, release) -> bool:
             if locked is None:
                 raise UnknownInbox(inbox)
             if not ok:
-                return False
+                return False if take is None else (False, [])
             for effect in effects:
                 effect(now)
-            return True
+            if take is None:
+                return True
+            with store.prepared_cursor() as cursor:
+                cursor.execute(take.sql, take.params)
+                return True, cursor.fetchall()
     connection.ensure_connection()
     raw = connection.connection
     try:
         with connection.wrap_database_errors, raw.pipeline():
             raw.execute("BEGIN", prepare=False)
             locked, finished = _lock_and_finish(params, fetch=False)
+            if take is not None:
+                taken = store.prepared_cursor()
+                taken.execute(take.sql, take.params)
             raw.execute("COMMIT", prepare=False)
     except BaseException:
         # The pipeline stopped at the error: COMMIT was never run.
@@ -760,7 +813,11 @@ def _finish_done_pg(inbox, run, event_ids, effects, release) -> bool:
         raise
     if locked.fetchone() is None:
         raise UnknownInbox(inbox)
-    return finished.fetchone()[1]
+    ok = finished.fetchone()[1]
+    if take is None:
+        return ok
+    # The take committed whether or not the finish was accepted: its claim stands either way.
+    return ok, taken.fetchall()
 
 
 def _lock_and_finish(params, fetch=True):

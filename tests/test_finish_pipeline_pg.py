@@ -14,7 +14,7 @@ from django.db import OperationalError, connection
 from alwayson.api import acquire, finish, ingest
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease
-from inbox.services import take_next
+from inbox.services import finish_and_take, take_next
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -162,3 +162,36 @@ def test_a_finish_on_a_severed_connection_raises_and_writes_nothing(inbox, t0):
     connection.close()  # as the worker's slot does after a database error
     assert states(inbox) == [("running", claim.generation)]
     assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
+
+
+def test_a_finish_and_the_next_take_commit_in_one_pipeline(make_inbox, t0, pipelines):
+    first, second = make_inbox(), make_inbox()
+    ingest(first, "chat", "a-1", {}, now=t0)
+    ingest(second, "chat", "b-1", {}, now=t0 + SECOND)
+    claim = take_next("W", now=t0 + SECOND)
+
+    finished, following = finish_and_take(
+        first, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+    )
+    assert finished is True and len(pipelines) == 1
+    assert no_transaction_open()
+    assert following.inbox == second and [e.source_id for e in following.events] == ["b-1"]
+    assert states(first) == [("done", claim.generation)]
+    assert states(second) == [("running", following.generation)]
+
+
+def test_a_refused_finish_still_hands_over_the_claim_its_take_committed(make_inbox, t0, ttl):
+    mine, other = make_inbox(), make_inbox()
+    ingest(mine, "chat", "m-1", {}, now=t0)
+    old = take_next("A", now=t0)
+    later = t0 + ttl + SECOND
+    acquire(mine, "B", now=later)
+    ingest(other, "chat", "o-1", {}, now=later)
+
+    finished, following = finish_and_take(
+        mine, "A", old.generation, [e.pk for e in old.events], now=later
+    )
+    assert finished is False
+    assert following.inbox == other
+    assert states(other) == [("running", following.generation)]
+    assert states(mine) == [("running", old.generation)]

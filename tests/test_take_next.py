@@ -13,7 +13,7 @@ from alwayson.api import Say, acquire, claim_batch, finish, ingest
 from alwayson.models import AgentConfig
 from alwayson.worker import Worker
 from inbox.models import Event, Lease, Session
-from inbox.services import SaveState, take_next
+from inbox.services import SaveState, finish_and_take, take_next
 from outbox.models import OutboxMessage
 
 pytestmark = pytest.mark.django_db
@@ -199,3 +199,89 @@ def test_finish_with_an_error_backs_each_event_off_in_one_update(inbox, t0, sett
         assert (event.status, event.error, event.attempts) == ("pending", "boom", 1)
         assert t0 + timedelta(seconds=step / 2) <= event.available_at
         assert event.available_at <= t0 + timedelta(seconds=step)
+
+
+# --- a finish that takes the next inbox (WorkerPool's slots) ---------------------------------
+
+
+def test_finish_and_take_finishes_the_run_and_claims_the_next_inbox(make_inbox, t0):
+    first, second = make_inbox(), make_inbox()
+    ingest(first, "chat", "a-1", {}, now=t0)
+    ingest(second, "chat", "b-1", {}, now=t0 + SECOND)
+    claim = take_next("W", now=t0 + SECOND)
+    ids = [e.pk for e in claim.events]
+
+    finished, following = finish_and_take(
+        first, "W", claim.generation, ids, [Say(first.pk, "done")], now=t0 + SECOND
+    )
+    assert finished is True
+    assert following.inbox == second
+    assert [e.source_id for e in following.events] == ["b-1"]
+    assert Lease.objects.get(inbox=first).until is None
+    assert Lease.objects.get(inbox=second).holder == "W"
+    assert OutboxMessage.objects.get().body == "done"
+    statuses = dict(Event.objects.values_list("source_id", "status"))
+    assert statuses == {"a-1": "done", "b-1": "running"}
+
+
+def test_finish_and_take_continues_with_the_same_inbox_when_work_arrived_meanwhile(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
+
+    finished, following = finish_and_take(
+        inbox, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+    )
+    assert finished is True
+    assert (following.inbox, following.generation) == (inbox, claim.generation + 1)
+    assert [e.source_id for e in following.events] == ["m-2"]
+
+
+def test_finish_and_take_with_no_work_left_takes_nothing(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    finished, following = finish_and_take(
+        inbox, "W", claim.generation, [e.pk for e in claim.events], now=t0
+    )
+    assert (finished, following) == (True, None)
+    lease = Lease.objects.get(inbox=inbox)
+    assert (lease.until, lease.work_at) == (None, None)
+
+
+def test_a_refused_finish_and_take_writes_nothing_of_the_run(make_inbox, t0, ttl):
+    mine, other = make_inbox(), make_inbox()
+    ingest(mine, "chat", "m-1", {}, now=t0)
+    old = take_next("A", now=t0)
+    later = t0 + ttl + SECOND
+    new = acquire(mine, "B", now=later)
+    ingest(other, "chat", "o-1", {}, now=later)
+
+    finished, following = finish_and_take(
+        mine, "A", old.generation, [e.pk for e in old.events], [Say(mine.pk, "x")], now=later
+    )
+    assert finished is False
+    assert not OutboxMessage.objects.exists()
+    lease = Lease.objects.get(inbox=mine)
+    assert (lease.holder, lease.generation) == ("B", new)
+    assert Event.objects.get(source_id="m-1").status == "running"
+    # A claim the refused finish's transaction took stands (it committed); none is also fine,
+    # and the caller then takes with take_next.
+    following = following or take_next("A", now=later)
+    assert following.inbox == other
+
+
+def test_a_chaining_worker_runs_each_inbox_once_and_ends_holding_nothing(make_inbox):
+    inboxes = [make_inbox() for _ in range(3)]
+    for n, inbox in enumerate(inboxes):
+        ingest(inbox, "chat", f"m-{n}", {})
+    ran = []
+    worker = Worker("W", agent=lambda run: ran.append(run.inbox.slug))
+    worker.may_chain = lambda: True
+    results = []
+    while (result := worker.step()) is not None:
+        results.append(result)
+    assert sorted(ran) == sorted(inbox.slug for inbox in inboxes)
+    assert [result.events for result in results] == [1, 1, 1]
+    assert set(Event.objects.values_list("status", flat=True)) == {"done"}
+    assert not worker.carrying()
+    assert not Lease.objects.filter(until__isnull=False).exists()
