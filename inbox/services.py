@@ -156,7 +156,11 @@ def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
         bounded = lock_wait is not None and connection.in_atomic_block
         try:
             with transaction.atomic() if bounded else nullcontext():
-                inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
+                if len(rows) == 1:
+                    inbox_id, row = store.insert_one_pg(inbox, *rows[0], now, lock_wait)
+                    stored = [row] if row else []
+                else:
+                    inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
         except OperationalError as exc:
             if lock_wait is not None and _is_lock_timeout(exc):
                 raise InboxBusy(inbox, lock_wait) from exc

@@ -7,8 +7,8 @@ is one round trip and one commit. In the order the statement runs:
    (the sender's retry of a stored delivery) nothing below runs: no lock, no write, no
    transaction id, no WAL flush; the answer is "duplicate", and it is right, because a
    visible row is a committed row.
-2. `lease`: the inbox's lease row FOR UPDATE, before any event row is written, the lock order
-   of every other writer (services.py). A finish that holds it commits first, and FOR UPDATE
+2. `lease`: the inbox's lease row locked, before any event row is written, the lock order
+   of every other writer (services.py). A finish that holds it commits first, and the lock
    then returns the row as that finish left it (work_at included).
 3. `stored`: INSERT ... ON CONFLICT DO NOTHING: the UNIQUE constraint decides, against rows
    committed meanwhile too; no exception, no savepoint.
@@ -24,6 +24,23 @@ A finish recounts work_at under the same lock: an ingest either committed before
 took the lock (the recount, a later statement, sees its event) or waits for the finish to
 commit and then marks the work on the row the finish left. Either way no event is left
 pending without a marker.
+
+The lock is FOR UPDATE when the marker must move, and FOR SHARE when it already stands at
+or before the event's time and the statement is its own transaction (insert_one_pg, an
+ingest outside any transaction): deliveries to one inbox then hold the row together and
+their commits flush the WAL together, where FOR UPDATE would queue each behind the last
+one's flush. The rule above still holds, because FOR SHARE conflicts with every writer's
+FOR UPDATE: a finish waits for the sharers to commit before it recounts, and a sharer that
+waited for a finish gets the row as the finish left it. That row is checked again (work_at
+at or before the event's time), and when the finish moved the marker the statement stores
+nothing and runs again with FOR UPDATE: a sharer never writes the row, so no two sharers
+wait to upgrade each other's lock. Inside a caller's transaction it is always FOR UPDATE: a
+later FOR UPDATE of the same row there would wait on the other sharers, and they, for a key
+this transaction inserted, on it.
+
+One event's statement (insert_one_pg) is prepared, with scalar parameters: its generic plan
+is one probe of each key whatever the tables' sizes (see Event.inbox on the index it has not).
+A batch's (insert_pg) is planned each time: its plan depends on the batch's size.
 
 SQLite has no data-modifying WITH: there it is the same INSERT ... ON CONFLICT DO NOTHING
 RETURNING and a conditional UPDATE, in one IMMEDIATE transaction.
@@ -70,20 +87,51 @@ def _table(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
+# psycopg prepares nothing while the connection's threshold is None (Django's default, for
+# poolers), even when asked to; a threshold no count ever reaches lets a statement ask and
+# still prepares no other on its own.
+_ONLY_WHEN_ASKED = 2**62
+
+
 class _PreparingCursor(psycopg.Cursor):
     # Django turns psycopg's automatic preparing off for the whole connection (for poolers);
     # these statements ask for it themselves.
     def execute(self, query, params=None, *, prepare=True, binary=None):
         return super().execute(query, params, prepare=prepare, binary=binary)
 
+    def _send_query_prepared(self, name, pgq, *, binary=None):
+        # psycopg records the query only when it sends its text; Django reads it back for
+        # CaptureQueriesContext and the DEBUG log, and would see None once it is prepared.
+        self._query = pgq
+        return super()._send_query_prepared(name, pgq, binary=binary)
+
 
 def _prepared_cursor():
     """A cursor binding its parameters on the server, so psycopg prepares the statement
-    after a few runs and PostgreSQL plans it once per connection (Django's own cursors
-    inline parameters, and every statement is planned again). Wrapped by Django as its own
-    cursors are: counted by CaptureQueriesContext, logged under DEBUG."""
+    and PostgreSQL parses it once per connection (Django's own cursors inline parameters,
+    and every statement is parsed and planned again). Wrapped by Django as its own cursors
+    are: counted by CaptureQueriesContext, logged under DEBUG."""
     connection.ensure_connection()
-    return connection._prepare_cursor(_PreparingCursor(connection.connection))
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        raw.prepare_threshold = _ONLY_WHEN_ASKED
+    return connection._prepare_cursor(_PreparingCursor(raw))
+
+
+def _server_cursor():
+    """A cursor binding its parameters on the server, prepared only if psycopg's threshold
+    says so (never, under Django's default)."""
+    connection.ensure_connection()
+    return connection._prepare_cursor(psycopg.Cursor(connection.connection))
+
+
+def _bound(lock_wait, params) -> tuple[str, str]:
+    """The CTE setting the lock timeout, and the join that puts it before the row lock:
+    set_config(..., true) lasts until the transaction ends."""
+    if lock_wait is None:
+        return "", ""
+    params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
+    return "bound AS (SELECT set_config('lock_timeout', %(lock_timeout)s, true) AS v),", ", bound"
 
 
 def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
@@ -99,13 +147,8 @@ def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
         "now": now,
         "channel": WORK_CHANNEL,
     }
-    # set_config(..., true) lasts until the transaction ends. `lease` joins `bound`, so the
-    # timeout is in force before the row lock is requested.
-    bound, bound_join = "", ""
-    if lock_wait is not None:
-        params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
-        bound = "bound AS (SELECT set_config('lock_timeout', %(lock_timeout)s, true) AS v),"
-        bound_join = ", bound"
+    # `lease` joins `bound`, so the timeout is in force before the row lock is requested.
+    bound, bound_join = _bound(lock_wait, params)
     clock = "%(now)s::timestamptz" if now is not None else "clock_timestamp()"
     inbox, event, lease = _table(Inbox), _table(Event), _table(Lease)
     sql = f"""
@@ -145,13 +188,104 @@ def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
                (SELECT pg_notify(%(channel)s, inbox_id::text)::text FROM marked)
         FROM target t LEFT JOIN stored s ON true
     """
-    with _prepared_cursor() as cursor:
+    # Not prepared: a generic plan, made once for a batch of unknown size, would keep
+    # whatever join the table's size favoured then (a hash of the whole table, on a new one).
+    with _server_cursor() as cursor:
         cursor.execute(sql, params)
         result = cursor.fetchall()
     if not result:
         raise UnknownInbox(ref)
     stored = [Stored(pk, source, source_id, at) for _, pk, source, source_id, at, _ in result if pk]
     return result[0][0], stored
+
+
+_ONE_SQL = {}
+
+
+def _one_sql(column, given_now, bounded, shared) -> str:
+    """insert_one_pg's statement, built once per variant (the same text each time, so psycopg
+    finds its prepared statement)."""
+    key = (column, given_now, bounded, shared)
+    if key not in _ONE_SQL:
+        bound, bound_join = _bound(1 if bounded else None, {})
+        clock = "%(now)s::timestamptz" if given_now else "clock_timestamp()"
+        stands = "l.work_at <= c.now" if shared else "false"
+        inbox, event, lease = _table(Inbox), _table(Event), _table(Lease)
+        _ONE_SQL[key] = f"""
+        WITH target AS (
+            SELECT id FROM {inbox} WHERE {column} = %(inbox)s
+        ), fresh AS (
+            SELECT t.id FROM target t WHERE (
+                SELECT 1 FROM {event} e
+                WHERE e.inbox_id = t.id AND e.source = %(source)s AND e.source_id = %(source_id)s
+            ) IS NULL
+        ), clock AS (
+            SELECT {clock} AS now
+        ), {bound} seen AS (
+            SELECT l.inbox_id, {stands} AS stands FROM {lease} l, fresh f, clock c
+            WHERE l.inbox_id = f.id
+        ), shared AS (
+            SELECT l.inbox_id, l.work_at FROM {lease} l, seen s, clock c{bound_join}
+            WHERE l.inbox_id = s.inbox_id AND s.stands AND l.work_at <= c.now
+            FOR SHARE OF l
+        ), exclusive AS (
+            SELECT l.inbox_id, l.work_at FROM {lease} l, seen s{bound_join}
+            WHERE l.inbox_id = s.inbox_id AND s.stands IS NOT TRUE
+            FOR UPDATE OF l
+        ), lease AS (
+            SELECT inbox_id FROM shared UNION ALL SELECT inbox_id FROM exclusive
+        ), stored AS (
+            INSERT INTO {event} (inbox_id, source, source_id, payload, status, attempts,
+                                 claim_gen, error, available_at, created, updated)
+            SELECT l.inbox_id, %(source)s, %(source_id)s, %(payload)s::jsonb, 'pending', 0,
+                   NULL, '', c.now, c.now, c.now
+            FROM lease l, clock c
+            ON CONFLICT (inbox_id, source, source_id) DO NOTHING
+            RETURNING id, available_at
+        ), marked AS (
+            UPDATE {lease} m SET work_at = s.available_at
+            FROM stored s, exclusive k
+            WHERE m.inbox_id = k.inbox_id AND (k.work_at IS NULL OR k.work_at > s.available_at)
+            RETURNING m.inbox_id
+        )
+        SELECT t.id, s.id, s.available_at,
+               (SELECT pg_notify(%(channel)s, inbox_id::text)::text FROM marked),
+               EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM lease)
+        FROM target t LEFT JOIN stored s ON true
+    """
+    return _ONE_SQL[key]
+
+
+def insert_one_pg(ref, source, source_id, payload, now, lock_wait) -> tuple[int, Stored | None]:
+    """insert_pg for one event, with scalar parameters: its statement is prepared, and its
+    plan (one probe of each key) is the same whatever the tables' sizes. Outside a
+    transaction, an inbox whose marker already stands is locked FOR SHARE (see the module's
+    docstring); when a finish moved the marker meanwhile, it runs again locking FOR UPDATE."""
+    column, value = inbox_lookup(ref)
+    params = {
+        "inbox": value,
+        "source": source,
+        "source_id": source_id,
+        "payload": json.dumps(payload),
+        "now": now,
+        "channel": WORK_CHANNEL,
+    }
+    if lock_wait is not None:
+        params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
+    # Only a statement that is its own transaction may share the lock: inside a caller's, a
+    # later FOR UPDATE of the same row would wait on the other sharers, who may wait on it.
+    shared = connection.get_autocommit() and not connection.in_atomic_block
+    while True:
+        sql = _one_sql(column, now is not None, lock_wait is not None, shared)
+        with _prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            result = cursor.fetchone()
+        if result is None:
+            raise UnknownInbox(ref)
+        inbox_id, pk, at, _, again = result
+        if not (again and shared):
+            return inbox_id, Stored(pk, source, source_id, at) if pk else None
+        shared = False
 
 
 def insert_sqlite(inbox_id, rows, now) -> list[Stored]:
