@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Greatest
 
@@ -151,9 +151,10 @@ def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
     """Store validated rows ((source, source_id, payload), keys distinct) in one inbox; the
     rows stored. event_stored is sent for each, in the caller's transaction when there is
     one; otherwise the insert has already committed (on PostgreSQL it commits on its own)."""
-    if connection.vendor == "postgresql":
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql":
         # Inside a caller's transaction a lock timeout must not abort it: a savepoint there.
-        bounded = lock_wait is not None and connection.in_atomic_block
+        bounded = lock_wait is not None and db.in_atomic_block
         try:
             with transaction.atomic() if bounded else nullcontext():
                 if len(rows) == 1:

@@ -46,12 +46,15 @@ SQLite has no data-modifying WITH: there it is the same INSERT ... ON CONFLICT D
 RETURNING and a conditional UPDATE, in one IMMEDIATE transaction.
 """
 
+import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 
 from .exceptions import UnknownInbox
 from .models import Event, Inbox, Lease
@@ -111,11 +114,12 @@ def _prepared_cursor():
     and PostgreSQL parses it once per connection (Django's own cursors inline parameters,
     and every statement is parsed and planned again). Wrapped by Django as its own cursors
     are: counted by CaptureQueriesContext, logged under DEBUG."""
-    connection.ensure_connection()
-    raw = connection.connection
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    raw = db.connection
     if raw.prepare_threshold is None:
         raw.prepare_threshold = _ONLY_WHEN_ASKED
-    return connection._prepare_cursor(_PreparingCursor(raw))
+    return db._prepare_cursor(_PreparingCursor(raw))
 
 
 def _server_cursor():
@@ -274,7 +278,8 @@ def insert_one_pg(ref, source, source_id, payload, now, lock_wait) -> tuple[int,
         params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
     # Only a statement that is its own transaction may share the lock: inside a caller's, a
     # later FOR UPDATE of the same row would wait on the other sharers, who may wait on it.
-    shared = connection.get_autocommit() and not connection.in_atomic_block
+    db = connections[DEFAULT_DB_ALIAS]
+    shared = db.get_autocommit() and not db.in_atomic_block
     while True:
         sql = _one_sql(column, now is not None, lock_wait is not None, shared)
         with _prepared_cursor() as cursor:
@@ -321,21 +326,39 @@ def insert_sqlite(inbox_id, rows, now) -> list[Stored]:
     return stored
 
 
+@functools.cache
+def _event_attnames():
+    return {field.attname for field in Event._meta.concrete_fields}
+
+
 def as_event(inbox_id, row: Stored, payload) -> Event:
     """The Event a stored row is, without reading it back (for event_stored's receivers)."""
-    event = Event(
-        id=row.id,
-        inbox_id=inbox_id,
-        source=row.source,
-        source_id=row.source_id,
-        payload=payload,
-        status=Event.Status.PENDING,
-        attempts=0,
-        error="",
-        available_at=row.at,
-        created=row.at,
-        updated=row.at,
-    )
+    values = {
+        "id": row.id,
+        "inbox_id": inbox_id,
+        "source": row.source,
+        "source_id": row.source_id,
+        "payload": payload,
+        "status": Event.Status.PENDING,
+        "attempts": 0,
+        "claim_gen": None,
+        "error": "",
+        "available_at": row.at,
+        "created": row.at,
+        "updated": row.at,
+    }
+    if (
+        pre_init.has_listeners(Event)
+        or post_init.has_listeners(Event)
+        or values.keys() != _event_attnames()
+    ):
+        event = Event(**values)
+    else:
+        # As unpickling makes one: the same instance, without Model.__init__'s pass over
+        # every field and its two signals, which nobody listens to here (checked above).
+        event = Event.__new__(Event)
+        event.__dict__.update(values)
+        event._state = ModelState()
     event._state.adding = False
-    event._state.db = connection.alias
+    event._state.db = DEFAULT_DB_ALIAS
     return event
