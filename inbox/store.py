@@ -48,6 +48,7 @@ RETURNING and a conditional UPDATE, in one IMMEDIATE transaction.
 
 import functools
 import json
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -120,6 +121,34 @@ def _prepared_cursor():
     if raw.prepare_threshold is None:
         raw.prepare_threshold = _ONLY_WHEN_ASKED
     return db._prepare_cursor(_PreparingCursor(raw))
+
+
+# Each connection's cursor for insert_one_pg, kept between calls (the connection's own
+# object: a new connection gets a new one).
+_one_cursors = weakref.WeakKeyDictionary()
+
+
+def _fetch_one(sql, params):
+    """The first row `sql` answers, prepared on the connection. Through Django's cursor
+    wrapper while something watches the queries (CaptureQueriesContext, DEBUG, an execute
+    wrapper); otherwise on a cursor kept for the connection, with what the wrapper would
+    have done that matters here: the broken-transaction check and Django's exceptions."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.queries_logged or db.execute_wrappers:
+        with _prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    db.ensure_connection()
+    db.validate_no_broken_transaction()
+    raw = db.connection
+    cursor = _one_cursors.get(raw)
+    if cursor is None:
+        if raw.prepare_threshold is None:
+            raw.prepare_threshold = _ONLY_WHEN_ASKED
+        cursor = _one_cursors[raw] = _PreparingCursor(raw)
+    with db.wrap_database_errors:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
 
 
 def _server_cursor():
@@ -279,12 +308,11 @@ def insert_one_pg(ref, source, source_id, payload, now, lock_wait) -> tuple[int,
     # Only a statement that is its own transaction may share the lock: inside a caller's, a
     # later FOR UPDATE of the same row would wait on the other sharers, who may wait on it.
     db = connections[DEFAULT_DB_ALIAS]
-    shared = db.get_autocommit() and not db.in_atomic_block
+    db.ensure_connection()
+    shared = db.autocommit and not db.in_atomic_block
     while True:
         sql = _one_sql(column, now is not None, lock_wait is not None, shared)
-        with _prepared_cursor() as cursor:
-            cursor.execute(sql, params)
-            result = cursor.fetchone()
+        result = _fetch_one(sql, params)
         if result is None:
             raise UnknownInbox(ref)
         inbox_id, pk, at, _, again = result
