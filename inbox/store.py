@@ -92,16 +92,23 @@ def _table(model) -> str:
 
 
 # psycopg prepares nothing while the connection's threshold is None (Django's default, for
-# poolers), even when asked to; a threshold no count ever reaches lets a statement ask and
-# still prepares no other on its own.
+# poolers), even when asked to: a threshold no count ever reaches lets a statement ask.
 _ONLY_WHEN_ASKED = 2**62
 
 
 class _PreparingCursor(psycopg.Cursor):
     # Django turns psycopg's automatic preparing off for the whole connection (for poolers);
-    # these statements ask for it themselves.
+    # these statements ask for it themselves. The threshold is lifted for their execution
+    # only: while it is set, psycopg also counts every other statement the connection runs.
     def execute(self, query, params=None, *, prepare=True, binary=None):
-        return super().execute(query, params, prepare=prepare, binary=binary)
+        conn = self.connection
+        if conn.prepare_threshold is not None:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        conn.prepare_threshold = _ONLY_WHEN_ASKED
+        try:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        finally:
+            conn.prepare_threshold = None
 
     def _send_query_prepared(self, name, pgq, *, binary=None):
         # psycopg records the query only when it sends its text; Django reads it back for
@@ -117,10 +124,7 @@ def _prepared_cursor():
     are: counted by CaptureQueriesContext, logged under DEBUG."""
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
-    raw = db.connection
-    if raw.prepare_threshold is None:
-        raw.prepare_threshold = _ONLY_WHEN_ASKED
-    return db._prepare_cursor(_PreparingCursor(raw))
+    return db._prepare_cursor(_PreparingCursor(db.connection))
 
 
 # Each connection's cursor for insert_one_pg, kept between calls (the connection's own
@@ -143,8 +147,6 @@ def _fetch_one(sql, params):
     raw = db.connection
     cursor = _one_cursors.get(raw)
     if cursor is None:
-        if raw.prepare_threshold is None:
-            raw.prepare_threshold = _ONLY_WHEN_ASKED
         cursor = _one_cursors[raw] = _PreparingCursor(raw)
     with db.wrap_database_errors:
         cursor.execute(sql, params)
