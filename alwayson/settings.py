@@ -137,12 +137,6 @@ def database_from_url():
         # webhook is one statement, so opening a session per request would cost more than it.
         config.setdefault("CONN_MAX_AGE", ALWAYSON_DB_CONN_MAX_AGE)
         config.setdefault("CONN_HEALTH_CHECKS", True)
-        if ALWAYSON_DB_PREPARE:
-            # Django leaves psycopg's prepared statements off (prepare_threshold None), so
-            # every statement is parsed and planned again. The hot paths' statements
-            # (ingest, the worker's take and finish: inbox/store.py prepared_cursor) ask to
-            # be prepared; Django's own cursors bind on the client and are never prepared.
-            config["OPTIONS"].setdefault("prepare_threshold", 5)
         idle = f"-c idle_in_transaction_session_timeout={ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s"
         options = config["OPTIONS"]
         options["options"] = f"{options['options']} {idle}" if options.get("options") else idle
@@ -179,8 +173,9 @@ ALWAYSON_DB_CONN_MAX_AGE = (
     else positive_int("ALWAYSON_DB_CONN_MAX_AGE", 60)
 )
 
-# Prepared statements for the hot paths (above). Off behind a pooler in transaction mode
-# that cannot keep a session's prepared statements (PgBouncer before 1.21).
+# Prepared statements for the hot paths' statements (ingest, the worker's take and finish:
+# inbox/store.py prepared_cursor); Django's own stay unprepared. Off behind a pooler in
+# transaction mode that cannot keep a session's prepared statements (PgBouncer before 1.21).
 ALWAYSON_DB_PREPARE = strict_bool("ALWAYSON_DB_PREPARE", True)
 
 DATABASES = {"default": database_from_url()}

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 import psycopg
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.functions import Greatest
 
@@ -152,12 +152,17 @@ def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
     """Store validated rows ((source, source_id, payload), keys distinct) in one inbox; the
     rows stored. event_stored is sent for each, in the caller's transaction when there is
     one; otherwise the insert has already committed (on PostgreSQL it commits on its own)."""
-    if connection.vendor == "postgresql":
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql":
         # Inside a caller's transaction a lock timeout must not abort it: a savepoint there.
-        bounded = lock_wait is not None and connection.in_atomic_block
+        bounded = lock_wait is not None and db.in_atomic_block
         try:
             with transaction.atomic() if bounded else nullcontext():
-                inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
+                if len(rows) == 1:
+                    inbox_id, row = store.insert_one_pg(inbox, *rows[0], now, lock_wait)
+                    stored = [row] if row else []
+                else:
+                    inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
         except OperationalError as exc:
             if lock_wait is not None and _is_lock_timeout(exc):
                 raise InboxBusy(inbox, lock_wait) from exc

@@ -7,8 +7,8 @@ is one round trip and one commit. In the order the statement runs:
    (the sender's retry of a stored delivery) nothing below runs: no lock, no write, no
    transaction id, no WAL flush; the answer is "duplicate", and it is right, because a
    visible row is a committed row.
-2. `lease`: the inbox's lease row FOR UPDATE, before any event row is written, the lock order
-   of every other writer (services.py). A finish that holds it commits first, and FOR UPDATE
+2. `lease`: the inbox's lease row locked, before any event row is written, the lock order
+   of every other writer (services.py). A finish that holds it commits first, and the lock
    then returns the row as that finish left it (work_at included).
 3. `stored`: INSERT ... ON CONFLICT DO NOTHING: the UNIQUE constraint decides, against rows
    committed meanwhile too; no exception, no savepoint.
@@ -25,16 +25,38 @@ took the lock (the recount, a later statement, sees its event) or waits for the 
 commit and then marks the work on the row the finish left. Either way no event is left
 pending without a marker.
 
+The lock is FOR UPDATE when the marker must move, and FOR SHARE when it already stands at
+or before the event's time and the statement is its own transaction (insert_one_pg, an
+ingest outside any transaction): deliveries to one inbox then hold the row together and
+their commits flush the WAL together, where FOR UPDATE would queue each behind the last
+one's flush. The rule above still holds, because FOR SHARE conflicts with every writer's
+FOR UPDATE: a finish waits for the sharers to commit before it recounts, and a sharer that
+waited for a finish gets the row as the finish left it. That row is checked again (work_at
+at or before the event's time), and when the finish moved the marker the statement stores
+nothing and runs again with FOR UPDATE: a sharer never writes the row, so no two sharers
+wait to upgrade each other's lock. Inside a caller's transaction it is always FOR UPDATE: a
+later FOR UPDATE of the same row there would wait on the other sharers, and they, for a key
+this transaction inserted, on it.
+
+One event's statement (insert_one_pg) is prepared, with scalar parameters: its generic plan
+is one probe of each key whatever the tables' sizes (see Event.inbox on the index it has not).
+A batch's (insert_pg) is planned each time: its plan depends on the batch's size.
+
 SQLite has no data-modifying WITH: there it is the same INSERT ... ON CONFLICT DO NOTHING
 RETURNING and a conditional UPDATE, in one IMMEDIATE transaction.
 """
 
+import functools
 import json
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
-from django.db import connection
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 
 from .exceptions import UnknownInbox
 from .models import Event, Inbox, Lease
@@ -70,31 +92,86 @@ def _table(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
+# psycopg prepares nothing while the connection's threshold is None (Django's default, for
+# poolers), even when asked to: a threshold no count ever reaches lets a statement ask.
+_ONLY_WHEN_ASKED = 2**62
+
+
 class _PreparingCursor(psycopg.Cursor):
-    # Prepared at their first run, not after psycopg's threshold: only the hot paths' few
-    # statements come here. Django leaves preparing off altogether (prepare_threshold None,
-    # for poolers) unless settings turn it on (ALWAYSON_DB_PREPARE); then this asks in vain
-    # and the statement runs unprepared, as Django's own do.
+    # Django turns psycopg's automatic preparing off for the whole connection (for poolers);
+    # these statements ask for it themselves, unless ALWAYSON_DB_PREPARE is off. The threshold
+    # is lifted for their execution only: while it is set, psycopg also counts every other
+    # statement the connection runs.
     def execute(self, query, params=None, *, prepare=True, binary=None):
-        return super().execute(query, params, prepare=prepare, binary=binary)
+        conn = self.connection
+        if conn.prepare_threshold is not None or not settings.ALWAYSON_DB_PREPARE:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        conn.prepare_threshold = _ONLY_WHEN_ASKED
+        try:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        finally:
+            conn.prepare_threshold = None
 
     def _send_query_prepared(self, name, pgq, *, binary=None):
-        # psycopg records the query it ran only when it sends it unprepared; Django's
-        # last_executed_query reads it (CaptureQueriesContext, the SQL log under DEBUG).
+        # psycopg records the query only when it sends its text; Django reads it back for
+        # CaptureQueriesContext and the DEBUG log, and would see None once it is prepared.
         self._query = pgq
         return super()._send_query_prepared(name, pgq, binary=binary)
 
 
 def prepared_cursor():
     """A cursor binding its parameters on the server, so psycopg prepares the statement
-    after a few runs and PostgreSQL plans it once per connection (Django's own cursors
-    inline parameters, and every statement is planned again). Wrapped by Django as its own
-    cursors are: counted by CaptureQueriesContext, logged under DEBUG. On SQLite, Django's
-    own cursor (its statements are cached by the driver already)."""
-    if connection.vendor != "postgresql":
-        return connection.cursor()
+    and PostgreSQL parses it once per connection (Django's own cursors inline parameters,
+    and every statement is parsed and planned again). Wrapped by Django as its own cursors
+    are: counted by CaptureQueriesContext, logged under DEBUG. On SQLite, Django's own
+    cursor (the driver caches its statements already)."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor != "postgresql":
+        return db.cursor()
+    db.ensure_connection()
+    return db._prepare_cursor(_PreparingCursor(db.connection))
+
+
+# Each connection's cursor for insert_one_pg, kept between calls (the connection's own
+# object: a new connection gets a new one).
+_one_cursors = weakref.WeakKeyDictionary()
+
+
+def _fetch_one(sql, params):
+    """The first row `sql` answers, prepared on the connection. Through Django's cursor
+    wrapper while something watches the queries (CaptureQueriesContext, DEBUG, an execute
+    wrapper); otherwise on a cursor kept for the connection, with what the wrapper would
+    have done that matters here: the broken-transaction check and Django's exceptions."""
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.queries_logged or db.execute_wrappers:
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    db.ensure_connection()
+    db.validate_no_broken_transaction()
+    raw = db.connection
+    cursor = _one_cursors.get(raw)
+    if cursor is None:
+        cursor = _one_cursors[raw] = _PreparingCursor(raw)
+    with db.wrap_database_errors:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def _server_cursor():
+    """A cursor binding its parameters on the server, prepared only if psycopg's threshold
+    says so (never, under Django's default)."""
     connection.ensure_connection()
-    return connection._prepare_cursor(_PreparingCursor(connection.connection))
+    return connection._prepare_cursor(psycopg.Cursor(connection.connection))
+
+
+def _bound(lock_wait, params) -> tuple[str, str]:
+    """The CTE setting the lock timeout, and the join that puts it before the row lock:
+    set_config(..., true) lasts until the transaction ends."""
+    if lock_wait is None:
+        return "", ""
+    params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
+    return "bound AS (SELECT set_config('lock_timeout', %(lock_timeout)s, true) AS v),", ", bound"
 
 
 def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
@@ -110,13 +187,8 @@ def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
         "now": now,
         "channel": WORK_CHANNEL,
     }
-    # set_config(..., true) lasts until the transaction ends. `lease` joins `bound`, so the
-    # timeout is in force before the row lock is requested.
-    bound, bound_join = "", ""
-    if lock_wait is not None:
-        params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
-        bound = "bound AS (SELECT set_config('lock_timeout', %(lock_timeout)s, true) AS v),"
-        bound_join = ", bound"
+    # `lease` joins `bound`, so the timeout is in force before the row lock is requested.
+    bound, bound_join = _bound(lock_wait, params)
     clock = "%(now)s::timestamptz" if now is not None else "clock_timestamp()"
     inbox, event, lease = _table(Inbox), _table(Event), _table(Lease)
     sql = f"""
@@ -156,13 +228,104 @@ def insert_pg(ref, rows, now, lock_wait) -> tuple[int, list[Stored]]:
                (SELECT pg_notify(%(channel)s, inbox_id::text)::text FROM marked)
         FROM target t LEFT JOIN stored s ON true
     """
-    with prepared_cursor() as cursor:
+    # Not prepared: a generic plan, made once for a batch of unknown size, would keep
+    # whatever join the table's size favoured then (a hash of the whole table, on a new one).
+    with _server_cursor() as cursor:
         cursor.execute(sql, params)
         result = cursor.fetchall()
     if not result:
         raise UnknownInbox(ref)
     stored = [Stored(pk, source, source_id, at) for _, pk, source, source_id, at, _ in result if pk]
     return result[0][0], stored
+
+
+_ONE_SQL = {}
+
+
+def _one_sql(column, given_now, bounded, shared) -> str:
+    """insert_one_pg's statement, built once per variant (the same text each time, so psycopg
+    finds its prepared statement)."""
+    key = (column, given_now, bounded, shared)
+    if key not in _ONE_SQL:
+        bound, bound_join = _bound(1 if bounded else None, {})
+        clock = "%(now)s::timestamptz" if given_now else "clock_timestamp()"
+        stands = "l.work_at <= c.now" if shared else "false"
+        inbox, event, lease = _table(Inbox), _table(Event), _table(Lease)
+        _ONE_SQL[key] = f"""
+        WITH target AS (
+            SELECT id FROM {inbox} WHERE {column} = %(inbox)s
+        ), fresh AS (
+            SELECT t.id FROM target t WHERE (
+                SELECT 1 FROM {event} e
+                WHERE e.inbox_id = t.id AND e.source = %(source)s AND e.source_id = %(source_id)s
+            ) IS NULL
+        ), clock AS (
+            SELECT {clock} AS now
+        ), {bound} seen AS (
+            SELECT l.inbox_id, {stands} AS stands FROM {lease} l, fresh f, clock c
+            WHERE l.inbox_id = f.id
+        ), shared AS (
+            SELECT l.inbox_id, l.work_at FROM {lease} l, seen s, clock c{bound_join}
+            WHERE l.inbox_id = s.inbox_id AND s.stands AND l.work_at <= c.now
+            FOR SHARE OF l
+        ), exclusive AS (
+            SELECT l.inbox_id, l.work_at FROM {lease} l, seen s{bound_join}
+            WHERE l.inbox_id = s.inbox_id AND s.stands IS NOT TRUE
+            FOR UPDATE OF l
+        ), lease AS (
+            SELECT inbox_id FROM shared UNION ALL SELECT inbox_id FROM exclusive
+        ), stored AS (
+            INSERT INTO {event} (inbox_id, source, source_id, payload, status, attempts,
+                                 claim_gen, error, available_at, created, updated)
+            SELECT l.inbox_id, %(source)s, %(source_id)s, %(payload)s::jsonb, 'pending', 0,
+                   NULL, '', c.now, c.now, c.now
+            FROM lease l, clock c
+            ON CONFLICT (inbox_id, source, source_id) DO NOTHING
+            RETURNING id, available_at
+        ), marked AS (
+            UPDATE {lease} m SET work_at = s.available_at
+            FROM stored s, exclusive k
+            WHERE m.inbox_id = k.inbox_id AND (k.work_at IS NULL OR k.work_at > s.available_at)
+            RETURNING m.inbox_id
+        )
+        SELECT t.id, s.id, s.available_at,
+               (SELECT pg_notify(%(channel)s, inbox_id::text)::text FROM marked),
+               EXISTS (SELECT 1 FROM seen) AND NOT EXISTS (SELECT 1 FROM lease)
+        FROM target t LEFT JOIN stored s ON true
+    """
+    return _ONE_SQL[key]
+
+
+def insert_one_pg(ref, source, source_id, payload, now, lock_wait) -> tuple[int, Stored | None]:
+    """insert_pg for one event, with scalar parameters: its statement is prepared, and its
+    plan (one probe of each key) is the same whatever the tables' sizes. Outside a
+    transaction, an inbox whose marker already stands is locked FOR SHARE (see the module's
+    docstring); when a finish moved the marker meanwhile, it runs again locking FOR UPDATE."""
+    column, value = inbox_lookup(ref)
+    params = {
+        "inbox": value,
+        "source": source,
+        "source_id": source_id,
+        "payload": json.dumps(payload),
+        "now": now,
+        "channel": WORK_CHANNEL,
+    }
+    if lock_wait is not None:
+        params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
+    # Only a statement that is its own transaction may share the lock: inside a caller's, a
+    # later FOR UPDATE of the same row would wait on the other sharers, who may wait on it.
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    shared = db.autocommit and not db.in_atomic_block
+    while True:
+        sql = _one_sql(column, now is not None, lock_wait is not None, shared)
+        result = _fetch_one(sql, params)
+        if result is None:
+            raise UnknownInbox(ref)
+        inbox_id, pk, at, _, again = result
+        if not (again and shared):
+            return inbox_id, Stored(pk, source, source_id, at) if pk else None
+        shared = False
 
 
 def insert_sqlite(inbox_id, rows, now) -> list[Stored]:
@@ -198,21 +361,39 @@ def insert_sqlite(inbox_id, rows, now) -> list[Stored]:
     return stored
 
 
+@functools.cache
+def _event_attnames():
+    return {field.attname for field in Event._meta.concrete_fields}
+
+
 def as_event(inbox_id, row: Stored, payload) -> Event:
     """The Event a stored row is, without reading it back (for event_stored's receivers)."""
-    event = Event(
-        id=row.id,
-        inbox_id=inbox_id,
-        source=row.source,
-        source_id=row.source_id,
-        payload=payload,
-        status=Event.Status.PENDING,
-        attempts=0,
-        error="",
-        available_at=row.at,
-        created=row.at,
-        updated=row.at,
-    )
+    values = {
+        "id": row.id,
+        "inbox_id": inbox_id,
+        "source": row.source,
+        "source_id": row.source_id,
+        "payload": payload,
+        "status": Event.Status.PENDING,
+        "attempts": 0,
+        "claim_gen": None,
+        "error": "",
+        "available_at": row.at,
+        "created": row.at,
+        "updated": row.at,
+    }
+    if (
+        pre_init.has_listeners(Event)
+        or post_init.has_listeners(Event)
+        or values.keys() != _event_attnames()
+    ):
+        event = Event(**values)
+    else:
+        # As unpickling makes one: the same instance, without Model.__init__'s pass over
+        # every field and its two signals, which nobody listens to here (checked above).
+        event = Event.__new__(Event)
+        event.__dict__.update(values)
+        event._state = ModelState()
     event._state.adding = False
-    event._state.db = connection.alias
+    event._state.db = DEFAULT_DB_ALIAS
     return event

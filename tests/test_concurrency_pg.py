@@ -37,7 +37,7 @@ from alwayson.api import (
 )
 from approvals.models import Approval
 from inbox.clock import occurrence_label
-from inbox.models import Event, Lease
+from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire_next, release
 from inbox.signals import event_stored
 from outbox.models import OutboxMessage
@@ -440,6 +440,57 @@ def test_a_finish_waiting_behind_an_uncommitted_ingest_counts_its_event(make_inb
         assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND
         assert release(inbox, "W", generation)
         assert acquire_next("X", now=t0 + 3 * SECOND) == (inbox.pk, generation + 1)
+
+
+@contextmanager
+def inbox_row_locked(inbox):
+    """Hold the inbox's own row (FOR UPDATE) from the test's connection: an ingest then
+    waits in its event's foreign key check (deferred to its commit), after it locked the
+    lease row and wrote its event."""
+    with transaction.atomic():
+        Inbox.objects.select_for_update().get(pk=inbox.pk)
+        yield
+
+
+def _blockers(pid):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_blocking_pids(%s)", [pid])
+        return set(cursor.fetchone()[0])
+
+
+def _own_pid():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def test_a_finish_waits_for_ingests_sharing_the_lease_row_and_counts_their_events(make_inbox, t0):
+    """Deliveries to an inbox whose marker already stands share its lease row (FOR SHARE):
+    neither waits for the other. A finish's FOR UPDATE still waits for both to commit, so
+    its recount sees their events. Taking no lock while the marker stands would let the
+    finish recount (no pending work: work_at None) and commit first, losing the marker."""
+    for n in range(ROUNDS // 4):
+        inbox = make_inbox()
+        generation, event_id = _run_one_event(inbox, t0)
+        later = t0 + 2 * SECOND
+        with inbox_row_locked(inbox):
+            deliveries = Together(
+                *(partial(ingest, inbox, "chat", f"m{n}-{k}", now=later) for k in range(2))
+            ).start()
+            wait_until_blocked(deliveries.pids)
+            # Both wait only on the inbox row the test holds, not on each other's lease lock.
+            assert [_blockers(pid) for pid in deliveries.pids] == [{_own_pid()}] * 2
+            done = Together(
+                partial(finish, inbox, "W", generation, [event_id], now=t0 + SECOND)
+            ).start()
+            wait_until_blocked(done.pids)
+            # On their lease lock (PostgreSQL names the sharer it waits on first).
+            assert _blockers(done.pids[0]) in ({pid} for pid in deliveries.pids)
+        assert deliveries.join() == [True, True]
+        assert done.join() == [True]
+        assert Lease.objects.get(inbox=inbox).work_at == later
+        assert release(inbox, "W", generation)
+        assert acquire_next("X", now=later) == (inbox.pk, generation + 1)
 
 
 def test_ingests_and_finishes_racing_on_one_inbox_never_lose_a_marker(inbox, t0):

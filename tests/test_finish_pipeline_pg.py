@@ -195,3 +195,35 @@ def test_a_refused_finish_still_hands_over_the_claim_its_take_committed(make_inb
     assert following.inbox == other
     assert states(other) == [("running", following.generation)]
     assert states(mine) == [("running", old.generation)]
+
+
+def prepared_statements():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_pipelined_runs_prepare_each_statement_once_per_connection(make_inbox, t0):
+    connection.close()  # a session of its own: nothing prepared yet
+    inboxes = [make_inbox() for _ in range(4)]
+    for n, inbox in enumerate(inboxes):
+        ingest(inbox, "chat", f"m-{n}", {}, now=t0)
+    claim = take_next("W", now=t0)
+    while claim is not None:
+        ids = [e.pk for e in claim.events]
+        finished, claim = finish_and_take(claim.inbox, "W", claim.generation, ids, now=t0)
+        assert finished
+    prepared = prepared_statements()
+    # The take, the finish's lock and the finish; the ingest of one event.
+    for marker in ("SKIP LOCKED", "inbox_id = $1::bigint FOR UPDATE", "held AS", "INSERT"):
+        assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
+
+
+def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):
+    settings.ALWAYSON_DB_PREPARE = False
+    connection.close()
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    finished, _ = finish_and_take(inbox, "W", claim.generation, [claim.events[0].pk], now=t0)
+    assert finished
+    assert prepared_statements() == []

@@ -247,25 +247,22 @@ def test_a_malformed_module_level_setting_stops_start_up(name, value):
     assert "ImproperlyConfigured" in done.stderr and name in done.stderr
 
 
-@pytest.mark.parametrize("value, threshold", [("true", 5), ("false", None)])
-def test_alwayson_db_prepare_turns_psycopgs_prepared_statements_on_or_off(value, threshold):
+@pytest.mark.parametrize("value, prepare", [("true", True), ("off", False), ("", False)])
+def test_alwayson_db_prepare_is_read_strictly(value, prepare):
     script = (
         "import json, django; from django.conf import settings; django.setup(); "
-        "print(json.dumps(settings.DATABASES['default']['OPTIONS'].get('prepare_threshold')))"
-    )
-    env = environment(
-        DATABASE_URL="postgres://postgres@127.0.0.1:5432/test", ALWAYSON_DB_PREPARE=value
+        "print(json.dumps(settings.ALWAYSON_DB_PREPARE))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
         cwd=BASE_DIR,
-        env=env,
+        env=environment(ALWAYSON_DB_PREPARE=value),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == threshold
+    assert json.loads(done.stdout) is prepare
 
 
 def test_an_empty_health_requirement_checks_the_database_only():
