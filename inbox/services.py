@@ -28,12 +28,12 @@ from .models import Event, Inbox, Lease, Session
 from .signals import event_stored, events_dead, lease_taken_over
 from .store import WORK_CHANNEL  # idle workers LISTEN there; a stored event NOTIFYs
 from .validation import (
+    mapping_text,
     require_duration,
     require_ids,
     require_int,
     require_json,
     require_key,
-    require_mapping,
     require_text,
 )
 
@@ -148,10 +148,11 @@ def _is_lock_timeout(exc: OperationalError) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == "55P03" or "database is locked" in str(exc)
 
 
-def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
+def _store(inbox, rows, now, lock_wait, text=None) -> list[store.Stored]:
     """Store validated rows ((source, source_id, payload), keys distinct) in one inbox; the
     rows stored. event_stored is sent for each, in the caller's transaction when there is
-    one; otherwise the insert has already committed (on PostgreSQL it commits on its own)."""
+    one; otherwise the insert has already committed (on PostgreSQL it commits on its own).
+    `text`: a single row's payload as JSON already (validation made it)."""
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "postgresql":
         # Inside a caller's transaction a lock timeout must not abort it: a savepoint there.
@@ -159,7 +160,7 @@ def _store(inbox, rows, now, lock_wait) -> list[store.Stored]:
         try:
             with transaction.atomic() if bounded else nullcontext():
                 if len(rows) == 1:
-                    inbox_id, row = store.insert_one_pg(inbox, *rows[0], now, lock_wait)
+                    inbox_id, row = store.insert_one_pg(inbox, *rows[0], now, lock_wait, text)
                     stored = [row] if row else []
                 else:
                     inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)
@@ -195,10 +196,11 @@ def store_event(inbox_id, source, source_id, payload, now, lock_wait=None) -> bo
 
 
 def _checked(field, source, source_id, payload):
+    """The row (source, source_id, payload) checked, and the payload's JSON text."""
     require_unreserved_source(f"{field}source", require_key(f"{field}source", source, SOURCE_MAX))
     require_key(f"{field}source_id", source_id, SOURCE_ID_MAX)
-    payload = require_mapping(f"{field}payload", {} if payload is None else payload)
-    return source, source_id, payload
+    payload = {} if payload is None else payload
+    return (source, source_id, payload), mapping_text(f"{field}payload", payload)
 
 
 def _given_now(now):
@@ -214,8 +216,8 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     inbox's lock stays taken past ALWAYSON_INGEST_LOCK_WAIT: nothing is stored, the sender
     is told to retry.
     """
-    row = _checked("", source, source_id, payload)
-    stored = _store(inbox, [row], _given_now(now), settings.ALWAYSON_INGEST_LOCK_WAIT)
+    row, text = _checked("", source, source_id, payload)
+    stored = _store(inbox, [row], _given_now(now), settings.ALWAYSON_INGEST_LOCK_WAIT, text)
     return bool(stored)
 
 
@@ -236,7 +238,7 @@ def ingest_many(inbox, events, now=None) -> list[bool]:
             raise ValueError(
                 f"events[{n}] must be a (source, source_id, payload) tuple, not {item!r}"
             )
-        checked.append(_checked(f"events[{n}].", *item, *([None] * (3 - len(item)))))
+        checked.append(_checked(f"events[{n}].", *item, *([None] * (3 - len(item))))[0])
     now = _given_now(now)
     if not checked:
         Inbox.objects.pk_of(inbox)

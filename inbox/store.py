@@ -296,7 +296,9 @@ def _one_sql(column, given_now, bounded, shared) -> str:
     return _ONE_SQL[key]
 
 
-def insert_one_pg(ref, source, source_id, payload, now, lock_wait) -> tuple[int, Stored | None]:
+def insert_one_pg(
+    ref, source, source_id, payload, now, lock_wait, text=None
+) -> tuple[int, Stored | None]:
     """insert_pg for one event, with scalar parameters: its statement is prepared, and its
     plan (one probe of each key) is the same whatever the tables' sizes. Outside a
     transaction, an inbox whose marker already stands is locked FOR SHARE (see the module's
@@ -306,7 +308,7 @@ def insert_one_pg(ref, source, source_id, payload, now, lock_wait) -> tuple[int,
         "inbox": value,
         "source": source,
         "source_id": source_id,
-        "payload": json.dumps(payload),
+        "payload": json.dumps(payload) if text is None else text,
         "now": now,
         "channel": WORK_CHANNEL,
     }

@@ -53,19 +53,49 @@ def require_json(field: str, value):
     """Plain JSON both databases store as given: no NaN, sets, datetimes or bytes; string
     keys only (json.dumps would turn 1 into "1" and could merge two keys into one); at most
     MAX_JSON_DEPTH levels and MAX_JSON_BYTES bytes."""
-    _walk(field, value)
+    json_text(field, value)
+    return value
+
+
+def json_text(field: str, value) -> str:
+    """require_json's checks, and the value's compact JSON text (what ingest stores, so the
+    value is encoded once)."""
+    _walk_containers(field, value)
     try:
         encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from None
+    # Every string is in the text: a NUL written as \u0000, a lone surrogate as itself. Only
+    # when one may be there are the strings walked, for the error (or to find that the
+    # \u0000 was typed as text, which is fine).
+    if "\\u0000" in encoded or UNSTORABLE.search(encoded):
+        _walk(field, value)
     if len(encoded) > MAX_JSON_BYTES or len(encoded.encode()) > MAX_JSON_BYTES:
         raise ValueError(f"{field} is larger than {MAX_JSON_BYTES} bytes as JSON")
-    return value
+    return encoded
+
+
+def _walk_containers(field, value):
+    """Depth and keys, iteratively: a deep value is measured without spending the stack it
+    would overflow (json.dumps would)."""
+    containers = dict | list | tuple
+    stack = [(value, 1)] if isinstance(value, containers) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"{field} nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    raise ValueError(f"{field} has a non-string key {_short(key)}")
+            children = item.values()
+        else:
+            children = item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, containers))
 
 
 def _walk(field, value):
-    """Depth, keys and strings, iteratively: a deep value is measured without spending the
-    stack it would overflow."""
+    """Depth, keys and strings, iteratively: the first thing both databases cannot store."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -88,9 +118,15 @@ def _walk(field, value):
 
 
 def require_mapping(field: str, value) -> dict:
+    mapping_text(field, value)
+    return value
+
+
+def mapping_text(field: str, value) -> str:
+    """require_mapping's checks, and the mapping's JSON text (json_text)."""
     if not isinstance(value, dict):
         raise ValueError(f"{field} must be a JSON object (a dict), not {type(value).__name__}")
-    return require_json(field, value)
+    return json_text(field, value)
 
 
 def require_duration(field: str, value) -> timedelta:
