@@ -156,10 +156,24 @@ def test_reserved_sources_cannot_be_ingested(inbox, t0, unchanged, source):
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "payload, problem",
-    [({"text": "a\x00b"}, "NUL"), ({"k\x00": 1}, "NUL"), ({"k": ["\ud800"]}, "lone surrogate")],
+    [
+        ({"text": "a\x00b"}, "NUL"),
+        ({"k\x00": 1}, "NUL"),
+        ({"k": ["\ud800"]}, "lone surrogate"),
+        ({"\udfff": 1}, "lone surrogate"),
+        ({"a": [{"b": "\\u0000 and a real one \x00"}]}, "NUL"),
+    ],
 )
 def test_payload_that_postgres_cannot_store_is_refused_on_every_database(
     inbox, t0, unchanged, payload, problem
 ):
     with pytest.raises(ValueError, match=f"payload contains a {problem}"):
         ingest(inbox, "chat", "m1", payload, now=t0)
+
+
+@pytest.mark.django_db
+def test_text_that_only_spells_an_escaped_nul_is_stored_as_written(inbox, t0):
+    # In the payload's JSON a NUL is written \u0000; text that spells it is no NUL.
+    payload = {"note": "\\u0000 is how JSON writes a NUL", "\\u0000": ["\\\\u0000"]}
+    assert ingest(inbox, "chat", "m1", payload, now=t0)
+    assert Event.objects.get(source_id="m1").payload == payload
