@@ -69,7 +69,7 @@ def json_text(field: str, value) -> str:
     # when one may be there are the strings walked, for the error (or to find that the
     # \u0000 was typed as text, which is fine).
     if "\\u0000" in encoded or UNSTORABLE.search(encoded):
-        _walk(field, value)
+        _walk_strings(field, value)
     if len(encoded) > MAX_JSON_BYTES or len(encoded.encode()) > MAX_JSON_BYTES:
         raise ValueError(f"{field} is larger than {MAX_JSON_BYTES} bytes as JSON")
     return encoded
@@ -94,27 +94,22 @@ def _walk_containers(field, value):
         stack.extend((child, depth + 1) for child in children if isinstance(child, containers))
 
 
-def _walk(field, value):
-    """Depth, keys and strings, iteratively: the first thing both databases cannot store."""
-    stack = [(value, 1)]
+def _walk_strings(field, value):
+    """The first string (a key or a value) that both databases cannot store; after
+    _walk_containers, so depth and keys are known to be fine."""
+    stack = [value]
     while stack:
-        item, depth = stack.pop()
+        item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
                 raise ValueError(f"{field} contains a NUL character, which cannot be stored")
             if UNSTORABLE.search(item):
                 raise ValueError(f"{field} contains a lone surrogate, which cannot be stored")
-        elif isinstance(item, dict | list | tuple):
-            if depth > MAX_JSON_DEPTH:
-                raise ValueError(f"{field} nests deeper than {MAX_JSON_DEPTH} levels")
-            if isinstance(item, dict):
-                for key in item:
-                    if not isinstance(key, str):
-                        raise ValueError(f"{field} has a non-string key {_short(key)}")
-                stack.extend((key, depth + 1) for key in item)
-                stack.extend((child, depth + 1) for child in item.values())
-            else:
-                stack.extend((child, depth + 1) for child in item)
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
 
 
 def require_mapping(field: str, value) -> dict:
