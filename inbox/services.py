@@ -660,18 +660,14 @@ def finish(
     """
     if error and defer is not None:
         raise ValueError("finish: a run ends with an error or a deferral, not both")
-    _require_run(holder, generation)
-    event_ids = sorted(set(require_ids("event_ids", event_ids)))
-    effects = _require_effects(effects)
     if error is not None:
         require_text("error", error)
     if defer is not None and not isinstance(defer, Defer):
         raise ValueError(f"defer must be a Defer, not {type(defer).__name__}")
-    now = _given_now(now)
-    inbox_id = Inbox.objects.pk_of(inbox)
+    run, effects = _checked_run(inbox, holder, generation, event_ids, effects, now)
     if connection.vendor == "postgresql" and not error and defer is None:
-        run = {"inbox": inbox_id, "holder": holder, "generation": generation, "now": now}
-        return _finish_done_pg(inbox, run, event_ids, effects, release)
+        return _finish_done_pg(inbox, run, effects, release)[0]
+    inbox_id, event_ids, now = run["inbox"], run["ids"], run["now"]
     with transaction.atomic():
         now = _fence(inbox, inbox_id, holder, generation, now, release)
         if now is None:
@@ -708,8 +704,7 @@ def finish(
             # generation: refuse the whole run rather than commit its effects twice.
             transaction.set_rollback(True)
             return False
-        if error or defer is not None or connection.vendor != "postgresql":
-            _recount_work(inbox_id)
+        _recount_work(inbox_id)
         if not error:
             for effect in effects:
                 effect(now)
@@ -765,18 +760,23 @@ def finish_and_take(
     if connection.vendor != "postgresql":
         finished = finish(inbox, holder, generation, event_ids, effects, now=now, release=True)
         return finished, take_next(holder, now) if finished else None
-    _require_run(holder, generation)
-    event_ids = sorted(set(require_ids("event_ids", event_ids)))
-    effects = _require_effects(effects)
-    now = _given_now(now)
-    inbox_id = Inbox.objects.pk_of(inbox)
-    run = {"inbox": inbox_id, "holder": holder, "generation": generation, "now": now}
-    take = _take_statement(holder, now)
-    finished, rows = _finish_done_pg(inbox, run, event_ids, effects, True, take)
+    run, effects = _checked_run(inbox, holder, generation, event_ids, effects, now)
+    take = _take_statement(holder, run["now"])
+    finished, rows = _finish_done_pg(inbox, run, effects, True, take)
     return finished, take.claim(rows)
 
 
-def _finish_done_pg(inbox, run, event_ids, effects, release, take=None):
+def _checked_run(inbox, holder, generation, event_ids, effects, now) -> tuple[dict, list]:
+    """A finish's run checked before anything is locked: its inbox id, holder, generation,
+    `now` and sorted event ids (the finish statements' parameters), and its effects."""
+    _require_run(holder, generation)
+    event_ids = sorted(set(require_ids("event_ids", event_ids)))
+    effects = _require_effects(effects)
+    run = {"holder": holder, "generation": generation, "ids": event_ids, "now": _given_now(now)}
+    return {**run, "inbox": Inbox.objects.pk_of(inbox)}, effects
+
+
+def _finish_done_pg(inbox, run, effects, release, take=None) -> tuple[bool, list]:
     """A run that ended well, on PostgreSQL: the lease row locked (_LOCK_SQL), then one
     statement that checks the fence, marks the events done, recounts the work and gives the
     lease back, all or nothing (_FINISH_DONE_SQL), then the effects; one transaction.
@@ -785,19 +785,22 @@ def _finish_done_pg(inbox, run, event_ids, effects, release, take=None):
     finish, COMMIT) go in one pipeline: one round trip. The finish still runs after the lock
     is granted, so its snapshot holds every event committed before, as the recount needs,
     and it writes nothing when refused, so committing blind is safe.
+
+    Whether the finish was accepted, and the rows of `take` (a _Take run in the same
+    transaction), [] without one.
     """
-    params = {**run, "ids": event_ids, "count": len(event_ids), "release": release}
+    params = {**run, "count": len(run["ids"]), "release": release}
     if effects or connection.in_atomic_block or not psycopg.Pipeline.is_supported():
         with transaction.atomic():
             locked, (now, ok) = _lock_and_finish(params)
             if locked is None:
                 raise UnknownInbox(inbox)
             if not ok:
-                return False if take is None else (False, [])
+                return False, []
             for effect in effects:
                 effect(now)
             if take is None:
-                return True
+                return True, []
             with store.prepared_cursor() as cursor:
                 cursor.execute(take.sql, take.params)
                 return True, cursor.fetchall()
@@ -821,10 +824,8 @@ def _finish_done_pg(inbox, run, event_ids, effects, release, take=None):
     if locked.fetchone() is None:
         raise UnknownInbox(inbox)
     ok = finished.fetchone()[1]
-    if take is None:
-        return ok
     # The take committed whether or not the finish was accepted: its claim stands either way.
-    return ok, taken.fetchall()
+    return ok, taken.fetchall() if take is not None else []
 
 
 def _lock_and_finish(params, fetch=True):

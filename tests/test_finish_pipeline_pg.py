@@ -35,6 +35,13 @@ def pipelines(monkeypatch):
     return opened
 
 
+def other_session(**options):
+    """A psycopg connection of its own to the test database."""
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "password", "host", "port")
+    return psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, **options)
+
+
 def lease_row(inbox):
     return Lease.objects.filter(inbox=inbox).values_list("holder", "generation", "until").get()
 
@@ -124,9 +131,7 @@ def test_a_lock_timeout_mid_pipeline_rolls_back_and_leaves_the_connection_usable
     ingest(inbox, "chat", "m-1", {}, now=t0)
     claim = take_next("W", now=t0)
     ids = [e.pk for e in claim.events]
-    params = connection.get_connection_params()
-    keys = ("dbname", "user", "password", "host", "port")
-    other = psycopg.connect(**{k: params[k] for k in keys if params.get(k)})
+    other = other_session()
     try:
         # Another session holds the lease row (a frozen delivery, say).
         other.execute("SELECT 1 FROM inbox_lease WHERE inbox_id = %s FOR UPDATE", [inbox.pk])
@@ -152,9 +157,7 @@ def test_a_finish_on_a_severed_connection_raises_and_writes_nothing(inbox, t0):
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         [pid] = cursor.fetchone()
-    params = connection.get_connection_params()
-    keys = ("dbname", "user", "password", "host", "port")
-    with psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, autocommit=True) as other:
+    with other_session(autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
     with pytest.raises(OperationalError):
