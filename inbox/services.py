@@ -160,7 +160,7 @@ def _store(inbox, rows, now, lock_wait, text=None) -> list[store.Stored]:
         try:
             with transaction.atomic() if bounded else nullcontext():
                 if len(rows) == 1:
-                    inbox_id, row = store.insert_one_pg(inbox, *rows[0], now, lock_wait, text)
+                    inbox_id, row = store.insert_one_pg(db, inbox, *rows[0], now, lock_wait, text)
                     stored = [row] if row else []
                 else:
                     inbox_id, stored = store.insert_pg(inbox, rows, now, lock_wait)

@@ -4,7 +4,8 @@ from django.dispatch import Signal
 # storing transaction when the caller holds one (answer_approval, the scheduler: store_event
 # runs in theirs), so apps that record an outcome alongside an event (approvals) commit or
 # roll back with it; a bare `ingest` commits its one statement first, then sends it.
-event_stored = Signal()
+# Sent on every delivery's hot path: the receivers are cached (Event is the only sender).
+event_stored = Signal(use_caching=True)
 
 # Sent inside claim_batch's transaction, under the inbox's lock, when events run out of
 # attempts and are parked as dead: once per claim, with every event parked by it. Arguments:

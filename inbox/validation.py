@@ -57,12 +57,16 @@ def require_json(field: str, value):
     return value
 
 
+# json.dumps builds an encoder per call when given options; this one is built once.
+_encode = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode
+
+
 def json_text(field: str, value) -> str:
     """require_json's checks, and the value's compact JSON text (what ingest stores, so the
     value is encoded once)."""
     _walk_containers(field, value)
     try:
-        encoded = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+        encoded = _encode(value)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from None
     # Every string is in the text: a NUL written as \u0000, a lone surrogate as itself. Only
@@ -70,7 +74,8 @@ def json_text(field: str, value) -> str:
     # \u0000 was typed as text, which is fine).
     if "\\u0000" in encoded or UNSTORABLE.search(encoded):
         _walk_strings(field, value)
-    if len(encoded) > MAX_JSON_BYTES or len(encoded.encode()) > MAX_JSON_BYTES:
+    # A character is at most 4 bytes of UTF-8: only a long text is measured in bytes.
+    if len(encoded) > MAX_JSON_BYTES // 4 and len(encoded.encode()) > MAX_JSON_BYTES:
         raise ValueError(f"{field} is larger than {MAX_JSON_BYTES} bytes as JSON")
     return encoded
 

@@ -217,9 +217,17 @@ def test_pipelined_runs_prepare_each_statement_once_per_connection(make_inbox, t
         finished, claim = finish_and_take(claim.inbox, "W", claim.generation, ids, now=t0)
         assert finished
     prepared = prepared_statements()
-    # The take, the finish's lock and the finish; the ingest of one event.
-    for marker in ("SKIP LOCKED", "inbox_id = $1::bigint FOR UPDATE", "held AS", "INSERT"):
+    # The take, the finish's lock and the finish; an ingest's first try and, for an inbox
+    # with no marker yet, its locking statement.
+    for marker in (
+        "FOR UPDATE OF inbox_lease SKIP LOCKED",
+        "inbox_id = $1::bigint FOR UPDATE",
+        "held AS",
+        "FOR SHARE OF l SKIP LOCKED",
+        "exclusive AS",
+    ):
         assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
+    assert len(prepared) == 5, prepared
 
 
 def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):
