@@ -168,6 +168,8 @@ def _fetch_one(db, sql, params):
 
 
 _NAMED = re.compile(r"%\((\w+)\)s")
+# Numbers the statements _Direct prepares, unique in the process (psycopg's own are _pg3_N).
+_statement_numbers = itertools.count()
 
 
 class _Direct:
@@ -184,7 +186,6 @@ class _Direct:
     def __init__(self, raw):
         self.raw = raw
         self.statements = {}  # sql -> (its name on the server, its parameters in order)
-        self.numbers = itertools.count()
         self.loader = Transformer(raw)
 
     def _prepare(self, sql):
@@ -195,7 +196,7 @@ class _Direct:
                 names.append(match.group(1))
             return f"${names.index(match.group(1)) + 1}"
 
-        name = f"alwayson_{next(self.numbers)}".encode()
+        name = f"alwayson_{next(_statement_numbers)}".encode()
         result = self.raw.pgconn.prepare(name, _NAMED.sub(number, sql).encode())
         if result.status != pq.ExecStatus.COMMAND_OK:
             raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
