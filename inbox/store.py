@@ -39,10 +39,12 @@ later FOR UPDATE of the same row there would wait on the other sharers, and they
 this transaction inserted, on it.
 
 One event outside a transaction (insert_one_pg) first tries the common case alone (TRY):
-the marker stands and no writer holds the row, so FOR SHARE SKIP LOCKED takes the lock
-without waiting, and no lock timeout has to be set. Any other case (no marker yet, a finish
-or a worker's take holding the row) comes back as "again", having written nothing, and the
-statement above runs: the first delivery to an idle inbox is two statements and one commit.
+the marker stands and no writer holds the row. It is one INSERT ... SELECT whose SELECT
+takes the lease row FOR SHARE SKIP LOCKED, so it never waits and sets no lock timeout, and
+has the fewest plan nodes a delivery can cost the server. Any other case (no marker yet, a
+finish or a worker's take holding the row, a key stored since the statement's snapshot)
+comes back as "again", having written nothing, and the statement above runs: the first
+delivery to an idle inbox is two statements and one commit.
 
 One event's statements are prepared, with scalar parameters: their generic plan is one
 probe of each key whatever the tables' sizes (see Event.inbox on the index it has not). The
@@ -176,12 +178,15 @@ class _Direct:
     """One connection's statements run through libpq itself (psycopg's pq layer), for the
     statement every delivery runs (insert_one_pg's TRY): prepared once by name, then each
     call is one PQexecPrepared, its row loaded by the connection's own loaders. psycopg's
-    cursor costs the client more CPU per call than the statement costs the server (about
-    0.12 ms against 0.07 ms under eight concurrent deliveries, bench/ingest.py), and under
-    load that CPU is what bounds deliveries per second.
+    cursor (its query conversion, dumpers, wait loop and result handling in Python) cost
+    about 0.06 ms of client CPU per delivery under eight concurrent deliveries on two cores,
+    a third of what the server spends on the statement; under load that CPU is what bounds
+    deliveries per second (bench/ingest.py).
 
-    The call blocks in C (without the GIL): only for a statement that never waits on a lock,
-    so an interrupt is not held up for long. Django's exceptions, as through its cursors."""
+    The call blocks in C, without the GIL. TRY never waits on the lease row (SKIP LOCKED):
+    only, briefly, on a concurrent insert of the same key or at commit on the inbox row (its
+    foreign key), within the session's lock_timeout. Errors are Django's, as through its
+    cursors."""
 
     def __init__(self, raw):
         self.raw = raw
@@ -197,7 +202,8 @@ class _Direct:
             return f"${names.index(match.group(1)) + 1}"
 
         name = f"alwayson_{next(_statement_numbers)}".encode()
-        result = self.raw.pgconn.prepare(name, _NAMED.sub(number, sql).encode())
+        text = _NAMED.sub(number, sql).replace("%%", "%")
+        result = self.raw.pgconn.prepare(name, text.encode())
         if result.status != pq.ExecStatus.COMMAND_OK:
             raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
         self.statements[sql] = name, names
@@ -220,8 +226,10 @@ class _Direct:
             raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
 
 
-def _text(value) -> bytes:
+def _text(value) -> bytes | None:
     """A parameter in PostgreSQL's text format (the server infers its type)."""
+    if value is None:
+        return None
     if isinstance(value, datetime):
         return value.isoformat().encode()
     return str(value).encode()
