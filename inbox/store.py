@@ -159,14 +159,22 @@ def _fetch_one(db, sql, params):
         with prepared_cursor() as cursor:
             cursor.execute(sql, params)
             return cursor.fetchone()
-    db.validate_no_broken_transaction()
-    raw = db.connection
-    cursor = _one_cursors.get(raw)
-    if cursor is None:
-        cursor = _one_cursors[raw] = _PreparingCursor(raw)
+    cursor = _kept(_one_cursors, db, _PreparingCursor)
     with db.wrap_database_errors:
         cursor.execute(sql, params)
         return cursor.fetchone()
+
+
+def _kept(kept, db, make):
+    """What `make` builds for db's connection, built once per connection (`kept` is keyed
+    by psycopg's connection object: a new connection gets a new one), after the check
+    Django's cursor wrapper would make: no statement in a broken transaction."""
+    db.validate_no_broken_transaction()
+    raw = db.connection
+    value = kept.get(raw)
+    if value is None:
+        value = kept[raw] = make(raw)
+    return value
 
 
 _NAMED = re.compile(r"%\((\w+)\)s")
@@ -243,11 +251,7 @@ def _fetch_direct(db, sql, params):
     statements may be prepared (ALWAYSON_DB_PREPARE)."""
     if db.queries_logged or db.execute_wrappers or not settings.ALWAYSON_DB_PREPARE:
         return _fetch_one(db, sql, params)
-    db.validate_no_broken_transaction()
-    raw = db.connection
-    direct = _directs.get(raw)
-    if direct is None:
-        direct = _directs[raw] = _Direct(raw)
+    direct = _kept(_directs, db, _Direct)
     with db.wrap_database_errors:
         return direct.fetch_one(sql, params)
 
