@@ -16,6 +16,7 @@ whole deployment and every process's counts add up:
 prometheus_client is imported where a scrape needs it: the loop processes only count.
 """
 
+import functools
 import hmac
 import json
 import logging
@@ -300,10 +301,17 @@ def _count_sent(sender, messages, at, **kwargs):
     transaction.on_commit(lambda: SEND_LATENCY.observe_many(latencies))
 
 
-def _count_settled(sender, event, now, **kwargs):
+@functools.cache
+def _approvals():
+    # Imported once, when first needed: this module loads before the apps do.
     from approvals.models import APPROVAL_SOURCE, Approval
 
-    if event.source != APPROVAL_SOURCE or not isinstance(event.payload, dict):
+    return APPROVAL_SOURCE, Approval
+
+
+def _count_settled(sender, event, now, **kwargs):
+    approval_source, Approval = _approvals()
+    if event.source != approval_source or not isinstance(event.payload, dict):
         return
     answer = event.payload.get("answer")
     if answer in Approval.Answer.values:

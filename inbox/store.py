@@ -516,38 +516,46 @@ def insert_sqlite(inbox_id, rows, now) -> list[Stored]:
     return stored
 
 
+# The columns as_event fills, in the model's order.
+_EVENT_VALUES = (
+    "id",
+    "inbox_id",
+    "source",
+    "source_id",
+    "payload",
+    "status",
+    "attempts",
+    "claim_gen",
+    "error",
+    "available_at",
+    "created",
+    "updated",
+)
+
+
 @functools.cache
-def _event_attnames():
-    return {field.attname for field in Event._meta.concrete_fields}
+def _event_values_are_its_fields() -> bool:
+    return set(_EVENT_VALUES) == {field.attname for field in Event._meta.concrete_fields}
 
 
 def as_event(inbox_id, row: Stored, payload) -> Event:
     """The Event a stored row is, without reading it back (for event_stored's receivers)."""
-    values = {
-        "id": row.id,
-        "inbox_id": inbox_id,
-        "source": row.source,
-        "source_id": row.source_id,
-        "payload": payload,
-        "status": Event.Status.PENDING,
-        "attempts": 0,
-        "claim_gen": None,
-        "error": "",
-        "available_at": row.at,
-        "created": row.at,
-        "updated": row.at,
-    }
+    at = row.at
+    values = (row.id, inbox_id, row.source, row.source_id, payload, Event.Status.PENDING, 0)
+    values += (None, "", at, at, at)
+    # Listeners to the init signals are looked for only when some signal has any at all:
+    # has_listeners takes a lock, and this runs for every stored event.
     if (
-        pre_init.has_listeners(Event)
-        or post_init.has_listeners(Event)
-        or values.keys() != _event_attnames()
+        (pre_init.receivers and pre_init.has_listeners(Event))
+        or (post_init.receivers and post_init.has_listeners(Event))
+        or not _event_values_are_its_fields()
     ):
-        event = Event(**values)
+        event = Event(**dict(zip(_EVENT_VALUES, values, strict=True)))
     else:
         # As unpickling makes one: the same instance, without Model.__init__'s pass over
         # every field and its two signals, which nobody listens to here (checked above).
         event = Event.__new__(Event)
-        event.__dict__.update(values)
+        event.__dict__.update(zip(_EVENT_VALUES, values, strict=True))
         event._state = ModelState()
     event._state.adding = False
     event._state.db = DEFAULT_DB_ALIAS
