@@ -350,40 +350,15 @@ def _one_sql(column, given_now, bounded, mode) -> str:
     finds its prepared statement)."""
     key = (column, given_now, bounded, mode)
     if key not in _ONE_SQL:
-        _ONE_SQL[key] = (_try_sql if mode == TRY else _locking_sql)(
-            column, given_now, bounded, mode
+        _ONE_SQL[key] = (
+            _try_sql(column, given_now)
+            if mode == TRY
+            else _locking_sql(column, given_now, bounded, shared=mode == SHARE)
         )
     return _ONE_SQL[key]
 
 
-def _one_sql_parts(column, given_now):
-    """What every variant starts with: the inbox, whether the key is new, the clock."""
-    clock = "%(now)s::timestamptz" if given_now else "clock_timestamp()"
-    inbox, event = _table(Inbox), _table(Event)
-    return f"""
-        target AS (
-            SELECT id FROM {inbox} WHERE {column} = %(inbox)s
-        ), fresh AS (
-            SELECT t.id FROM target t WHERE (
-                SELECT 1 FROM {event} e
-                WHERE e.inbox_id = t.id AND e.source = %(source)s AND e.source_id = %(source_id)s
-            ) IS NULL
-        ), clock AS (
-            SELECT {clock} AS now
-        )"""
-
-
-_INSERT_ONE = """
-            INSERT INTO {event} (inbox_id, source, source_id, payload, status, attempts,
-                                 claim_gen, error, available_at, created, updated)
-            SELECT l.inbox_id, %(source)s, %(source_id)s, %(payload)s::jsonb, 'pending', 0,
-                   NULL, '', c.now, c.now, c.now
-            FROM lease l, clock c
-            ON CONFLICT (inbox_id, source, source_id) DO NOTHING
-            RETURNING id, available_at"""
-
-
-def _try_sql(column, given_now, bounded, mode) -> str:
+def _try_sql(column, given_now) -> str:
     # The common case, alone: the marker stands and no writer holds the row. SKIP LOCKED
     # never waits, so no lock timeout to set. One INSERT ... SELECT, the fewest plan nodes
     # (each costs the server on every delivery); a second branch, run only when nothing was
@@ -416,12 +391,22 @@ def _try_sql(column, given_now, bounded, mode) -> str:
     """
 
 
-def _locking_sql(column, given_now, bounded, mode) -> str:
+def _locking_sql(column, given_now, bounded, shared) -> str:
     bound, bound_join = _bound(1 if bounded else None, {})
-    stands = "l.work_at <= c.now" if mode == SHARE else "false"
-    lease, event = _table(Lease), _table(Event)
+    clock = "%(now)s::timestamptz" if given_now else "clock_timestamp()"
+    stands = "l.work_at <= c.now" if shared else "false"
+    inbox, event, lease = _table(Inbox), _table(Event), _table(Lease)
     return f"""
-        WITH {_one_sql_parts(column, given_now)}, {bound} seen AS (
+        WITH target AS (
+            SELECT id FROM {inbox} WHERE {column} = %(inbox)s
+        ), fresh AS (
+            SELECT t.id FROM target t WHERE (
+                SELECT 1 FROM {event} e
+                WHERE e.inbox_id = t.id AND e.source = %(source)s AND e.source_id = %(source_id)s
+            ) IS NULL
+        ), clock AS (
+            SELECT {clock} AS now
+        ), {bound} seen AS (
             SELECT l.inbox_id, {stands} AS stands FROM {lease} l, fresh f, clock c
             WHERE l.inbox_id = f.id
         ), shared AS (
@@ -434,7 +419,14 @@ def _locking_sql(column, given_now, bounded, mode) -> str:
             FOR UPDATE OF l
         ), lease AS (
             SELECT inbox_id FROM shared UNION ALL SELECT inbox_id FROM exclusive
-        ), stored AS ({_INSERT_ONE.format(event=event)}
+        ), stored AS (
+            INSERT INTO {event} (inbox_id, source, source_id, payload, status, attempts,
+                                 claim_gen, error, available_at, created, updated)
+            SELECT l.inbox_id, %(source)s, %(source_id)s, %(payload)s::jsonb, 'pending', 0,
+                   NULL, '', c.now, c.now, c.now
+            FROM lease l, clock c
+            ON CONFLICT (inbox_id, source, source_id) DO NOTHING
+            RETURNING id, available_at
         ), marked AS (
             UPDATE {lease} m SET work_at = s.available_at
             FROM stored s, exclusive k
@@ -516,46 +508,40 @@ def insert_sqlite(inbox_id, rows, now) -> list[Stored]:
     return stored
 
 
-# The columns as_event fills, in the model's order.
-_EVENT_VALUES = (
-    "id",
-    "inbox_id",
-    "source",
-    "source_id",
-    "payload",
-    "status",
-    "attempts",
-    "claim_gen",
-    "error",
-    "available_at",
-    "created",
-    "updated",
-)
-
-
 @functools.cache
-def _event_values_are_its_fields() -> bool:
-    return set(_EVENT_VALUES) == {field.attname for field in Event._meta.concrete_fields}
+def _event_attnames():
+    return {field.attname for field in Event._meta.concrete_fields}
 
 
 def as_event(inbox_id, row: Stored, payload) -> Event:
     """The Event a stored row is, without reading it back (for event_stored's receivers)."""
-    at = row.at
-    values = (row.id, inbox_id, row.source, row.source_id, payload, Event.Status.PENDING, 0)
-    values += (None, "", at, at, at)
+    values = {
+        "id": row.id,
+        "inbox_id": inbox_id,
+        "source": row.source,
+        "source_id": row.source_id,
+        "payload": payload,
+        "status": Event.Status.PENDING,
+        "attempts": 0,
+        "claim_gen": None,
+        "error": "",
+        "available_at": row.at,
+        "created": row.at,
+        "updated": row.at,
+    }
     # Listeners to the init signals are looked for only when some signal has any at all:
     # has_listeners takes a lock, and this runs for every stored event.
     if (
         (pre_init.receivers and pre_init.has_listeners(Event))
         or (post_init.receivers and post_init.has_listeners(Event))
-        or not _event_values_are_its_fields()
+        or values.keys() != _event_attnames()
     ):
-        event = Event(**dict(zip(_EVENT_VALUES, values, strict=True)))
+        event = Event(**values)
     else:
         # As unpickling makes one: the same instance, without Model.__init__'s pass over
         # every field and its two signals, which nobody listens to here (checked above).
         event = Event.__new__(Event)
-        event.__dict__.update(zip(_EVENT_VALUES, values, strict=True))
+        event.__dict__.update(values)
         event._state = ModelState()
     event._state.adding = False
     event._state.db = DEFAULT_DB_ALIAS
