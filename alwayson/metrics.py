@@ -319,14 +319,14 @@ def _count_settled(sender, event, now, **kwargs):
 
 
 def connect_signals():
-    from inbox.signals import event_stored, lease_taken_over
+    from inbox.signals import lease_taken_over, reserved_event_stored
     from outbox.signals import messages_sent
     from timers.signals import timer_fired
 
     lease_taken_over.connect(_count_takeover, dispatch_uid="alwayson.metrics.takeover")
     timer_fired.connect(_count_timer_fire, dispatch_uid="alwayson.metrics.timer")
     messages_sent.connect(_count_sent, dispatch_uid="alwayson.metrics.sent")
-    event_stored.connect(_count_settled, dispatch_uid="alwayson.metrics.settled")
+    reserved_event_stored.connect(_count_settled, dispatch_uid="alwayson.metrics.settled")
 
 
 # --- the scrape ----------------------------------------------------------------------------

@@ -6,8 +6,8 @@ class ApprovalsConfig(AppConfig):
     verbose_name = "Approvals"
 
     def ready(self):
-        from inbox.signals import event_stored
+        from inbox.signals import reserved_event_stored
 
         from .models import record_answer
 
-        event_stored.connect(record_answer, dispatch_uid="approvals.record_answer")
+        reserved_event_stored.connect(record_answer, dispatch_uid="approvals.record_answer")

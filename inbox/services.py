@@ -25,7 +25,7 @@ from django.db.models.functions import Greatest
 from . import clock, store
 from .exceptions import InboxBusy, UnknownInbox
 from .models import Event, Inbox, Lease, Session
-from .signals import event_stored, events_dead, lease_taken_over
+from .signals import event_stored, events_dead, lease_taken_over, reserved_event_stored
 from .store import WORK_CHANNEL  # idle workers LISTEN there; a stored event NOTIFYs
 from .validation import (
     mapping_text,
@@ -175,11 +175,14 @@ def _store(inbox, rows, now, lock_wait, text=None) -> list[store.Stored]:
         now = clock.resolve(now)
         with bounded_write(inbox_id, lock_wait):
             stored = store.insert_sqlite(inbox_id, rows, now)
-    if stored:
+    reserved = not RESERVED_SOURCES.isdisjoint(source for source, _, _ in rows)
+    if stored and (reserved or event_stored.receivers):
         payloads = {(source, source_id): payload for source, source_id, payload in rows}
         for row in stored:
             event = store.as_event(inbox_id, row, payloads[row.source, row.source_id])
             event_stored.send(sender=Event, event=event, now=row.at)
+            if reserved and row.source in RESERVED_SOURCES:
+                reserved_event_stored.send(sender=Event, event=event, now=row.at)
     return stored
 
 

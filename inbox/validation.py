@@ -44,7 +44,8 @@ def require_text(field: str, value) -> str:
         raise ValueError(f"{field} must be a string, not {_short(value)}")
     if "\x00" in value:
         raise ValueError(f"{field} contains a NUL character, which cannot be stored")
-    if UNSTORABLE.search(value):
+    # A surrogate is not ASCII: most text is, and is checked without the search.
+    if not value.isascii() and UNSTORABLE.search(value):
         raise ValueError(f"{field} contains a lone surrogate, which cannot be stored")
     return value
 
@@ -72,7 +73,7 @@ def json_text(field: str, value) -> str:
     # Every string is in the text: a NUL written as \u0000, a lone surrogate as itself. Only
     # when one may be there are the strings walked, for the error (or to find that the
     # \u0000 was typed as text, which is fine).
-    if "\\u0000" in encoded or UNSTORABLE.search(encoded):
+    if "\\u0000" in encoded or (not encoded.isascii() and UNSTORABLE.search(encoded)):
         _walk_strings(field, value)
     # A character is at most 4 bytes of UTF-8: only a long text is measured in bytes.
     if len(encoded) > MAX_JSON_BYTES // 4 and len(encoded.encode()) > MAX_JSON_BYTES:
@@ -80,9 +81,21 @@ def json_text(field: str, value) -> str:
     return encoded
 
 
+# The common payload, one object of plain values, is checked without the walk below: its
+# keys' and values' types are compared as sets (at C speed, on every delivery).
+_KEY_TYPES = frozenset({str})
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
 def _walk_containers(field, value):
     """Depth and keys, iteratively: a deep value is measured without spending the stack it
     would overflow (json.dumps would)."""
+    if (
+        type(value) is dict
+        and _KEY_TYPES.issuperset(map(type, value))
+        and _PLAIN_TYPES.issuperset(map(type, value.values()))
+    ):
+        return
     containers = dict | list | tuple
     stack = [(value, 1)] if isinstance(value, containers) else []
     while stack:
