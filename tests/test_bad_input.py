@@ -161,6 +161,7 @@ def test_reserved_sources_cannot_be_ingested(inbox, t0, unchanged, source):
         ({"k\x00": 1}, "NUL"),
         ({"k": ["\ud800"]}, "lone surrogate"),
         ({"\udfff": 1}, "lone surrogate"),
+        ({"text": "caf\u00e9 \ud800", "n": 1}, "lone surrogate"),
         ({"a": [{"b": "\\u0000 and a real one \x00"}]}, "NUL"),
     ],
 )

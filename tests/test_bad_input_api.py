@@ -159,6 +159,12 @@ CASES = [
     ("ingest-payload-list", ingest_with(payload=[1, 2]), ValueError, "payload must be a JSON obj"),
     ("ingest-payload-str", ingest_with(payload="hi"), ValueError, "payload must be a JSON object"),
     ("ingest-payload-key", ingest_with(payload={1: "a"}), ValueError, "payload has a non-string"),
+    (
+        "ingest-payload-key-among-plain-values",
+        ingest_with(payload={"text": "a", 2: None}),
+        ValueError,
+        "payload has a non-string",
+    ),
     ("ingest-payload-deep", ingest_with(payload={"a": DEEP}), ValueError, "payload nests deeper"),
     ("ingest-payload-huge", ingest_with(payload={"a": HUGE_TEXT}), ValueError, "payload is larger"),
     ("ingest-inbox-none", ingest_with(inbox=None), UnknownInbox, "unknown inbox: None"),

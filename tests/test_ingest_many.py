@@ -129,3 +129,37 @@ def test_without_now_the_databases_clock_stamps_the_batch(inbox):
     [(available_at, created, updated)] = stamps
     assert available_at == created == updated
     assert Lease.objects.get(inbox=inbox).work_at == available_at
+
+
+def test_with_no_receiver_a_delivery_builds_no_event(inbox, t0, monkeypatch):
+    """The approvals' and metrics' receivers listen to reserved sources only, which a
+    delivery never has: with nothing connected to event_stored, no Event is made for it."""
+    from inbox import store
+
+    assert not event_stored.receivers
+    built = []
+    monkeypatch.setattr(store, "as_event", lambda *args: built.append(args))
+    assert ingest(inbox, "chat", "m1", {"text": "hi"}, now=t0)
+    assert ingest_many(inbox, [("chat", "m2"), ("chat", "m3")], now=t0) == [True, True]
+    assert built == []
+    assert keys(inbox) == [("m1", {"text": "hi"}), ("m2", {}), ("m3", {})]
+
+
+def test_reserved_sources_reach_their_own_signal_and_event_stored(inbox, t0, stored_signals):
+    from inbox.services import store_event
+    from inbox.signals import reserved_event_stored
+
+    reserved = []
+
+    def receiver(sender, event, now, **kwargs):
+        reserved.append((event.source, event.source_id, now))
+
+    reserved_event_stored.connect(receiver, weak=False, dispatch_uid="test-reserved")
+    try:
+        assert ingest(inbox, "chat", "m1", now=t0)
+        assert store_event(inbox.pk, "timer", "tick-1", {"n": 1}, t0)
+        assert not store_event(inbox.pk, "timer", "tick-1", {"n": 1}, t0)
+    finally:
+        reserved_event_stored.disconnect(dispatch_uid="test-reserved")
+    assert reserved == [("timer", "tick-1", t0)]
+    assert [source_id for _, source_id, _, _ in stored_signals] == ["m1", "tick-1"]
