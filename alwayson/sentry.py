@@ -41,7 +41,8 @@ def init_sentry(dsn, environment, release):
             environment=environment,
             release=release or None,
             integrations=[DjangoIntegration()],
-            send_default_pii=False,
+            # No personal data (cookies, the client's address, the user): the SDK's default.
+            # Not passed: send_default_pii is deprecated in sentry-sdk's later 2.x releases.
             # Breadcrumbs travel inside the event, so this scrubs them too.
             before_send=scrub_event,
         )

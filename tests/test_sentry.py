@@ -95,6 +95,7 @@ def sentry(monkeypatch, settings):
 @pytest.mark.django_db
 def test_an_exception_in_a_view_reaches_sentry_without_its_secrets(sentry):
     client = Client(raise_request_exception=False)
+    client.cookies["theme"] = "a-cookie-value"
     assert client.get("/fine/").status_code == 200
     assert client.get("/leaky/").status_code == 500
 
@@ -111,8 +112,11 @@ def test_an_exception_in_a_view_reaches_sentry_without_its_secrets(sentry):
     frame = exception["stacktrace"]["frames"][-1]
     assert frame["function"] == "leaky_view"
     assert frame["vars"]["header_value"] == f"'Bearer {FILTERED}'"
+    # No personal data either: neither the cookie nor the client's address.
+    assert "cookies" not in event["request"]
+    assert "REMOTE_ADDR" not in event["request"].get("env", {})
     for text in texts:
-        for secret in (BOT_TOKEN, EGRESS_CREDENTIAL, DB_PASSWORD):
+        for secret in (BOT_TOKEN, EGRESS_CREDENTIAL, DB_PASSWORD, "a-cookie-value"):
             assert secret not in text
 
 
