@@ -141,7 +141,7 @@ def measure_cycles(small_url, large_url, small, large, runs, repeats) -> dict:
         for name, url in order if n % 2 == 0 else order[::-1]:
             args = ["--cycle", url, "--count", str(runs)]
             samples[name].append(_child_json([sys.executable, "-m", "bench.steady", *args], url))
-    return {name: [s["ms_per_cycle"] for s in runs_] for name, runs_ in samples.items()}
+    return {name: [s["ms_per_cycle"] for s in found] for name, found in samples.items()}
 
 
 # --- peak memory ------------------------------------------------------------------------------

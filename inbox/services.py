@@ -175,13 +175,14 @@ def _store(inbox, rows, now, lock_wait, text=None) -> list[store.Stored]:
         now = clock.resolve(now)
         with bounded_write(inbox_id, lock_wait):
             stored = store.insert_sqlite(inbox_id, rows, now)
-    reserved = not RESERVED_SOURCES.isdisjoint(source for source, _, _ in rows)
-    if stored and (reserved or event_stored.receivers):
+    if not stored:
+        return stored
+    if event_stored.receivers or not RESERVED_SOURCES.isdisjoint(row.source for row in stored):
         payloads = {(source, source_id): payload for source, source_id, payload in rows}
         for row in stored:
             event = store.as_event(inbox_id, row, payloads[row.source, row.source_id])
             event_stored.send(sender=Event, event=event, now=row.at)
-            if reserved and row.source in RESERVED_SOURCES:
+            if row.source in RESERVED_SOURCES:
                 reserved_event_stored.send(sender=Event, event=event, now=row.at)
     return stored
 

@@ -220,7 +220,7 @@ class _Direct:
     def fetch_one(self, sql, params):
         for retrying in (False, True):
             name, names = self.statements.get(sql) or self._prepare(sql)
-            values = [None if (v := params[key]) is None else _text(v) for key in names]
+            values = [_text(params[key]) for key in names]
             result = self.raw.pgconn.exec_prepared(name, values, result_format=pq.Format.BINARY)
             if result.status == pq.ExecStatus.TUPLES_OK:
                 if not result.ntuples:
@@ -234,8 +234,10 @@ class _Direct:
             raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
 
 
-def _text(value) -> bytes:
-    """A parameter (not None) in PostgreSQL's text format (the server infers its type)."""
+def _text(value) -> bytes | None:
+    """A parameter in PostgreSQL's text format (the server infers its type)."""
+    if value is None:
+        return None
     if type(value) is str:
         return value.encode()
     if isinstance(value, datetime):
@@ -457,18 +459,15 @@ def insert_one_pg(
         "now": now,
         "channel": WORK_CHANNEL,
     }
+    if lock_wait is not None:
+        params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
     # Only a statement that is its own transaction may share the lock: inside a caller's, a
     # later FOR UPDATE of the same row would wait on the other sharers, who may wait on it.
     db.ensure_connection()
     alone = db.autocommit and not db.in_atomic_block
     for mode in (TRY, SHARE, EXCLUSIVE) if alone else (EXCLUSIVE,):
         sql = _one_sql(column, now is not None, lock_wait is not None, mode)
-        if mode == TRY:
-            fetch = _fetch_direct
-        else:
-            fetch = _fetch_one
-            if lock_wait is not None:
-                params["lock_timeout"] = f"{round(lock_wait * 1000)}ms"
+        fetch = _fetch_direct if mode == TRY else _fetch_one
         result = fetch(db, sql, params)
         if result is None:
             raise UnknownInbox(ref)
