@@ -13,7 +13,7 @@ import django
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from alwayson.logs import FORMATS, logging_config
+from alwayson.ops.logs import FORMATS, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -54,7 +54,7 @@ if not SECRET_KEY:
     SECRET_KEY = "django-insecure-alwayson-development-key-set-SECRET_KEY-in-production"
 
 # Debug pages and error emails mask credentials, in URLs too (DATABASE_URL, EMAIL_URL).
-DEFAULT_EXCEPTION_REPORTER_FILTER = "alwayson.error_reports.CredentialFilter"
+DEFAULT_EXCEPTION_REPORTER_FILTER = "alwayson.ops.error_reports.CredentialFilter"
 
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
@@ -70,12 +70,17 @@ INSTALLED_APPS = [
     "timers",
     "approvals",
     "outbox",
-    "alwayson",
+    "alwayson.egress",
+    "alwayson.ops",
+    "alwayson.runtime",
+    "alwayson.claude",
+    "alwayson.demo",
+    "alwayson.web",
 ]
 
 MIDDLEWARE = [
     # First: a NUL in the address, query, form or headers is refused before any lookup.
-    "alwayson.middleware.RefuseUnstorableInput",
+    "alwayson.web.middleware.RefuseUnstorableInput",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -83,7 +88,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # After CSRF: an admin action on ids that are not ids, or a changelist filter the list
     # does not have, is 400 with the reason (not a 500, not a silent redirect).
-    "alwayson.middleware.RefuseBadAdminInput",
+    "alwayson.web.middleware.RefuseBadAdminInput",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -281,7 +286,7 @@ LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 
 # The agent the worker runs: a callable taking a Run (alwayson/runtime.py).
-ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.refund_desk.agent")
+ALWAYSON_AGENT = env.str("ALWAYSON_AGENT", default="alwayson.demo.refund_desk.agent")
 # The example refund desk asks two different approvers for a refund above this amount.
 ALWAYSON_REFUND_TWO_APPROVERS_ABOVE = positive_int("ALWAYSON_REFUND_TWO_APPROVERS_ABOVE", 500)
 
@@ -298,7 +303,7 @@ SILENCED_SYSTEM_CHECKS = ["axes.W006"]
 ALWAYSON_LOGIN_COOLOFF = timedelta(seconds=positive_int("ALWAYSON_LOGIN_COOLOFF", 900))
 AXES_COOLOFF_TIME = ALWAYSON_LOGIN_COOLOFF
 AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_CALLABLE = "alwayson.views.login_locked_out"
+AXES_LOCKOUT_CALLABLE = "alwayson.web.views.login_locked_out"
 # Password reset emails per address per cool-off.
 ALWAYSON_PASSWORD_RESET_LIMIT = positive_int("ALWAYSON_PASSWORD_RESET_LIMIT", 3)
 
@@ -352,7 +357,7 @@ ALWAYSON_STRIPE_TOLERANCE = positive_int("ALWAYSON_STRIPE_TOLERANCE", 300)
 
 
 def egress_services(name):
-    from alwayson.egress import check_services
+    from alwayson.egress.gateway import check_services
 
     try:
         return check_services(env.json(name, default={}))
@@ -404,7 +409,7 @@ def optional_positive_int(name):
 
 
 def claude_policy(name):
-    from alwayson.claude.policy import check_policy_syntax
+    from alwayson.runtime.policy import check_policy_syntax
 
     try:
         return check_policy_syntax(env.json(name, default={}))
@@ -489,7 +494,7 @@ CSRF_TRUSTED_ORIGINS = trusted_origins("CSRF_TRUSTED_ORIGINS")
 SECURE_PROXY_SSL_HEADER = proxy_ssl_header("SECURE_PROXY_SSL_HEADER")
 # A load balancer's probe of /healthz comes over plain http, under whatever Host it likes:
 # the health middleware answers it before the host check and the HTTPS redirect.
-MIDDLEWARE.insert(0, "alwayson.health.HealthCheckMiddleware")
+MIDDLEWARE.insert(0, "alwayson.ops.health.HealthCheckMiddleware")
 # Static files from the app server (gunicorn) itself: whitenoise, right after security.
 MIDDLEWARE.insert(
     MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
@@ -537,7 +542,7 @@ def bearer_token(name):
 # the endpoint is off (404). Answered before the host check and the HTTPS redirect, like
 # /healthz, so Prometheus may scrape a web process at its own address.
 ALWAYSON_METRICS_TOKEN = bearer_token("ALWAYSON_METRICS_TOKEN")
-MIDDLEWARE.insert(1, "alwayson.metrics.MetricsMiddleware")
+MIDDLEWARE.insert(1, "alwayson.ops.metrics.MetricsMiddleware")
 # --- end of production ----------------------------------------------------------------------
 
 # --- logs and alerts (issue 12; alwayson/logs.py, alwayson/alerts.py, alwayson/sentry.py) --
@@ -556,7 +561,7 @@ if SENTRY_DSN:
     from contextlib import suppress
     from importlib import metadata
 
-    from alwayson.sentry import init_sentry
+    from alwayson.ops.sentry import init_sentry
 
     # A checkout that was never installed has no version: Sentry then shows no release.
     with suppress(metadata.PackageNotFoundError):
@@ -567,7 +572,7 @@ if SENTRY_DSN:
 # --- retention and the admin for operators (issue 12) ---------------------------------------
 # The admin site lists the demo's models in a section of their own (alwayson/admin_site.py).
 INSTALLED_APPS[INSTALLED_APPS.index("django.contrib.admin")] = (
-    "alwayson.admin_site.AlwaysonAdminConfig"
+    "alwayson.web.admin_site.AlwaysonAdminConfig"
 )
 # `manage.py prune` (alwayson/retention.py):
 # Days each kind of row is kept once it is finished; prune never touches pending, running or

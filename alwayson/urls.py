@@ -1,8 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from . import views
-from .admin_dashboard import dashboard
+from alwayson.web import views
+from alwayson.web.dashboard import dashboard
 
 urlpatterns = [
     path("", views.home, name="home"),

@@ -333,8 +333,8 @@ def child_alwayson(url, worker_id, ledger_path):
     import django
 
     django.setup()
-    from alwayson.management.commands.runworker import Command
-    from alwayson.worker import WorkerPool
+    from alwayson.runtime.management.commands.runworker import Command
+    from alwayson.runtime.worker import WorkerPool
 
     Command().configure(0, worker_id)
     pool = WorkerPool(worker_id=worker_id, agent=ledger_agent, concurrency=CONCURRENCY, once=True)

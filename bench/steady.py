@@ -113,7 +113,7 @@ def cycle(url, runs):
     """In a process of its own: `runs` cycles of one delivery and the run that finishes it
     (one Worker.step), to inboxes in turn; the milliseconds per cycle."""
     common.setup_django(url)
-    from alwayson.worker import Worker
+    from alwayson.runtime.worker import Worker
     from inbox.models import Inbox
     from inbox.services import ingest
 

@@ -102,6 +102,23 @@ class MachineryAdmin(admin.ModelAdmin):
         return deleting_inbox(request) and super().has_delete_permission(request, obj)
 
 
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """Rows only the code writes: listed and shown, never added or edited by hand."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class LedgerAdmin(ViewOnlyAdmin):
+    """A record that is proof of something that happened: not deleted by hand either."""
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class InboxRoleMixin:
     """The admin of rows that belong to one inbox (the inbox, its members, its channel, its
     approvals and their audit), for the people of that inbox as well as for operators.

@@ -1,5 +1,5 @@
 """Where a merged send goes: email to the inbox owner, a JSON POST to a webhook, or a chat
-message in Slack (chat.postMessage) or Telegram (sendMessage).
+message in Slack or Telegram (their senders are registered by alwayson/egress/).
 
 A channel raises SendFailed for a failure the dispatcher should retry (a refused SMTP
 connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
@@ -7,7 +7,6 @@ connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
 
 import http.client
 import json
-import re
 import smtplib
 import time
 import urllib.error
@@ -119,117 +118,24 @@ def send_webhook(delivery, channel):
         raise SendFailed(f"webhook {channel.url}: {exc!r}") from exc
 
 
-# --- chat APIs, called through the egress gateway: the bot token stays in the environment,
-# is added at call time, and is scrubbed from anything the API answers.
-
-URL = re.compile(r"https?://[^\s<>]+[^\s<>.,;:!?)\]'\"]")
-
-
-def slack_text(body: str) -> str:
-    """Slack mrkdwn: &, < and > escaped, links as <url> so Slack shows them as links."""
-    escaped = body.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return URL.sub(lambda m: f"<{m.group(0)}>", escaped)
-
-
-def telegram_html(body: str) -> str:
-    """Telegram's HTML parse mode: the text escaped, links as <a href>."""
-    parts, last = [], 0
-    for match in URL.finditer(body):
-        parts.append(escape(body[last : match.start()]))
-        url = escape(match.group(0))
-        parts.append(f'<a href="{url}">{url}</a>')
-        last = match.end()
-    parts.append(escape(body[last:]))
-    return "".join(parts)
-
-
-def chat_service(kind):
-    from alwayson.egress import Service
-
-    if kind == "slack":
-        return Service(
-            name="slack",
-            base_url=settings.ALWAYSON_SLACK_API_URL,
-            methods=frozenset({"POST"}),
-            paths=("/chat.postMessage",),
-            secret_env="ALWAYSON_SLACK_BOT_TOKEN",
-            timeout=settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT,
-        )
-    return Service(
-        name="telegram",
-        base_url=settings.ALWAYSON_TELEGRAM_API_URL.rstrip("/") + "/bot{secret}",
-        methods=frozenset({"POST"}),
-        paths=("/sendMessage",),
-        secret_env="ALWAYSON_TELEGRAM_BOT_TOKEN",
-        timeout=settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT,
-    )
-
-
-def _post_chat(delivery, channel, path, payload):
-    from alwayson.egress import Egress, EgressFailed, EgressRefused
-
-    service = chat_service(channel.kind)
-    try:
-        answer = Egress(delivery.inbox, {service.name: service}).post(
-            service.name, path, json=payload
-        )
-    except (EgressFailed, EgressRefused) as exc:
-        raise SendFailed(str(exc)) from None
-    try:
-        result = answer.json()
-    except ValueError:
-        result = {}
-    # Both APIs answer {"ok": false, ...} for a refused message, Slack even with a 200.
-    if not answer.ok or not isinstance(result, dict) or not result.get("ok"):
-        reason = (
-            result.get("error") or result.get("description") if isinstance(result, dict) else ""
-        )
-        raise SendFailed(f"{service.name} {path}: HTTP {answer.status} {reason or ''}".strip())
-
-
-def send_slack(delivery, channel):
-    _post_chat(
-        delivery,
-        channel,
-        "/chat.postMessage",
-        {
-            "channel": channel.target,
-            "text": slack_text(delivery.body),
-            "unfurl_links": False,
-            # Slack has no idempotency header; the send's key travels as message metadata,
-            # so a reader of the channel's history can tell a repeat.
-            "metadata": {
-                "event_type": "alwayson_send",
-                "event_payload": {
-                    "inbox": delivery.inbox.slug,
-                    "idempotency_key": delivery.idempotency_key,
-                },
-            },
-        },
-    )
-
-
-def send_telegram(delivery, channel):
-    _post_chat(
-        delivery,
-        channel,
-        "/sendMessage",
-        {
-            "chat_id": channel.target,
-            "text": telegram_html(delivery.body),
-            "parse_mode": "HTML",
-            "link_preview_options": {"is_disabled": True},
-        },
-    )
-
-
+# Senders by channel kind. The chat APIs' senders need bot tokens, which only the egress
+# gateway adds: its app registers them (alwayson/egress/apps.py), so this module never
+# imports anything above the machinery.
 SENDERS = {
     "email": send_email,
     "webhook": send_webhook,
-    "slack": send_slack,
-    "telegram": send_telegram,
 }
 
 
+def register_sender(kind: str, send) -> None:
+    """`send(delivery, channel)` delivers a merged send to a channel of `kind`; it raises
+    SendFailed for a failure the dispatcher should retry."""
+    SENDERS[kind] = send
+
+
 def sender_for(channel):
-    return lambda delivery: SENDERS[channel.kind](delivery, channel)
+    try:
+        send = SENDERS[channel.kind]
+    except KeyError:
+        raise SendFailed(f"no sender for {channel.kind} channels is installed") from None
+    return lambda delivery: send(delivery, channel)

@@ -52,7 +52,7 @@ def recording_agent(run):
     from django.db import connection
     from django.utils import timezone
 
-    from alwayson import payments
+    from alwayson.demo import payments
 
     payloads = [event.payload for event in run.events]
     with connection.cursor() as cursor:

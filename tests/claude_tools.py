@@ -5,8 +5,8 @@ what ran and under which key; `refund` also goes through the stand-in payments l
 refuses a key it has seen.
 """
 
-from alwayson import payments
 from alwayson.claude import ToolError, tool
+from alwayson.demo import payments
 
 CALLS = []
 # Set to make the next refund "kill the worker" right after the payment went through.

@@ -163,7 +163,7 @@ def messages_api(settings):
 def claude_inbox(make_inbox):
     """An inbox whose own agent is Claude (the default agent stays the refund desk). Refunds
     under 50 run, larger ones ask; delete_account is denied."""
-    from alwayson.models import AgentConfig
+    from alwayson.runtime.models import AgentConfig
 
     def make(slug="support", **config):
         inbox = make_inbox(slug)

@@ -18,7 +18,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from alwayson.api import (
+from alwayson.runtime.api import (
     Say,
     acquire,
     add_timer,

@@ -15,9 +15,19 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from alwayson.api import acquire, add_timer, answer_approval, dispatch, ingest, request_approval
-from alwayson.health import ProcessBeat
-from alwayson.models import AgentConfig, ModelCall, Process, Refund, ToolResult
+from alwayson.claude.models import ModelCall, ToolResult
+from alwayson.demo.models import Refund
+from alwayson.ops.health import ProcessBeat
+from alwayson.ops.models import Process
+from alwayson.runtime.api import (
+    acquire,
+    add_timer,
+    answer_approval,
+    dispatch,
+    ingest,
+    request_approval,
+)
+from alwayson.runtime.models import AgentConfig
 from approvals.models import Approval, AuditEntry
 from inbox.models import Event, Inbox, Lease, Membership, Role, Session
 from outbox.channels import SendFailed
@@ -130,7 +140,9 @@ def queries_for(client, path):
 
 
 def test_every_model_of_the_apps_is_registered():
-    for label in ("inbox", "timers", "approvals", "outbox", "alwayson"):
+    labels = ["inbox", "timers", "approvals", "outbox", "alwayson"]
+    labels += [f"alwayson_{app}" for app in ("egress", "ops", "claude", "demo", "web")]
+    for label in labels:
         for model in apps.get_app_config(label).get_models():
             assert admin.site.is_registered(model), model
 

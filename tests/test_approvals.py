@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.api import answer_approval, request_approval, run_scheduler
+from alwayson.runtime.api import answer_approval, request_approval, run_scheduler
 from approvals.models import Approval
 from inbox.models import Event
 from timers.models import Timer

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from alwayson.api import answer_approval, request_approval, run_scheduler
+from alwayson.runtime.api import answer_approval, request_approval, run_scheduler
 from approvals.models import AuditEntry
 from inbox.models import Membership, Role
 

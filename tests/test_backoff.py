@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.api import acquire, claim_batch, finish, ingest
+from alwayson.runtime.api import acquire, claim_batch, finish, ingest
 from inbox import services
 from inbox.models import Event, Lease
 from inbox.services import acquire_next, mark_dead, release, renew, requeue, retry_delay

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from alwayson.api import (
+from alwayson.runtime.api import (
     acquire,
     add_timer,
     answer_approval,

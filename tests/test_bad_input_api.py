@@ -14,8 +14,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from alwayson.egress import Egress, EgressRefused, check_services
-from alwayson.models import Process
+from alwayson.egress.gateway import Egress, EgressRefused, check_services
+from alwayson.ops.models import Process
 from approvals.models import Approval, AuditEntry
 from approvals.services import answer_approval, request_approval
 from inbox.exceptions import UnknownInbox

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
-from alwayson.models import Process
+from alwayson.ops.models import Process
 from approvals.models import Approval, AuditEntry
 from approvals.services import request_approval
 from inbox import webhooks

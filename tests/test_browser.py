@@ -21,8 +21,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.core import mail
 
-from alwayson import refund_desk
-from alwayson.worker import Worker
+from alwayson.demo import refund_desk
+from alwayson.runtime.worker import Worker
 from approvals.models import Approval
 from approvals.services import request_approval
 from inbox import clock
@@ -545,7 +545,8 @@ def test_the_admin_dashboard(new_page, site, desk, staff_user, make_inbox):
 def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
     new_page, site, desk, messages_api
 ):
-    from alwayson.models import AgentConfig, Refund
+    from alwayson.demo.models import Refund
+    from alwayson.runtime.models import AgentConfig
     from tests.claude_api import message, tool_use
 
     AgentConfig.objects.create(

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from alwayson.chaos.agent import parse_run_record, run_record
-from alwayson.chaos.check import Observed, check
-from alwayson.chaos.network import split_bodies
-from alwayson.chaos.plan import (
+from tests.chaos.agent import parse_run_record, run_record
+from tests.chaos.check import Observed, check
+from tests.chaos.network import split_bodies
+from tests.chaos.plan import (
     DATABASE_FAULTS,
     FAULT_KINDS,
     STOP,
@@ -466,7 +466,7 @@ def test_the_receivers_record_each_delivery_with_its_key_and_messages(tmp_path):
     import urllib.request
     from email.message import EmailMessage
 
-    from alwayson.chaos.network import Receipts, SmtpReceiver, WebhookReceiver
+    from tests.chaos.network import Receipts, SmtpReceiver, WebhookReceiver
 
     receipts = Receipts(tmp_path / "receipts.jsonl")
     webhook, smtp = WebhookReceiver(receipts), SmtpReceiver(receipts)

@@ -1,6 +1,6 @@
 """The chaos run against PostgreSQL: its own cluster, and the run itself (`-m chaos`).
 
-The run is `python manage.py chaos` as a subprocess, as CI and a person run it; its table
+The run is `python -m tests.chaos` as a subprocess, as CI and a person run it; its table
 goes to the output (`pytest -m chaos -s` shows it). ALWAYSON_CHAOS_SECONDS and
 ALWAYSON_CHAOS_SEED set the fault window and the seed (a failing seed replays its schedule).
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from alwayson.chaos.cluster import Cluster, _run
-from alwayson.chaos.plan import FAULT_KINDS
+from tests.chaos.cluster import Cluster, _run
+from tests.chaos.plan import FAULT_KINDS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,8 +55,8 @@ def test_chaos_run_holds_every_invariant(tmp_path):
     report_path = tmp_path / "report.json"
     argv = [
         sys.executable,
-        "manage.py",
-        "chaos",
+        "-m",
+        "tests.chaos",
         "--seconds",
         seconds,
         "--report",
@@ -67,7 +67,7 @@ def test_chaos_run_holds_every_invariant(tmp_path):
     # The table and the fault log go straight to the output, as the command prints them.
     done = subprocess.run(argv, cwd=ROOT, timeout=float(seconds) + 400)
 
-    assert report_path.exists(), f"manage.py chaos exited {done.returncode} before its checks"
+    assert report_path.exists(), f"python -m tests.chaos exited {done.returncode} before its checks"
     report = json.loads(report_path.read_text())
     failed = [row["label"] for row in report["rows"] if not row["ok"]]
     assert done.returncode == 0 and report["ok"], f"seed {report['seed']}: {failed}"

@@ -9,8 +9,8 @@ import logging
 import pytest
 from django.apps import apps
 
-from alwayson.api import dispatch
-from outbox.channels import slack_text, telegram_html
+from alwayson.egress.channels import slack_text, telegram_html
+from alwayson.runtime.api import dispatch
 from outbox.models import Channel
 
 from .loopback import Loopback

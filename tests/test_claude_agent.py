@@ -10,11 +10,13 @@ from datetime import timedelta
 import pytest
 from django.db.models import F
 
-from alwayson import worker as worker_module
 from alwayson.claude import transcript
+from alwayson.claude.models import ModelCall
 from alwayson.claude.runner import STATE_KEY
-from alwayson.models import AgentConfig, ModelCall, Refund
-from alwayson.worker import Worker
+from alwayson.demo.models import Refund
+from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.run import worker as worker_module
+from alwayson.runtime.worker import Worker
 from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox import clock

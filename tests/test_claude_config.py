@@ -10,9 +10,10 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from alwayson.claude.policy import ASK, check_policy, check_policy_syntax, decide
-from alwayson.models import AgentConfig, ModelCall
-from alwayson.runtime import Agents, Run
+from alwayson.claude.models import ModelCall
+from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.policy import ASK, check_policy, check_policy_syntax, decide
+from alwayson.runtime.run import Agents, Run
 from inbox.models import Event, Lease
 from inbox.services import Defer, acquire, claim_batch, finish, ingest
 from outbox.models import OutboxMessage
@@ -377,7 +378,7 @@ def test_the_model_call_list_filters_one_run(admin_client, make_inbox):
             input_tokens=10,
             created=timezone.now(),
         )
-    changelist = reverse("admin:alwayson_modelcall_changelist")
+    changelist = reverse("admin:alwayson_claude_modelcall_changelist")
     response = admin_client.get(changelist, {"inbox__id__exact": inbox.pk, "generation": 2})
     assert response.status_code == 200
     assert {c.generation for c in response.context["cl"].result_list} == {2}

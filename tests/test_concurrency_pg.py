@@ -22,7 +22,7 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 
-from alwayson.api import (
+from alwayson.runtime.api import (
     Say,
     acquire,
     add_timer,

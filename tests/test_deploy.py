@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alwayson.production import PROCESSES, RELEASE
+from alwayson.ops.processes import PROCESSES, RELEASE
 from tests.test_production_settings import check_deploy, environment, strong_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent

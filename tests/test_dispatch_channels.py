@@ -24,7 +24,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
-from alwayson.api import Say, dispatch, dispatch_inbox
+from alwayson.runtime.api import Say, dispatch, dispatch_inbox
 from inbox import clock
 from outbox.channels import SendFailed
 from outbox.models import Channel, OutboxMessage, send_key_for

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from alwayson.egress import (
+from alwayson.egress.gateway import (
     REDACTED,
     Egress,
     EgressFailed,
@@ -21,7 +21,7 @@ from alwayson.egress import (
     check_services,
     gateway_server,
 )
-from alwayson.models import EgressCall
+from alwayson.egress.models import EgressCall
 
 from .loopback import Loopback
 
@@ -318,7 +318,8 @@ def test_admin_shows_each_inbox_services_and_last_day_counts_never_the_secret(
     assert "1 sent, 1 refused, 0 failed" in page
     assert "desk-only" in page  # limited to this inbox, so shown here
     assert SECRET not in page and "PAYMENTS_TOKEN" not in page
-    listing = client.get("/admin/alwayson/egresscall/?outcome__exact=refused").content.decode()
+    listing = client.get("/admin/alwayson_egress/egresscall/?outcome__exact=refused")
+    listing = listing.content.decode()
     assert "/v1/customers" in listing and SECRET not in listing
 
 

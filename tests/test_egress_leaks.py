@@ -9,8 +9,8 @@ import pytest
 from django.apps import apps
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from alwayson.egress import EgressRefused
-from alwayson.worker import Worker
+from alwayson.egress.gateway import EgressRefused
+from alwayson.runtime.worker import Worker
 from inbox.clock import database_now
 from inbox.models import Session
 from inbox.services import ingest

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.db import OperationalError, connection
 
-from alwayson.api import acquire, finish, ingest
+from alwayson.runtime.api import acquire, finish, ingest
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease
 from inbox.services import finish_and_take, take_next

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from alwayson.api import answer_approval, ingest, request_approval
+from alwayson.runtime.api import answer_approval, ingest, request_approval
 from inbox.exceptions import InboxBusy
 from inbox.models import Event
 

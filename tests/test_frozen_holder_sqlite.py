@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 INGEST = """
 import time
-from alwayson.api import ingest
+from alwayson.runtime.api import ingest
 from inbox.exceptions import InboxBusy
 from inbox.models import Event
 started = time.monotonic()

@@ -15,10 +15,10 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError
 from django.utils import timezone
 
-from alwayson import health
-from alwayson.health import ProcessBeat, check
-from alwayson.models import Process
-from alwayson.worker import WorkerPool
+from alwayson.ops import health
+from alwayson.ops.health import ProcessBeat, check
+from alwayson.ops.models import Process
+from alwayson.runtime.worker import WorkerPool
 from inbox import clock
 from inbox.models import Event
 from inbox.services import ingest
@@ -414,18 +414,18 @@ def test_the_admin_lists_processes_with_their_state_read_only(admin_client, beat
     beating(["worker"], now)
     ProcessBeat("scheduler", "gone:7").register(now - 10 * beat_every)
 
-    page = admin_client.get("/admin/alwayson/process/")
+    page = admin_client.get("/admin/alwayson_ops/process/")
     html = page.content.decode()
 
     assert page.status_code == 200
     assert "host-a:0" in html and "gone:7" in html
     assert ">live<" in html and ">lost<" in html
-    assert "/admin/alwayson/process/add/" not in html
-    lost_only = admin_client.get("/admin/alwayson/process/?state=lost").content.decode()
+    assert "/admin/alwayson_ops/process/add/" not in html
+    lost_only = admin_client.get("/admin/alwayson_ops/process/?state=lost").content.decode()
     assert "gone:7" in lost_only and "host-a:0" not in lost_only
 
     worker = Process.objects.get(kind="worker")
-    detail = admin_client.get(f"/admin/alwayson/process/{worker.pk}/change/")
+    detail = admin_client.get(f"/admin/alwayson_ops/process/{worker.pk}/change/")
     assert detail.status_code == 200
     assert 'name="_save"' not in detail.content.decode()
-    assert admin_client.get("/admin/alwayson/process/add/").status_code == 403
+    assert admin_client.get("/admin/alwayson_ops/process/add/").status_code == 403

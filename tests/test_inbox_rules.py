@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from alwayson.api import Say, acquire, claim_batch, finish, ingest
+from alwayson.runtime.api import Say, acquire, claim_batch, finish, ingest
 from inbox.models import Event, Lease
 from outbox.models import OutboxMessage
 

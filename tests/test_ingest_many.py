@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.api import acquire, claim_batch, ingest, ingest_many
+from alwayson.runtime.api import acquire, claim_batch, ingest, ingest_many
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Lease
 from inbox.signals import event_stored

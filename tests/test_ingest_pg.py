@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from alwayson.api import acquire, claim_batch, finish, ingest, ingest_many
+from alwayson.runtime.api import acquire, claim_batch, finish, ingest, ingest_many
 from inbox.exceptions import InboxBusy
 from inbox.models import Event, Lease
 from inbox.services import WORK_CHANNEL, release

@@ -21,10 +21,10 @@ from django.conf import settings as django_settings
 from django.core import mail
 from django.core.management import call_command
 
-from alwayson.alerts import flush_dead_alerts
-from alwayson.logs import logging_config
-from alwayson.models import DeadAlert
-from alwayson.worker import Worker
+from alwayson.ops.alerts import flush_dead_alerts
+from alwayson.ops.logs import logging_config
+from alwayson.ops.models import DeadAlert
+from alwayson.runtime.worker import Worker
 from inbox import services
 from inbox.models import Event
 from inbox.services import acquire, claim_batch, ingest, mark_dead, release

@@ -18,11 +18,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
-from alwayson import metrics
-from alwayson.health import ProcessBeat
-from alwayson.metrics import RUN_OUTCOMES
-from alwayson.models import MetricTotal, Process
-from alwayson.worker import Worker
+from alwayson.ops import metrics
+from alwayson.ops.health import ProcessBeat
+from alwayson.ops.metrics import RUN_OUTCOMES
+from alwayson.ops.models import MetricTotal, Process
+from alwayson.runtime.worker import Worker
 from approvals.services import answer_approval, request_approval
 from inbox import clock
 from inbox.services import acquire, claim_batch, finish, ingest

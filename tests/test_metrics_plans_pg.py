@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from alwayson import metrics
+from alwayson.ops import metrics
 from inbox.services import acquire, claim_batch
 from tests.test_query_plans_pg import analyze, explain, world  # noqa: F401  (world: a fixture)
 

@@ -12,8 +12,8 @@ from django.core import mail
 from django.core.management import call_command
 from django.urls import reverse
 
-from alwayson.api import dispatch, dispatch_notices, finish, request_approval
-from alwayson.runtime import Run
+from alwayson.runtime.api import dispatch, dispatch_notices, finish, request_approval
+from alwayson.runtime.run import Run
 from inbox.models import Membership, Role
 from inbox.services import acquire, claim_batch, ingest
 from outbox.channels import SendFailed

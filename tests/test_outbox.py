@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.api import dispatch
+from alwayson.runtime.api import dispatch
 from outbox.models import OutboxMessage
 
 MINUTE = timedelta(minutes=1)

@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-from alwayson.models import Process
-from alwayson.production import PROCESSES
+from alwayson.ops.models import Process
+from alwayson.ops.processes import PROCESSES
 from outbox.models import Channel
 from tests.test_deploy import normalized
 from tests.test_dispatch_channels import WebhookServer

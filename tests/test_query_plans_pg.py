@@ -17,7 +17,11 @@ from django.db import connection, transaction
 from django.db.models import Min
 from django.test.utils import CaptureQueriesContext
 
-from alwayson.api import (
+from alwayson.claude.client import day_start
+from alwayson.claude.models import ModelCall, ToolResult
+from alwayson.ops.health import ProcessBeat
+from alwayson.ops.models import Process
+from alwayson.runtime.api import (
     Say,
     acquire,
     add_timer,
@@ -29,9 +33,6 @@ from alwayson.api import (
     request_approval,
     run_scheduler,
 )
-from alwayson.claude.client import day_start
-from alwayson.health import ProcessBeat
-from alwayson.models import ModelCall, Process, ToolResult
 from approvals.models import Approval, AuditEntry
 from approvals.services import Ask
 from inbox.models import Event, Inbox, Lease, Membership, Role

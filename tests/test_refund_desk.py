@@ -9,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson import refund_desk
-from alwayson.api import answer_approval, finish, ingest, run_scheduler
-from alwayson.models import Refund
-from alwayson.runtime import Run
-from alwayson.worker import Worker
+from alwayson.demo import refund_desk
+from alwayson.demo.models import Refund
+from alwayson.runtime.api import answer_approval, finish, ingest, run_scheduler
+from alwayson.runtime.run import Run
+from alwayson.runtime.worker import Worker
 from approvals.models import Approval
 from inbox.clock import database_now, whole_seconds
 from inbox.models import Event, Lease, Session
@@ -256,7 +256,7 @@ def test_digest_with_nothing_to_report(inbox):
 
 
 def test_other_timers_are_ignored(inbox):
-    from alwayson.api import add_timer
+    from alwayson.runtime.api import add_timer
 
     add_timer(inbox, "misc", whole_seconds(database_now()) - timedelta(minutes=1), {"task": "x"})
     run_scheduler()

@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 
-from alwayson.api import add_timer, answer_approval, ingest, request_approval, run_scheduler
-from alwayson.worker import Worker
+from alwayson.runtime.api import add_timer, answer_approval, ingest, request_approval, run_scheduler
+from alwayson.runtime.worker import Worker
 from inbox import clock
 from inbox.models import Event
 from tests.test_admin import timer_form

@@ -14,7 +14,11 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from alwayson.api import (
+from alwayson.claude.models import ModelCall, ToolResult
+from alwayson.egress.models import EgressCall
+from alwayson.ops.models import Process
+from alwayson.ops.retention import prune, would_prune
+from alwayson.runtime.api import (
     acquire,
     add_timer,
     answer_approval,
@@ -24,8 +28,7 @@ from alwayson.api import (
     request_approval,
     run_scheduler,
 )
-from alwayson.models import EgressCall, ModelCall, PasswordResetRequest, Process, ToolResult
-from alwayson.retention import prune, would_prune
+from alwayson.web.models import PasswordResetRequest
 from approvals.models import Approval, AuditEntry
 from inbox.models import Event, Session
 from outbox.models import Notice, OutboxMessage
@@ -435,7 +438,7 @@ def test_a_bad_batch_size_is_refused(t0):
 def test_the_systemd_timer_runs_the_prune_command_daily():
     import shlex
 
-    from alwayson.production import SCHEDULED
+    from alwayson.ops.processes import SCHEDULED
     from tests.test_deploy import UNITS, normalized, unit_values
 
     service, timer = UNITS / "alwayson-prune.service", UNITS / "alwayson-prune.timer"

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection, transaction
 
-from alwayson.retention import prune, rules
+from alwayson.ops.retention import prune, rules
 from inbox import clock
 from inbox.models import Event
 from inbox.services import ingest

@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.api import acquire, claim_batch, finish, ingest
-from alwayson.runtime import LeaseLost, Run, load_agent
-from alwayson.worker import Heartbeat, Worker
+from alwayson.runtime.api import acquire, claim_batch, finish, ingest
+from alwayson.runtime.run import LeaseLost, Run, load_agent
+from alwayson.runtime.worker import Heartbeat, Worker
 from approvals.models import Approval
 from inbox.clock import database_now
 from inbox.models import Event, Lease, Session
@@ -528,9 +528,9 @@ def test_heartbeat_beats_four_times_per_ttl(settings):
     "path",
     [
         "no.such.module.agent",
-        "alwayson.refund_desk.no_such_agent",
+        "alwayson.demo.refund_desk.no_such_agent",
         "not-a-dotted-path",
-        "alwayson.refund_desk.APPROVAL_WINDOW",  # importable, not callable
+        "alwayson.demo.refund_desk.APPROVAL_WINDOW",  # importable, not callable
     ],
 )
 def test_load_agent_with_a_bad_path_raises_value_error(path):
@@ -543,4 +543,4 @@ def test_load_agent_defaults_to_the_setting(settings):
     from tests.agents import worker_echo_agent
 
     assert load_agent() is worker_echo_agent
-    assert load_agent("alwayson.refund_desk.agent").__name__ == "agent"
+    assert load_agent("alwayson.demo.refund_desk.agent").__name__ == "agent"

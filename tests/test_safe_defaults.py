@@ -17,7 +17,7 @@ from django.contrib.auth import SESSION_KEY
 from django.test import Client
 from django.urls import path
 
-from alwayson.models import PasswordResetRequest
+from alwayson.web.models import PasswordResetRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 

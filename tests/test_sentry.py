@@ -21,8 +21,8 @@ from django.test import Client
 from django.urls import path
 
 from alwayson import urls as project_urls
-from alwayson.egress import check_services
-from alwayson.sentry import FILTERED, init_sentry
+from alwayson.egress.gateway import check_services
+from alwayson.ops.sentry import FILTERED, init_sentry
 from tests.loopback import Loopback
 from tests.test_logs_alerts import claim, out_of_attempts
 

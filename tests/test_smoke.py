@@ -1,6 +1,6 @@
 import pytest
 
-from alwayson.api import acquire, claim_batch, finish, ingest
+from alwayson.runtime.api import acquire, claim_batch, finish, ingest
 
 
 @pytest.mark.django_db

@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from alwayson.api import Say, acquire, claim_batch, finish, ingest
-from alwayson.models import AgentConfig
-from alwayson.worker import Worker
+from alwayson.runtime.api import Say, acquire, claim_batch, finish, ingest
+from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.worker import Worker
 from inbox.models import Event, Lease, Session
 from inbox.services import SaveState, finish_and_take, take_next
 from outbox.models import OutboxMessage

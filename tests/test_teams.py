@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
 
-from alwayson.views import READ_ONLY
+from alwayson.web.views import READ_ONLY
 from approvals.models import Approval, AuditEntry
 from approvals.services import MayNotAnswer, answer_approval
 from approvals.views import REFUSED

@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
-from alwayson.api import add_timer, run_scheduler
+from alwayson.runtime.api import add_timer, run_scheduler
 from inbox.models import Event
 from inbox.signals import event_stored
 from timers.models import Timer

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.api import add_timer, run_scheduler
+from alwayson.runtime.api import add_timer, run_scheduler
 from inbox.models import Event
 from timers.models import Timer
 

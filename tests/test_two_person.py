@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from django.test import Client
 
-from alwayson.api import answer_approval, finish, request_approval, run_scheduler
-from alwayson.runtime import Run
+from alwayson.runtime.api import answer_approval, finish, request_approval, run_scheduler
+from alwayson.runtime.run import Run
 from approvals.models import Approval, AuditEntry
 from approvals.services import WAITING, Ask
 from inbox.models import Event, Membership, Role

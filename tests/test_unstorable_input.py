@@ -2,7 +2,7 @@
 
 PostgreSQL's text cannot hold U+0000 and psycopg refuses it before sending, so every lookup
 that carried one used to answer 500 there (SQLite answered 404). One middleware
-(`alwayson.middleware.RefuseUnstorableInput`, first in MIDDLEWARE) turns such a request away
+(`alwayson.web.middleware.RefuseUnstorableInput`, first in MIDDLEWARE) turns such a request away
 before any view, session or admin lookup runs: 404 for the path, 400 with the reason for the
 rest. Each test asserts the answer and that no query was issued, so it means the same on SQLite,
 where the old lookups answered 404 but still carried the NUL to the database.

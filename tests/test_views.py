@@ -12,8 +12,8 @@ from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from alwayson import refund_desk
-from alwayson.worker import Worker
+from alwayson.demo import refund_desk
+from alwayson.runtime.worker import Worker
 from approvals.models import Approval, AuditEntry
 from approvals.services import request_approval
 from inbox import clock

@@ -14,14 +14,14 @@ from io import StringIO
 from types import SimpleNamespace
 
 import pytest
+from alwayson.management import loop as loop_module
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError
 from django.utils import timezone
 
-from alwayson.api import acquire, claim_batch, ingest
-from alwayson.management import loop as loop_module
-from alwayson.management.loop import LoopCommand
-from alwayson.worker import Worker, WorkerPool
+from alwayson.runtime.api import acquire, claim_batch, ingest
+from alwayson.runtime.loop import LoopCommand
+from alwayson.runtime.worker import Worker, WorkerPool
 from approvals.models import Approval
 from inbox.models import Event, Lease, Session
 from inbox.services import mark_dead
@@ -326,7 +326,7 @@ BAD_FLAGS = [
     (["--interval", "-1"], "interval"),
     (["--max-runs", "0"], "--max-runs"),
     (["--agent", "no.such.module.agent"], "cannot import"),
-    (["--agent", "alwayson.refund_desk.APPROVAL_WINDOW"], "not callable"),
+    (["--agent", "alwayson.demo.refund_desk.APPROVAL_WINDOW"], "not callable"),
 ]
 
 

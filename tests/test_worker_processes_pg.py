@@ -22,7 +22,7 @@ from urllib.parse import quote
 import pytest
 from django.db import connection, transaction
 
-from alwayson.models import Refund
+from alwayson.demo.models import Refund
 from inbox import clock
 from inbox.models import Event, Inbox, Lease
 from inbox.services import WORK_CHANNEL, acquire, acquire_next, claim_batch, finish, ingest

@@ -21,10 +21,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
+from alwayson.claude.models import ModelCall
 from inbox import clock
 from inbox.clock import day_start
-
-from ..models import ModelCall
 
 log = logging.getLogger("alwayson.claude")
 

@@ -26,14 +26,22 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from alwayson.claude import client, transcript
+from alwayson.claude.models import ToolResult
+from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.policy import ALLOW, ASK, DENY, check_policy, decide
+from alwayson.runtime.tools import (
+    BUILTINS,
+    SCHEDULE,
+    SEND_MESSAGE,
+    Tool,
+    ToolCall,
+    ToolError,
+    offered_tools,
+)
 from approvals.models import APPROVAL_SOURCE, approval_url
 from inbox import clock
 from inbox.services import retry_delay
-
-from ..models import AgentConfig, ToolResult
-from . import client, transcript
-from .policy import ALLOW, ASK, DENY, check_policy, decide
-from .tools import BUILTINS, SCHEDULE, SEND_MESSAGE, Tool, ToolCall, ToolError, offered_tools
 
 # The agent's part of the inbox's session state (Run.state).
 STATE_KEY = "claude"

@@ -1,0 +1,161 @@
+"""What the Claude agent paid for and ran, and each inbox's agent configuration."""
+
+from django.conf import settings
+from django.contrib import admin
+from django.db.models import OuterRef, Subquery, Sum
+from django.urls import reverse
+from django.utils.html import format_html
+
+from alwayson.runtime.models import AgentConfig
+from inbox import clock
+from inbox.admin import MachineryAdmin, pretty_json
+from inbox.clock import day_start
+
+from .models import TOTAL_TOKENS, ModelCall, ToolResult
+
+
+@admin.register(AgentConfig)
+class AgentConfigAdmin(admin.ModelAdmin):
+    """Which agent each inbox runs and how: edited here, checked by AgentConfig.clean() (an
+    agent that cannot be loaded, an unknown tool, a malformed policy are refused with the
+    reason). The worker reads it at the start of every run."""
+
+    list_display = ("inbox", "agent_shown", "model_shown", "daily_token_budget", "tokens_today")
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug", "agent", "model")
+    search_help_text = "the exact inbox slug, the agent or the model (contains)"
+    autocomplete_fields = ("inbox",)
+    ordering = ("inbox__slug",)
+    readonly_fields = ("updated", "tokens_today")
+    fields = (
+        "inbox",
+        "agent",
+        "model",
+        "system_prompt",
+        "tools",
+        "policy",
+        "daily_token_budget",
+        "approval_window",
+        "tokens_today",
+        "updated",
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        return (*self.readonly_fields, "inbox") if obj else self.readonly_fields
+
+    def get_queryset(self, request):
+        # Today's tokens in the same query as the rows, not one query per row.
+        spent = (
+            ModelCall.objects.filter(
+                inbox_id=OuterRef("inbox_id"), created__gte=day_start(clock.database_now())
+            )
+            .values("inbox_id")
+            .annotate(total=Sum(TOTAL_TOKENS))
+            .values("total")
+        )
+        return super().get_queryset(request).annotate(spent_today=Subquery(spent))
+
+    @admin.display(description="agent")
+    def agent_shown(self, obj):
+        return obj.agent or f"{settings.ALWAYSON_AGENT} (default)"
+
+    @admin.display(description="model")
+    def model_shown(self, obj):
+        return obj.model or f"{settings.ALWAYSON_CLAUDE_MODEL} (default)"
+
+    @admin.display(description="tokens today (UTC)")
+    def tokens_today(self, obj):
+        return getattr(obj, "spent_today", None) or 0
+
+
+@admin.register(ModelCall)
+class ModelCallAdmin(MachineryAdmin):
+    """Every answer of the Messages API: its usage, and the cache a retried run reads."""
+
+    list_display = (
+        "created",
+        "inbox",
+        "run",
+        "model",
+        "stop_reason",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "total",
+    )
+    list_filter = ("inbox", "model")
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug", "=request_key")
+    search_help_text = "the exact inbox slug or request key"
+    date_hierarchy = "created"
+    ordering = ("-id",)
+    fields = (
+        "inbox",
+        "generation",
+        "model",
+        "stop_reason",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "created",
+        "request_key",
+        "response_pretty",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="run (generation)", ordering="generation")
+    def run(self, obj):
+        url = reverse(f"{self.admin_site.name}:{self.opts.app_label}_modelcall_changelist")
+        return format_html(
+            '<a href="{}?inbox__id__exact={}&amp;generation={}">{}</a>',
+            url,
+            obj.inbox_id,
+            obj.generation,
+            obj.generation,
+        )
+
+    @admin.display(description="total tokens")
+    def total(self, obj):
+        return obj.total_tokens
+
+    @admin.display(description="response")
+    def response_pretty(self, obj):
+        return pretty_json(obj.response)
+
+    def lookup_allowed(self, lookup, value, request=None):
+        # The "run" link filters one inbox's calls by generation.
+        return lookup == "generation" or super().lookup_allowed(lookup, value, request)
+
+
+@admin.register(ToolResult)
+class ToolResultAdmin(MachineryAdmin):
+    """Every application tool call the Claude agent ran, under its idempotency key."""
+
+    list_display = ("created", "inbox", "tool", "approved", "generation", "idempotency_key")
+    list_filter = ("tool", "approved", "inbox")
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug", "idempotency_key")
+    search_help_text = "the exact inbox slug, or the idempotency key (contains)"
+    date_hierarchy = "created"
+    ordering = ("-id",)
+    fields = (
+        "inbox",
+        "tool",
+        "approved",
+        "generation",
+        "idempotency_key",
+        "created",
+        "arguments_pretty",
+        "result_pretty",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="arguments")
+    def arguments_pretty(self, obj):
+        return pretty_json(obj.arguments)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj):
+        return pretty_json(obj.result)

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class DemoConfig(AppConfig):
+    """The refund desk: an example agent with a stand-in payments ledger. A project of its
+    own deletes this app (and its settings line) and keeps the rest."""
+
+    name = "alwayson.demo"
+    label = "alwayson_demo"
+    verbose_name = "Demo: the refund desk (example payments system)"

@@ -1,0 +1,132 @@
+"""Log lines: text or JSON (ALWAYSON_LOG_FORMAT), each tagged with the run it was logged in.
+
+The worker opens a run context around each run (`run_context`); every line logged in it,
+by alwayson or by the agent, carries the run's id, inbox and generation, so the lines of one
+run can be picked out of a busy worker's output. The context is a contextvar: each of a
+pool's slots (threads) has its own.
+"""
+
+import contextvars
+import json
+import logging
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+FORMATS = ("text", "json")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    run_id: str
+    inbox_id: int | None
+    generation: int | None
+
+
+_current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "alwayson_run", default=None
+)
+
+
+@contextmanager
+def run_context(inbox_id=None, generation=None):
+    """The run's context for everything logged inside the block: a fresh run id. The
+    worker opens it before its claim (what the claim logs belongs to the run) and names the
+    inbox and generation with bind_run once the claim has taken them."""
+    token = _current_run.set(RunContext(uuid.uuid4().hex[:12], inbox_id, generation))
+    try:
+        yield _current_run.get()
+    finally:
+        _current_run.reset(token)
+
+
+def bind_run(inbox_id, generation):
+    """Name the open run's inbox and generation; its run id stays."""
+    run = _current_run.get()
+    if run is not None:
+        _current_run.set(replace(run, inbox_id=inbox_id, generation=generation))
+
+
+class RunContextFilter(logging.Filter):
+    """Adds the current run (run_id, inbox_id, generation; None outside a run) to records.
+
+    On the handler, not a logger: a handler's filters see the records of every logger that
+    reaches it. A field the call passed in `extra` is kept.
+    """
+
+    def filter(self, record):
+        run = _current_run.get()
+        for name in ("run_id", "inbox_id", "generation"):
+            if not hasattr(record, name):
+                setattr(record, name, getattr(run, name) if run else None)
+        record.run_tag = f" [run {record.run_id}]" if record.run_id else ""
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """The plain line, with ` [run <id>]` after the logger's name inside a run."""
+
+    def __init__(self):
+        super().__init__("%(asctime)s %(levelname)s %(name)s%(run_tag)s %(message)s")
+
+    def format(self, record):
+        if not hasattr(record, "run_tag"):
+            record.run_tag = ""  # a handler without the filter
+        return super().format(record)
+
+
+# What every LogRecord has; anything else on a record came from `extra` or a filter.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "run_tag"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, the extra
+    fields, and the traceback as `exc_info` when there is one."""
+
+    def format(self, record):
+        line = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name, value in vars(record).items():
+            if name not in _STANDARD and name not in line:
+                line[name] = value
+        if record.exc_info:
+            line["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            line["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(line, default=str)
+
+
+def logging_config(log_format: str) -> dict:
+    """The LOGGING setting for `log_format` (text or json): alwayson's loggers to stderr."""
+    if log_format not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {log_format!r}")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {
+            "text": {"()": "alwayson.ops.logs.TextFormatter"},
+            "json": {"()": "alwayson.ops.logs.JsonFormatter"},
+        },
+        "filters": {"run": {"()": "alwayson.ops.logs.RunContextFilter"}},
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": log_format,
+                "filters": ["run"],
+            }
+        },
+        "loggers": {
+            # The loop commands set this logger's level from --verbosity (management/loop.py);
+            # the format stays the handler's.
+            "alwayson": {"handlers": ["console"], "level": "INFO", "propagate": False},
+            # httpx logs each request's full URL at INFO, and an egress service's credential
+            # may be a query parameter: the gateway logs its calls itself, without it.
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
+        },
+    }

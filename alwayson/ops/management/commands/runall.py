@@ -1,0 +1,169 @@
+"""Run the whole product in one terminal: web server, worker, scheduler and dispatcher.
+
+Each runs as its own process, as in production; this command supervises them. Ctrl-C (or
+SIGTERM) asks each to stop gracefully; a second one kills them. If one dies, the others are
+stopped and the command fails, rather than leaving a product that silently does half its job.
+
+By default it is the development and demo entry point (runserver, a demo login). With
+`--production` it runs the release steps and then the production process set of
+alwayson/production.py (gunicorn instead of runserver), the commands deploy/ runs.
+"""
+
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from alwayson.demo import refund_desk
+from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
+from inbox.models import Inbox
+from outbox.models import Channel
+
+DEFAULT_ADDR = "127.0.0.1:8000"
+DEMO_USER = "demo"
+DEMO_INBOX = "demo-desk"
+STOP_GRACE = 15
+
+
+class Command(BaseCommand):
+    help = (
+        "Migrate, create the demo login, and run the web server, worker, scheduler and dispatcher."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--addr",
+            default=None,
+            help=f"web server address:port (default {DEFAULT_ADDR}; with --production, "
+            "ALWAYSON_WEB_BIND or that)",
+        )
+        parser.add_argument("--no-demo", action="store_true", help="don't create the demo login")
+        parser.add_argument("--concurrency", type=int, default=None, help="worker slots (2)")
+        parser.add_argument(
+            "--production",
+            action="store_true",
+            help="gunicorn and the production process set (alwayson/production.py); "
+            "needs DEBUG off; no demo login",
+        )
+
+    def handle(self, *args, addr, no_demo, concurrency, production, verbosity, **options):
+        # Checked before migrate and the demo login: a typo must not half-start anything.
+        if concurrency is not None and concurrency < 1:
+            raise CommandError(f"--concurrency must be at least 1, not {concurrency}")
+        if addr is not None:
+            if not re.fullmatch(r"(\S+:)?\d+", addr):
+                raise CommandError(f"--addr must be [address:]port like 0.0.0.0:8000, not {addr!r}")
+            addr = addr if ":" in addr else f"127.0.0.1:{addr}"
+        if production:
+            commands, env, addr = self.production_set(addr, concurrency)
+        else:
+            commands, env, addr = self.development_set(addr or DEFAULT_ADDR, no_demo, concurrency)
+        if settings.ALWAYSON_EGRESS_PORT:
+            # Out-of-process agents reach their services through it (alwayson/egress.py).
+            commands["egress"] = [sys.executable, str(settings.BASE_DIR / "manage.py"), "runegress"]
+        supervisor = Supervisor(commands, env)
+        signal.signal(signal.SIGINT, supervisor.on_signal)
+        signal.signal(signal.SIGTERM, supervisor.on_signal)
+        self.stdout.write(f"alwayson is running at http://{addr}/ (Ctrl-C stops everything)")
+        failed = supervisor.wait()
+        if failed:
+            raise CommandError(f"{failed} stopped unexpectedly; stopped the others")
+        self.stdout.write("alwayson stopped")
+
+    def development_set(self, addr, no_demo, concurrency):
+        call_command("migrate", verbosity=0)
+        if not no_demo:
+            self.create_demo(addr)
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        commands = {
+            "web": [*manage, "runserver", "--noreload", addr],
+            "worker": [*manage, "runworker", "--concurrency", str(concurrency or 2)],
+            "scheduler": [*manage, "runscheduler"],
+            "dispatcher": [*manage, "rundispatcher"],
+        }
+        # The agent's links must point where this server listens, unless configured.
+        return commands, {"ALWAYSON_SITE_URL": f"http://{addr}", **os.environ}, addr
+
+    def production_set(self, addr, concurrency):
+        if settings.DEBUG:
+            raise CommandError("--production needs DEBUG=false (and a SECRET_KEY)")
+        if concurrency is not None:
+            raise CommandError(
+                "--concurrency is for development; --production runs alwayson/production.py"
+            )
+        env = dict(os.environ)
+        if addr:
+            env["ALWAYSON_WEB_BIND"] = addr
+        for name, command in RELEASE.items():
+            self.stdout.write(f"{name}: {shlex.join(command)}")
+            done = subprocess.run(local_argv(command, settings.BASE_DIR), env=env, check=False)
+            if done.returncode:
+                raise CommandError(f"{name} failed (exit {done.returncode}); nothing started")
+        commands = {
+            name: local_argv(command, settings.BASE_DIR) for name, command in PROCESSES.items()
+        }
+        return commands, env, env.get("ALWAYSON_WEB_BIND", DEFAULT_ADDR)
+
+    def create_demo(self, addr):
+        password = secrets.token_urlsafe(9)
+        user, _ = get_user_model().objects.get_or_create(
+            username=DEMO_USER, defaults={"email": "demo@example.com"}
+        )
+        user.is_staff = user.is_superuser = True
+        user.set_password(password)
+        user.save()
+        inbox, created = Inbox.objects.get_or_create(
+            slug=DEMO_INBOX, defaults={"owner": user, "name": "Refund desk"}
+        )
+        Channel.objects.get_or_create(inbox=inbox)
+        if created:
+            tomorrow = datetime.now(UTC).replace(hour=9, minute=0, second=0, microsecond=0)
+            refund_desk.install(inbox, tomorrow + timedelta(days=1))
+        self.stdout.write(
+            f"Demo login: {DEMO_USER} / {password}  at http://{addr}/accounts/login/\n"
+            f"Post 'refund order 881' at http://{addr}/inbox/{DEMO_INBOX}/"
+        )
+
+
+class Supervisor:
+    """Child processes that live and stop together."""
+
+    def __init__(self, commands, env):
+        self.children = {
+            name: subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR)
+            for name, argv in commands.items()
+        }
+        self.stop_started = None
+
+    def running(self):
+        return [child for child in self.children.values() if child.poll() is None]
+
+    def on_signal(self, signum=None, frame=None):
+        # First request: each child stops gracefully. A second, or the grace running out: kill.
+        escalate = self.stop_started is not None
+        self.stop_started = self.stop_started or time.monotonic()
+        for child in self.running():
+            child.send_signal(signal.SIGKILL if escalate else signal.SIGTERM)
+
+    def wait(self) -> str | None:
+        """Until every child has exited; the name of one that died on its own, if any."""
+        failed = None
+        while self.running():
+            if self.stop_started is None:
+                failed = next((n for n, c in self.children.items() if c.poll() is not None), None)
+                if failed:
+                    self.on_signal()
+            elif time.monotonic() - self.stop_started > STOP_GRACE:
+                self.on_signal()
+            time.sleep(0.2)
+        return failed

@@ -1,0 +1,25 @@
+"""The article's operations in one import: `from alwayson.runtime.api import ingest, acquire, ...`.
+
+Each lives in the app that owns its tables; this module only gathers them.
+"""
+
+from approvals.services import answer_approval, request_approval
+from inbox.services import acquire, claim_batch, finish, ingest, ingest_many
+from outbox.services import Say, dispatch, dispatch_inbox, dispatch_notices
+from timers.services import add_timer, run_scheduler
+
+__all__ = [
+    "Say",
+    "acquire",
+    "add_timer",
+    "answer_approval",
+    "claim_batch",
+    "dispatch",
+    "dispatch_inbox",
+    "dispatch_notices",
+    "finish",
+    "ingest",
+    "ingest_many",
+    "request_approval",
+    "run_scheduler",
+]

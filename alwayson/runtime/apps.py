@@ -1,0 +1,19 @@
+from django.apps import AppConfig
+
+
+class RuntimeConfig(AppConfig):
+    name = "alwayson.runtime"
+    # The label the project's first app had: existing deployments keep their migration
+    # history (django_migrations rows under "alwayson") and AgentConfig's table.
+    label = "alwayson"
+    verbose_name = "alwayson runtime"
+
+    def ready(self):
+        from inbox.services import CLAIM_EXTRAS
+
+        from .models import AgentConfig
+
+        # Which agent runs the inbox, read with the worker's take (Agents.for_inbox).
+        CLAIM_EXTRAS["agent"] = (
+            f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = t.inbox_id"
+        )

@@ -1,0 +1,56 @@
+import logging
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import CommandError
+
+from alwayson.runtime.loop import LoopCommand
+from alwayson.runtime.worker import WorkerPool
+
+log = logging.getLogger("alwayson.worker")
+
+
+class Command(LoopCommand):
+    help = "Run the agent for inboxes with work: acquire, claim, run, finish, release."
+    role = "alwayson-worker"
+
+    def add_arguments(self, parser):
+        super().add_arguments(parser)
+        parser.add_argument(
+            "--concurrency", type=int, default=1, help="slots (threads) per process"
+        )
+        parser.add_argument("--max-runs", type=int, default=None, help="exit after this many runs")
+        parser.add_argument("--agent", default=None, help="dotted path; default ALWAYSON_AGENT")
+
+    def handle(
+        self, *args, once, interval, worker_id, concurrency, max_runs, agent, verbosity, **kw
+    ):
+        from alwayson.runtime.run import load_agent
+
+        self.check_interval(interval)
+        self.check_positive("concurrency", concurrency)
+        self.check_positive("max-runs", max_runs)
+        worker_id = self.worker_id(worker_id)
+        try:
+            # Before configure(), which reopens the connection: a bad flag touches nothing.
+            default_agent = load_agent(agent, field="--agent" if agent else "ALWAYSON_AGENT")
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.configure(verbosity, worker_id)
+        try:
+            pool = WorkerPool(
+                worker_id=worker_id,
+                agent=default_agent,
+                concurrency=concurrency,
+                interval=interval,
+                once=once,
+                max_runs=max_runs,
+            )
+            # A missing API key or a broken tool module stops the worker here, once, with
+            # its reason, instead of failing every run.
+            pool.worker.agents.preflight()
+        except (ValueError, ImproperlyConfigured) as exc:
+            raise CommandError(str(exc)) from None
+        self.install_signals(pool.request_stop)
+        log.info("worker %s: %s slot(s), interval %.2fs", worker_id, concurrency, interval)
+        runs = pool.run()
+        log.info("worker %s: stopped after %s run(s)", worker_id, runs)

@@ -1,0 +1,254 @@
+"""The interface an agent is written against: one Run per claimed batch of one inbox.
+
+An agent is a callable `agent(run)`, named by the ALWAYSON_AGENT setting. It reads
+`run.events` and `run.state`, and acts through the verbs below. Nothing a verb records is
+written until the run's fenced finish commits it; a run that raises, or loses its lease,
+leaves no trace but the attempt it was counted at claim.
+
+The three ways a run ends (the article's): a message goes out (`say`), nothing goes out,
+or a deferred tool call asks the user (`ask`). A fourth gives the batch back untouched
+(`defer`): the run could not do its work yet, through no fault of its events.
+"""
+
+import copy
+import hashlib
+import logging
+import threading
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import DatabaseError
+from django.utils.module_loading import import_string
+
+from approvals.services import Ask
+from inbox import store
+from inbox.models import Event, Inbox
+from inbox.services import Defer, SaveState, renew
+from outbox.services import Say
+from timers.services import Schedule
+
+log = logging.getLogger("alwayson.worker")
+
+
+class LeaseLost(Exception):
+    """The run was fenced off: its lease lapsed and another worker may own the inbox now.
+    Stop before doing more; the finish of this run would be refused anyway."""
+
+
+class Run:
+    def __init__(self, inbox: Inbox, holder: str, generation: int, events: list[Event], state):
+        self.inbox = inbox
+        self.holder = holder
+        self.generation = generation
+        self.events = list(events)
+        # The agent may mutate or replace it; the finish saves whatever it is then, unless it
+        # is still what the claim read (no write for a run that left the state alone).
+        self._claimed_state = state
+        self.state = copy.deepcopy(state) if state is not None else {}
+        self._effects = []
+        self._lost = threading.Event()
+        self._http = None
+        self.said = 0
+        self.asked = 0
+        self.deferred: Defer | None = None
+
+    def __repr__(self):
+        return f"<Run {self.inbox.slug} gen {self.generation} events {len(self.events)}>"
+
+    # --- verbs ----------------------------------------------------------------------------
+
+    def say(self, text: str, urgent: bool = False):
+        """An outbox message. Urgent ones go out at once, past the gap."""
+        self._effects.append(Say(self.inbox.pk, text, urgent=bool(urgent)))
+        self.said += 1
+
+    def ask(
+        self,
+        request_id: str,
+        action: str,
+        expires_in,
+        details: dict | None = None,
+        approvers: int = 1,
+    ):
+        """A deferred approval: its answer or expiry comes back as ("approval", request_id).
+
+        `details` ({"tool", "arguments", "asked_by", "context"}) are shown on the approval
+        page, so the person sees exactly what they approve. With approvers=2 it needs a "yes"
+        from two different people.
+        """
+        self._effects.append(
+            Ask(
+                self.inbox.pk,
+                request_id,
+                action,
+                expires_in,
+                details=details or {},
+                approvers=approvers,
+            )
+        )
+        self.asked += 1
+
+    def schedule(
+        self,
+        key: str,
+        due: datetime | None = None,
+        *,
+        delay: timedelta | float | None = None,
+        every: int | None = None,
+        payload: dict | None = None,
+        cron: str | None = None,
+        timezone: str = "UTC",
+    ):
+        """A one-off or recurring timer, at `due` or `delay` after the run finishes, or on a
+        `cron` schedule read in `timezone`."""
+        self._effects.append(
+            Schedule(
+                self.inbox.pk,
+                key,
+                due=due,
+                delay=delay,
+                every=every,
+                payload=payload or {},
+                cron=cron,
+                timezone=timezone,
+            )
+        )
+
+    def defer(self, reason: str, *, until: datetime | None = None, delay=None):
+        """Give the batch back untouched, to be claimed again at `until` (or `delay` after the
+        finish), without counting the attempt: for a run that cannot do its work yet through
+        no fault of its events (a spent budget, a service that is down).
+
+        What the verbs recorded before this call is dropped; verbs called after it (a notice
+        to the owner) and the session state commit with the deferral.
+        """
+        self.deferred = Defer(reason, until=until, delay=delay)
+        self._effects = []
+        self.said = self.asked = 0
+
+    def key(self, name: str, event: Event | None = None) -> str:
+        """An idempotency key for an external call, the same on every retry.
+
+        Derived from the events, never from the attempt or the generation, so a retry after
+        a takeover passes the same key and the receiving system can refuse the repeat. Pass
+        the `event` the call is about: a retried event is claimed alone, and a key from one
+        event survives that re-batching, where a key from the whole batch would not.
+        """
+        events = [event] if event is not None else self.events
+        basis = "\n".join(
+            [str(self.inbox.pk), name, *sorted(f"{e.source}\x1f{e.source_id}" for e in events)]
+        )
+        return f"{name}-{hashlib.sha256(basis.encode()).hexdigest()[:32]}"
+
+    @property
+    def http(self):
+        """Outbound HTTP through the egress gateway (alwayson/egress.py): name a service and
+        a path; the gateway checks the allowlist and adds the credential this run never sees.
+        """
+        if self._http is None:
+            from alwayson.egress.gateway import Egress
+
+            self._http = Egress(self.inbox)
+        return self._http
+
+    def renew(self):
+        """Renew the lease between steps; LeaseLost if this run has been fenced off."""
+        if self._lost.is_set() or not renew(self.inbox.pk, self.holder, self.generation):
+            self._lost.set()
+            raise LeaseLost(f"lease of {self.inbox.slug} lost (generation {self.generation})")
+
+    # --- for the worker -------------------------------------------------------------------
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def mark_lost(self):
+        self._lost.set()
+
+    @property
+    def outcome(self) -> str:
+        if self.deferred is not None:
+            return f"deferred: {self.deferred.reason.splitlines()[0]}"
+        if self.asked:
+            return f"asked {self.asked}" + (f", said {self.said}" if self.said else "")
+        return f"said {self.said}" if self.said else "quiet"
+
+    def effects(self) -> list:
+        if self._claimed_state is not None and self.state == self._claimed_state:
+            return list(self._effects)
+        return [*self._effects, SaveState(self.inbox.pk, self.state)]
+
+
+def load_agent(path: str | None = None, field: str = "ALWAYSON_AGENT"):
+    path = path or settings.ALWAYSON_AGENT
+    try:
+        agent = import_string(path)
+    except (ImportError, ValueError) as exc:  # ValueError: an empty module name (".x")
+        raise ValueError(f"{field}: cannot import {path!r}: {exc}") from None
+    if not callable(agent):
+        raise ValueError(f"{field}: {path!r} is not callable")
+    return agent
+
+
+class Agents:
+    """Which agent runs an inbox: its AgentConfig's, or the default (ALWAYSON_AGENT, or the
+    one a Worker was given). Loaded once per dotted path."""
+
+    def __init__(self, default=None):
+        self.default = default or load_agent()
+        self._loaded = {}
+
+    def for_inbox(self, inbox, extras=None):
+        """The inbox's agent: from `extras` (a Claim's, which read it with the take), or
+        read now."""
+        from alwayson.runtime.models import AgentConfig
+
+        if extras is not None and "agent" in extras:
+            row = (extras["agent"],)
+        else:
+            # Read on every run, so an edit in the admin applies from the next run, in every
+            # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
+            # than the lookup itself on a run that does nothing else.
+            with store.prepared_cursor() as cursor:
+                cursor.execute(
+                    f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
+                    [inbox.pk],
+                )
+                row = cursor.fetchone()
+        path = row[0] if row else None
+        if not path:
+            return self.default
+        if path not in self._loaded:
+            self._loaded[path] = load_agent(path, field=f"agent of inbox {inbox.slug}")
+        return self._loaded[path]
+
+    def in_use(self) -> list:
+        """The default agent and every agent an inbox names, each once."""
+        from alwayson.runtime.models import AgentConfig
+
+        paths = AgentConfig.objects.exclude(agent="").values_list("agent", flat=True).distinct()
+        agents = [self.default]
+        for path in sorted(paths):
+            agent = self._loaded.get(path) or load_agent(path, field=f"an inbox's agent {path}")
+            self._loaded[path] = agent
+            if agent not in agents:
+                agents.append(agent)
+        return agents
+
+    def preflight(self):
+        """Each agent in use may check its configuration once, at worker start-up, through a
+        `preflight()` attribute (the Claude agent checks its API key there); its error stops
+        the worker with that message instead of failing every run.
+
+        A worker starting during a database outage checks the default agent only, and waits
+        for the database like any loop, instead of exiting."""
+        try:
+            agents = self.in_use()
+        except DatabaseError:
+            log.warning("database unavailable at start-up: checked the default agent only")
+            agents = [self.default]
+        for agent in agents:
+            check = getattr(agent, "preflight", None)
+            if callable(check):
+                check()

@@ -1,0 +1,199 @@
+"""The application's tools: Python functions with a JSON Schema input, registered by `@tool`.
+
+    from alwayson.claude import tool, ToolError
+
+    @tool(
+        input_schema={
+            "type": "object",
+            "properties": {"order": {"type": "string"}, "amount": {"type": "number"}},
+            "required": ["order", "amount"],
+        },
+        action="refund order {order} ({amount} EUR)",
+    )
+    def refund(call, order, amount):
+        "Refund an order, in full or in part."
+        payments.refund(order, idempotency_key=call.idempotency_key)
+        return f"refunded {amount} EUR on order {order}"
+
+The modules named by ALWAYSON_CLAUDE_TOOLS are imported when a Claude agent needs its tools;
+each `@tool` in them registers one tool. A tool receives a `ToolCall` first (its
+`idempotency_key` is the same on every retry of the same call) and the model's arguments as
+keywords, already checked against the schema. It returns text or JSON for the model. Raising
+`ToolError` gives the model an error result; any other exception fails the run, which is
+retried with backoff, the idempotency key making the repeat safe.
+"""
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+
+from django.conf import settings
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+# The Messages API's rule for tool names.
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+class ToolError(Exception):
+    """Raised by a tool: the model gets the message as an error result and carries on."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: dict
+    function: Callable
+    module: str
+    action: str = ""  # the approval's wording, formatted with the arguments
+
+    def spec(self) -> dict:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+        }
+
+    def check_input(self, arguments) -> str | None:
+        """The first schema violation of `arguments`, in words; None when they fit."""
+        error = next(iter(Draft202012Validator(self.input_schema).iter_errors(arguments)), None)
+        if error is None:
+            return None
+        where = "/".join(str(part) for part in error.absolute_path)
+        return f"{where}: {error.message}" if where else error.message
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """What a tool knows about its call."""
+
+    run: object  # the Run (alwayson.runtime.run.Run)
+    name: str
+    arguments: dict
+    tool_use_id: str
+    idempotency_key: str
+    approved: bool  # a person approved this call on the approval page
+
+    @property
+    def inbox(self):
+        return self.run.inbox
+
+
+# The built-ins, executed by the agent itself through the Run's verbs.
+SEND_MESSAGE = Tool(
+    name="send_message",
+    description=(
+        "Send a message to the owner of this inbox. This is the only way anything you write "
+        "reaches them; when there is nothing worth telling, send nothing. Messages are held "
+        "and merged, at most one send per hour; urgent ones go out at once."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "minLength": 1, "maxLength": 4000},
+            "urgent": {
+                "type": "boolean",
+                "description": "Only for what the owner must see now.",
+            },
+        },
+        "required": ["text"],
+        "additionalProperties": False,
+    },
+    function=None,
+    module=__name__,
+)
+SCHEDULE = Tool(
+    name="schedule",
+    description=(
+        "Wake yourself up later: after delay_seconds, or on a cron schedule (five fields, "
+        "minute hour day month weekday) read in a time zone. The timer comes back to you as a "
+        "timer event carrying your note. Scheduling the same key again replaces that timer."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "key": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+            "note": {"type": "string", "maxLength": 2000, "description": "What to do then."},
+            "delay_seconds": {"type": "integer", "minimum": 1, "maximum": 366 * 86400},
+            "cron": {"type": "string", "description": "e.g. 0 9 * * 1-5"},
+            "timezone": {"type": "string", "description": "IANA name, e.g. Europe/Berlin"},
+        },
+        "required": ["key", "note"],
+        "additionalProperties": False,
+    },
+    function=None,
+    module=__name__,
+)
+BUILTINS = {SEND_MESSAGE.name: SEND_MESSAGE, SCHEDULE.name: SCHEDULE}
+
+_registry: dict[str, Tool] = {}
+
+
+def tool(function=None, *, input_schema: dict, name=None, description=None, action=""):
+    """Register a function as a tool the model may call (see the module's docstring)."""
+
+    def register(fn):
+        tool_name = name or fn.__name__
+        if not TOOL_NAME.fullmatch(tool_name):
+            raise ValueError(f"tool name {tool_name!r}: letters, digits, _ and - (1 to 64)")
+        if tool_name in BUILTINS:
+            raise ValueError(f"tool name {tool_name!r} is a built-in tool's")
+        check_schema(tool_name, input_schema)
+        text = description or inspect.getdoc(fn)
+        if not text:
+            raise ValueError(f"tool {tool_name!r} needs a description (or a docstring)")
+        registered = Tool(tool_name, text, input_schema, fn, fn.__module__, action)
+        existing = _registry.get(tool_name)
+        if existing and existing.module != registered.module:
+            raise ValueError(f"tool {tool_name!r} is already registered by {existing.module}")
+        _registry[tool_name] = registered
+        return fn
+
+    return register(function) if function is not None else register
+
+
+def check_schema(tool_name, schema):
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise ValueError(f"tool {tool_name!r}: input_schema must be a JSON Schema of an object")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ValueError(f"tool {tool_name!r}: invalid input_schema: {exc.message}") from None
+
+
+def application_tools() -> dict[str, Tool]:
+    """The tools of the ALWAYSON_CLAUDE_TOOLS modules, importing them the first time."""
+    modules = []
+    for path in settings.ALWAYSON_CLAUDE_TOOLS:
+        try:
+            modules.append(import_module(path).__name__)
+        except ImportError as exc:
+            raise ValueError(f"ALWAYSON_CLAUDE_TOOLS: cannot import {path!r}: {exc}") from None
+    return {name: t for name, t in sorted(_registry.items()) if t.module in modules}
+
+
+def check_tool_names(names) -> list | None:
+    """None (every application tool) or a list of registered tool names."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError('tools must be a JSON list of tool names, such as ["refund"], or blank')
+    known = application_tools()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown tool(s) {', '.join(unknown)}; registered by ALWAYSON_CLAUDE_TOOLS: "
+            f"{', '.join(known) or 'none'}"
+        )
+    return names
+
+
+def offered_tools(names) -> dict[str, Tool]:
+    """The tools an agent offers: the built-ins and the chosen application tools."""
+    chosen = application_tools()
+    if names is not None:
+        chosen = {name: chosen[name] for name in check_tool_names(names)}
+    return {**BUILTINS, **chosen}

@@ -1,0 +1,378 @@
+"""The worker: take an inbox with work, claim, run the agent, finish, release.
+
+`Worker.step()` is one unit of work and says whether there was any; tests call it directly.
+`WorkerPool` is the loop around it that `runworker` starts: N slots (threads), a heartbeat
+that renews the leases of running runs, a LISTEN connection on PostgreSQL that wakes idle
+slots, and the signal handling.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+)
+
+from alwayson.ops import metrics
+from alwayson.ops.health import ProcessBeat
+from alwayson.ops.logs import bind_run, run_context
+from alwayson.ops.models import Process
+from alwayson.runtime.loop import OutageBackoff
+from alwayson.runtime.run import Agents, LeaseLost, Run
+from inbox.services import (
+    WORK_CHANNEL,
+    Claim,
+    finish,
+    finish_and_take,
+    lease_ttl,
+    release,
+    renew,
+    take_next,
+)
+
+log = logging.getLogger("alwayson.worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Heartbeat:
+    """Renews the lease of every run in progress, several times per TTL.
+
+    A run whose renewal fails is marked lost: its own `renew()` raises LeaseLost, and its
+    finish will be refused. Four beats per TTL, so one slow or missed beat never costs a
+    healthy run its lease.
+    """
+
+    def __init__(self):
+        self.interval = lease_ttl().total_seconds() / 4
+        self._runs: set[Run] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    def start(self):
+        self._thread.start()
+
+    def stop(self):
+        """After the last run has finished: a stopping pool still beats for runs in flight."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def track(self, run: Run):
+        with self._lock:
+            self._runs.add(run)
+
+    def untrack(self, run: Run):
+        with self._lock:
+            self._runs.discard(run)
+
+    def _tracks(self, run) -> bool:
+        # A run that finished (and gave its lease back) since this beat listed it was not lost.
+        with self._lock:
+            return run in self._runs
+
+    def beat(self):
+        with self._lock:
+            runs = list(self._runs)
+        for run in runs:
+            if run.lost:
+                continue
+            try:
+                if not renew(run.inbox.pk, run.holder, run.generation) and self._tracks(run):
+                    log.warning("lease lost: inbox=%s gen=%s", run.inbox.slug, run.generation)
+                    run.mark_lost()
+            except DatabaseError:
+                log.warning("heartbeat could not reach the database", exc_info=True)
+
+    def _loop(self):
+        try:
+            while not self._stop.wait(self.interval):
+                close_old_connections()
+                self.beat()
+        finally:
+            connection.close()
+
+
+@dataclass
+class StepResult:
+    inbox: str
+    generation: int
+    events: int
+    outcome: str
+    seconds: float
+
+    @property
+    def ran(self) -> bool:
+        """Whether the agent ran: a lease taken whose claim found nothing is not a run."""
+        return self.events > 0
+
+
+class Worker:
+    def __init__(
+        self, worker_id: str | None = None, agent=None, heartbeat: Heartbeat | None = None
+    ):
+        self.worker_id = worker_id or default_worker_id()
+        # `agent` runs every inbox without an agent of its own (default: ALWAYSON_AGENT).
+        self.agents = Agents(agent)
+        self.heartbeat = heartbeat
+        # Whether a run that ended well takes the next inbox in its finish's transaction
+        # (finish_and_take): one commit per run instead of two. Off for a bare Worker, whose
+        # step() is one run and nothing more; WorkerPool turns it on while it is not stopping.
+        self.may_chain = lambda: False
+        # The claim a slot's last finish took, run by its next step (one per slot thread).
+        self._carried = threading.local()
+
+    def carrying(self) -> bool:
+        """Whether this thread's last finish took a claim that no step has run yet."""
+        return getattr(self._carried, "claim", None) is not None
+
+    def step(self) -> StepResult | None:
+        """One run of one inbox, or None when no inbox has claimable work and a free lease.
+
+        Two transactions when all goes well: take_next (lease and claim) and a finish that
+        gives the lease back with the run's outcome.
+        """
+        # Every line logged from the claim to the release carries the run's id, the dead
+        # events the claim parks included (alwayson/logs.py).
+        with run_context():
+            started = time.monotonic()
+            claim, self._carried.claim = getattr(self._carried, "claim", None), None
+            if claim is None:
+                claim = take_next(self.worker_id)
+            if claim is None:
+                return None
+            bind_run(claim.inbox.pk, claim.generation)
+            if not claim.events:
+                # take_next gave the lease back already.
+                return self._result(claim.inbox, claim.generation, 0, "nothing claimable", started)
+            released = False
+            try:
+                result, released = self._run(claim, started)
+                return result
+            finally:
+                if not released:
+                    # Free the inbox at once rather than at TTL: more work may be waiting in it.
+                    release(claim.inbox.pk, self.worker_id, claim.generation)
+
+    def _run(self, claim: Claim, started) -> tuple[StepResult, bool]:
+        """The run and its finish; the result, and whether the finish gave the lease back."""
+        holder, inbox, generation = self.worker_id, claim.inbox, claim.generation
+        run = Run(inbox, holder, generation, claim.events, claim.state)
+        ids = [event.pk for event in claim.events]
+        error = None
+        if self.heartbeat:
+            self.heartbeat.track(run)
+        try:
+            self.agents.for_inbox(inbox, claim.extras)(run)
+        except LeaseLost:
+            return self._result(inbox, generation, len(ids), "fenced", started), False
+        except Exception as exc:
+            error = _describe(exc)
+            log.warning("agent failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
+        finally:
+            if self.heartbeat:
+                self.heartbeat.untrack(run)
+        try:
+            if error is None and run.deferred is None and self.may_chain():
+                finished, self._carried.claim = finish_and_take(
+                    inbox.pk, holder, generation, ids, run.effects()
+                )
+            else:
+                finished = finish(
+                    inbox.pk,
+                    holder,
+                    generation,
+                    ids,
+                    run.effects(),
+                    error=error,
+                    defer=None if error else run.deferred,
+                    release=True,
+                )
+        except (OperationalError, InterfaceError):
+            # The database, not the run, failed: nothing was committed, the events stay
+            # claimed until the lease lapses, and the next claim retries them.
+            raise
+        except Exception as exc:
+            # What the run produced could not be committed (a bad effect): record why on the
+            # events instead, so the failure counts toward their attempts and shows in admin.
+            error = f"finish failed: {_describe(exc)}"
+            log.warning("finish failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
+            finished = finish(inbox.pk, holder, generation, ids, error=error, release=True)
+        if not finished:
+            outcome = "refused"
+        elif error:
+            outcome = f"error: {error.splitlines()[-1]}"
+        else:
+            outcome = run.outcome
+        return self._result(inbox, generation, len(ids), outcome, started), finished
+
+    def _result(self, inbox, generation, count, outcome, started):
+        result = StepResult(inbox.slug, generation, count, outcome, time.monotonic() - started)
+        metrics.record_run(result)
+        log.info(
+            "run inbox=%s gen=%s events=%s outcome=%s duration=%.3fs",
+            result.inbox,
+            result.generation,
+            result.events,
+            result.outcome,
+            result.seconds,
+        )
+        return result
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc, limit=-3)).strip()
+
+
+class WorkerPool:
+    """`runworker`'s loop: slots that drain, then sleep until woken or the interval passes."""
+
+    def __init__(
+        self, worker_id=None, agent=None, concurrency=1, interval=1.0, once=False, max_runs=None
+    ):
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if interval <= 0:
+            raise ValueError(f"interval must be positive, not {interval}")
+        if max_runs is not None and max_runs < 1:
+            raise ValueError(f"max_runs must be at least 1, not {max_runs}")
+        self.stop = threading.Event()
+        self.heartbeat = Heartbeat()
+        self.worker = Worker(worker_id, agent, self.heartbeat)
+        self.worker.may_chain = self._may_chain
+        # This process's own heartbeat (alwayson/health.py), apart from the leases' above.
+        self.process = ProcessBeat(Process.Kind.WORKER, self.worker_id)
+        self.concurrency = concurrency
+        self.interval = interval
+        self.once = once
+        self.max_runs = max_runs
+        self.runs = 0
+        self._runs_lock = threading.Lock()
+        self._wake = threading.Condition()
+        self._pending = 0
+
+    @property
+    def worker_id(self):
+        return self.worker.worker_id
+
+    def wake(self):
+        """Work may have arrived: one idle slot looks. Counted, so a wake-up that lands while
+        every slot is between its poll and its wait is not lost."""
+        with self._wake:
+            self._pending = min(self._pending + 1, self.concurrency)
+            self._wake.notify()
+
+    def request_stop(self):
+        self.stop.set()
+        with self._wake:
+            self._wake.notify_all()
+
+    def _idle(self):
+        """Sleep until woken, stopped, or the interval passes (the polling fallback)."""
+        with self._wake:
+            self._wake.wait_for(lambda: self._pending or self.stop.is_set(), self.interval)
+            if self._pending:
+                self._pending -= 1
+
+    def _may_chain(self) -> bool:
+        # Not once stopping, nor past --max-runs: a claim taken then would be one more run.
+        if self.stop.is_set():
+            return False
+        with self._runs_lock:
+            return self.max_runs is None or self.runs + 1 < self.max_runs
+
+    def _count_run(self) -> bool:
+        """Count a run that ran; True when --max-runs is reached."""
+        self.process.count_run()
+        with self._runs_lock:
+            self.runs += 1
+            return self.max_runs is not None and self.runs >= self.max_runs
+
+    def slot(self):
+        backoff = OutageBackoff()
+        woke = True
+        try:
+            # A claim the last finish took is a run in flight: it runs even after a stop.
+            while not self.stop.is_set() or self.worker.carrying():
+                if woke:
+                    # On each wake, not between the runs of a drain: with health checks on,
+                    # the check is a round trip of its own, and a failed run's connection
+                    # is closed by the except below anyway.
+                    close_old_connections()
+                    woke = False
+                try:
+                    result = self.worker.step()
+                except DatabaseError:
+                    delay = backoff.next()
+                    log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
+                    connection.close()
+                    self.stop.wait(delay)
+                    woke = True
+                    continue
+                backoff.reset()
+                if result is not None:
+                    if result.ran and self._count_run():
+                        self.request_stop()
+                    continue
+                if self.once:
+                    return
+                self._idle()
+                woke = True
+        finally:
+            connection.close()
+
+    def listen(self):
+        """Wake idle slots on NOTIFY (PostgreSQL). Polling stays the fallback: a missed
+        notification costs at most one interval."""
+        import psycopg
+
+        params = connections["default"].get_connection_params()
+        keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
+        conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}
+        backoff = OutageBackoff()
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(autocommit=True, **conninfo) as conn:
+                    conn.execute(f"LISTEN {WORK_CHANNEL}")
+                    backoff.reset()
+                    self.wake()  # anything that arrived while we were not listening
+                    while not self.stop.is_set():
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            self.wake()
+            except psycopg.Error:
+                delay = backoff.next()
+                log.warning("LISTEN connection lost; retrying in %.1fs", delay, exc_info=True)
+                self.stop.wait(delay)
+
+    def run(self):
+        """Run the slots until they drain (--once), --max-runs is reached, or a stop."""
+        self.process.start()
+        self.heartbeat.start()
+        threads = [
+            threading.Thread(target=self.slot, name=f"slot-{n}") for n in range(self.concurrency)
+        ]
+        if connection.vendor == "postgresql" and not self.once:
+            threading.Thread(target=self.listen, name="listen", daemon=True).start()
+        connection.close()  # each thread opens its own
+        for thread in threads:
+            thread.start()
+        # Join in short ticks: the main thread must stay free to take signals.
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=0.2)
+        self.stop.set()
+        self.heartbeat.stop()
+        self.process.stop()
+        return self.runs

@@ -1,0 +1,162 @@
+"""The operator's dashboard: one admin page with the state of every inbox at a glance.
+
+A fixed number of queries however many inboxes there are: events by status per inbox (with
+the oldest pending event and the dead of the last 24 hours), held and failed outbox messages
+per inbox, the leases held now, and the Claude agent's model tokens (per inbox today against
+its budget, and per run for the latest runs). Ages and "now" come from the database's clock,
+the one the leases and timers use.
+"""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import permission_required
+from django.db.models import Count, Min, Q, Sum
+from django.shortcuts import render
+
+from alwayson.claude.models import TOTAL_TOKENS, ModelCall
+from alwayson.runtime.models import AgentConfig
+from inbox import clock
+from inbox.clock import day_start
+from inbox.models import Event, Inbox, Lease
+from outbox.models import OutboxMessage
+
+STATUSES = Event.Status.values
+
+
+def inbox_rows(now):
+    since = now - timedelta(hours=24)
+    counts = {
+        f"n_{status}": Count("events", filter=Q(events__status=status)) for status in STATUSES
+    }
+    return list(
+        Inbox.objects.order_by("slug")
+        .values("pk", "slug")
+        .annotate(
+            **counts,
+            dead_24h=Count(
+                "events",
+                filter=Q(events__status=Event.Status.DEAD, events__updated__gte=since),
+            ),
+            oldest_pending=Min("events__created", filter=Q(events__status=Event.Status.PENDING)),
+        )
+    )
+
+
+def outbox_by_inbox():
+    held, failed = OutboxMessage.Status.HELD, OutboxMessage.Status.FAILED
+    rows = (
+        OutboxMessage.objects.filter(status__in=[held, failed])
+        .values("inbox_id")
+        .annotate(
+            held=Count("id", filter=Q(status=held)),
+            failed=Count("id", filter=Q(status=failed)),
+            oldest_held=Min("created", filter=Q(status=held)),
+        )
+        .order_by()
+    )
+    return {row["inbox_id"]: row for row in rows}
+
+
+RECENT_RUNS = 10
+
+
+def tokens_by_inbox(now):
+    """Model tokens per inbox since midnight UTC (the budget's day), with each budget."""
+    rows = (
+        ModelCall.objects.filter(created__gte=day_start(now))
+        .values("inbox_id")
+        .annotate(
+            calls=Count("id"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            cache_read=Sum("cache_read_tokens"),
+            cache_write=Sum("cache_write_tokens"),
+            total=Sum(TOTAL_TOKENS),
+        )
+        .order_by()
+    )
+    budgets = dict(AgentConfig.objects.values_list("inbox_id", "daily_token_budget"))
+    usage = {row["inbox_id"]: row for row in rows}
+    default = settings.ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET
+    return usage, budgets, default
+
+
+def recent_runs():
+    """The model usage of the latest runs: one run is one (inbox, generation)."""
+    return list(
+        ModelCall.objects.values("inbox__slug", "inbox_id", "generation")
+        .annotate(
+            calls=Count("id"),
+            input=Sum("input_tokens"),
+            output=Sum("output_tokens"),
+            cache_read=Sum("cache_read_tokens"),
+            cache_write=Sum("cache_write_tokens"),
+            total=Sum(TOTAL_TOKENS),
+            started=Min("created"),
+        )
+        .order_by("-started")[:RECENT_RUNS]
+    )
+
+
+def dashboard_context(now):
+    outbox = outbox_by_inbox()
+    leases = list(
+        Lease.objects.filter(until__gt=now).select_related("inbox").order_by("inbox__slug")
+    )
+    held_by = {lease.inbox_id: lease for lease in leases}
+    usage, budgets, default_budget = tokens_by_inbox(now)
+    rows = []
+    for row in inbox_rows(now):
+        messages = outbox.get(row["pk"], {})
+        tokens = usage.get(row["pk"], {})
+        budget = budgets.get(row["pk"]) or default_budget
+        rows.append(
+            {
+                "pk": row["pk"],
+                "slug": row["slug"],
+                "counts": [(status, row[f"n_{status}"]) for status in STATUSES],
+                "by_status": {status: row[f"n_{status}"] for status in STATUSES},
+                "oldest_pending": row["oldest_pending"],
+                "oldest_pending_age": now - row["oldest_pending"]
+                if row["oldest_pending"]
+                else None,
+                "dead_24h": row["dead_24h"],
+                "held": messages.get("held", 0),
+                "failed": messages.get("failed", 0),
+                "oldest_held": messages.get("oldest_held"),
+                "lease": held_by.get(row["pk"]),
+                "tokens": tokens,
+                "budget": budget,
+                "over_budget": bool(budget and tokens.get("total", 0) >= budget),
+            }
+        )
+    totals = {status: sum(row["by_status"][status] for row in rows) for status in STATUSES}
+    return {
+        "now": now,
+        "statuses": STATUSES,
+        "rows": rows,
+        "totals": totals,
+        "dead_24h": sum(row["dead_24h"] for row in rows),
+        "held": sum(row["held"] for row in rows),
+        "failed": sum(row["failed"] for row in rows),
+        "leases": leases,
+        "tokens_today": sum(row["tokens"].get("total", 0) for row in rows),
+        "token_rows": [row for row in rows if row["tokens"] or row["budget"]],
+        "recent_runs": recent_runs(),
+    }
+
+
+@staff_member_required
+# Every inbox's events at a glance: for staff who may view events, not any staff user (403).
+# templates/admin/index.html shows the link on the same permission.
+@permission_required("inbox.view_event", raise_exception=True)
+def dashboard(request):
+    context = {
+        **admin.site.each_context(request),
+        "title": "Dashboard",
+        **dashboard_context(clock.database_now()),
+    }
+    return render(request, "admin/alwayson_dashboard.html", context)

@@ -1,0 +1,144 @@
+"""The people's pages: their inboxes, and one inbox's conversation and chat form; and the
+throttles' answers on login and password reset.
+
+Who sees what is the inbox's roles: any role sees the conversation, approvers and managers
+also write to the agent. Anyone else gets the same 404 as for an inbox that does not exist.
+"""
+
+import hashlib
+import math
+import uuid
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.views.decorators.http import require_http_methods
+
+from alwayson.web import conversation
+from alwayson.web.models import PasswordResetRequest
+from approvals.models import may_answer
+from inbox import clock
+from inbox.exceptions import InboxBusy
+from inbox.models import Inbox, Role
+from inbox.services import ingest
+
+BUSY = "Your agent's inbox is busy right now and nothing was stored. Please send it again."
+READ_ONLY = (
+    "You can read this conversation but not write to the agent: you are a viewer of this"
+    " inbox. Writing takes the approver role, which a manager of the inbox can give you."
+)
+
+
+class ChatForm(forms.Form):
+    # Generated when the page is rendered and used as the event's source_id, so a double
+    # submit or a browser resend of the same form is one event.
+    message_id = forms.UUIDField(widget=forms.HiddenInput)
+    text = forms.CharField(
+        label="Message to your agent", max_length=2000, widget=forms.Textarea(attrs={"rows": 3})
+    )
+
+
+@login_required
+def home(request):
+    inboxes = list(Inbox.objects.with_role(request.user))
+    for inbox in inboxes:
+        inbox.role = inbox.role_of(request.user)
+    return render(request, "alwayson/home.html", {"inboxes": inboxes})
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def inbox_page(request, slug):
+    inbox = get_object_or_404(Inbox.objects.with_role(request.user), slug=slug)
+    writer = inbox.has_role(request.user, Role.APPROVER)
+    status = 200
+    if request.method == "POST":
+        form = ChatForm(request.POST)
+        status = 400
+        if not writer:
+            form.add_error(None, READ_ONLY)
+            status = 403
+        elif form.is_valid():
+            try:
+                stored = ingest(
+                    inbox,
+                    "chat",
+                    str(form.cleaned_data["message_id"]),
+                    {"text": form.cleaned_data["text"], "from": request.user.get_username()},
+                )
+            except InboxBusy:
+                # The form keeps its message_id: sending again is the same message, once.
+                form.add_error(None, BUSY)
+                status = 503
+            else:
+                messages.success(request, "Sent." if stored else "Already received.")
+                return redirect("inbox", slug=inbox.slug)
+    else:
+        form = ChatForm(initial={"message_id": uuid.uuid4()})
+    live = conversation_context(request, inbox)
+    live["writer"] = writer
+    if request.htmx:
+        # The page polls this every second: 204 (htmx keeps what it shows) unless something
+        # changed, so an idle page costs a few queries and no bytes.
+        if request.GET.get("v") == live["version"]:
+            return HttpResponse(status=204)
+        return render(request, "alwayson/_conversation.html", live)
+    return render(request, "alwayson/inbox.html", {**live, "form": form}, status=status)
+
+
+def conversation_context(request, inbox):
+    """What the conversation shows, and `version`: a digest of it, for the polls."""
+    now = clock.database_now()
+    live = {
+        "inbox": inbox,
+        "now": now,
+        "entries": conversation.entries(inbox, now),
+        "working": conversation.is_working(inbox, now),
+        "answerer": may_answer(request.user, inbox),
+        "version": "",
+    }
+    shown = render_to_string("alwayson/_conversation.html", live, request=request)
+    live["version"] = hashlib.sha256(shown.encode()).hexdigest()[:16]
+    return live
+
+
+# --- throttles -------------------------------------------------------------------------------
+
+
+def cool_off_minutes() -> int:
+    return math.ceil(settings.ALWAYSON_LOGIN_COOLOFF.total_seconds() / 60)
+
+
+def login_locked_out(request, response=None, credentials=None):
+    """django-axes' answer (AXES_LOCKOUT_CALLABLE) to a login for a locked-out username, the
+    right password included, on the site's and the admin's login alike."""
+    return render(
+        request, "registration/locked_out.html", {"minutes": cool_off_minutes()}, status=429
+    )
+
+
+class ThrottledPasswordResetView(auth_views.PasswordResetView):
+    """Django's password reset, at most ALWAYSON_PASSWORD_RESET_LIMIT emails per address per
+    cool-off: otherwise anybody could mail an address as often as they post the form."""
+
+    def form_valid(self, form):
+        allowed = PasswordResetRequest.objects.allow(
+            form.cleaned_data["email"],
+            clock.database_now(),
+            settings.ALWAYSON_PASSWORD_RESET_LIMIT,
+            settings.ALWAYSON_LOGIN_COOLOFF,
+        )
+        if allowed:
+            return super().form_valid(form)
+        minutes = cool_off_minutes()
+        form.add_error(
+            "email",
+            "Too many password reset requests for this address: "
+            f"try again in {minutes} minute{'s' if minutes != 1 else ''}.",
+        )
+        return self.render_to_response(self.get_context_data(form=form), status=429)
