@@ -14,8 +14,8 @@ from alwayson.claude import transcript
 from alwayson.claude.models import ModelCall
 from alwayson.claude.runner import STATE_KEY
 from alwayson.demo.models import Refund
+from alwayson.runtime import worker as worker_module
 from alwayson.runtime.models import AgentConfig
-from alwayson.runtime.run import worker as worker_module
 from alwayson.runtime.worker import Worker
 from approvals.models import Approval
 from approvals.services import answer_approval

@@ -11,9 +11,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from alwayson.claude.models import ModelCall
+from alwayson.runtime.agents import Agents
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.policy import ASK, check_policy, check_policy_syntax, decide
-from alwayson.runtime.run import Agents, Run
+from alwayson.runtime.run import Run
 from inbox.models import Event, Lease
 from inbox.services import Defer, acquire, claim_batch, finish, ingest
 from outbox.models import OutboxMessage

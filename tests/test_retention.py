@@ -287,8 +287,8 @@ def test_stale_processes_throttle_rows_attempts_and_expired_logins_go(t0, settin
     counts = prune(t0 + 2 * DAY)
 
     for label in (
-        "alwayson.Process",
-        "alwayson.PasswordResetRequest",
+        "alwayson_ops.Process",
+        "alwayson_web.PasswordResetRequest",
         "axes.AccessAttempt",
         "sessions.Session",
     ):

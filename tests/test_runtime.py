@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 
 from alwayson.runtime.api import acquire, claim_batch, finish, ingest
-from alwayson.runtime.run import LeaseLost, Run, load_agent
+from alwayson.runtime.loading import load_agent
+from alwayson.runtime.run import LeaseLost, Run
 from alwayson.runtime.worker import Heartbeat, Worker
 from approvals.models import Approval
 from inbox.clock import database_now

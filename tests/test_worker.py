@@ -14,11 +14,11 @@ from io import StringIO
 from types import SimpleNamespace
 
 import pytest
-from alwayson.management import loop as loop_module
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError
 from django.utils import timezone
 
+from alwayson.runtime import loop as loop_module
 from alwayson.runtime.api import acquire, claim_batch, ingest
 from alwayson.runtime.loop import LoopCommand
 from alwayson.runtime.worker import Worker, WorkerPool

@@ -2,6 +2,10 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
+from .loading import load_agent
+from .policy import check_policy
+from .tools import check_tool_names, offered_tools
+
 
 class AgentConfig(models.Model):
     """Which agent an inbox runs, and that agent's configuration (for the Claude agent: model,
@@ -61,10 +65,6 @@ class AgentConfig(models.Model):
         return f"agent of {self.inbox}"
 
     def clean(self):
-        from .claude.policy import check_policy
-        from .claude.tools import check_tool_names, offered_tools
-        from .runtime import load_agent
-
         errors = {}
         if self.agent:
             try:

@@ -16,12 +16,7 @@ import logging
 import threading
 from datetime import datetime, timedelta
 
-from django.conf import settings
-from django.db import DatabaseError
-from django.utils.module_loading import import_string
-
 from approvals.services import Ask
-from inbox import store
 from inbox.models import Event, Inbox
 from inbox.services import Defer, SaveState, renew
 from outbox.services import Say
@@ -178,77 +173,3 @@ class Run:
         if self._claimed_state is not None and self.state == self._claimed_state:
             return list(self._effects)
         return [*self._effects, SaveState(self.inbox.pk, self.state)]
-
-
-def load_agent(path: str | None = None, field: str = "ALWAYSON_AGENT"):
-    path = path or settings.ALWAYSON_AGENT
-    try:
-        agent = import_string(path)
-    except (ImportError, ValueError) as exc:  # ValueError: an empty module name (".x")
-        raise ValueError(f"{field}: cannot import {path!r}: {exc}") from None
-    if not callable(agent):
-        raise ValueError(f"{field}: {path!r} is not callable")
-    return agent
-
-
-class Agents:
-    """Which agent runs an inbox: its AgentConfig's, or the default (ALWAYSON_AGENT, or the
-    one a Worker was given). Loaded once per dotted path."""
-
-    def __init__(self, default=None):
-        self.default = default or load_agent()
-        self._loaded = {}
-
-    def for_inbox(self, inbox, extras=None):
-        """The inbox's agent: from `extras` (a Claim's, which read it with the take), or
-        read now."""
-        from alwayson.runtime.models import AgentConfig
-
-        if extras is not None and "agent" in extras:
-            row = (extras["agent"],)
-        else:
-            # Read on every run, so an edit in the admin applies from the next run, in every
-            # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
-            # than the lookup itself on a run that does nothing else.
-            with store.prepared_cursor() as cursor:
-                cursor.execute(
-                    f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
-                    [inbox.pk],
-                )
-                row = cursor.fetchone()
-        path = row[0] if row else None
-        if not path:
-            return self.default
-        if path not in self._loaded:
-            self._loaded[path] = load_agent(path, field=f"agent of inbox {inbox.slug}")
-        return self._loaded[path]
-
-    def in_use(self) -> list:
-        """The default agent and every agent an inbox names, each once."""
-        from alwayson.runtime.models import AgentConfig
-
-        paths = AgentConfig.objects.exclude(agent="").values_list("agent", flat=True).distinct()
-        agents = [self.default]
-        for path in sorted(paths):
-            agent = self._loaded.get(path) or load_agent(path, field=f"an inbox's agent {path}")
-            self._loaded[path] = agent
-            if agent not in agents:
-                agents.append(agent)
-        return agents
-
-    def preflight(self):
-        """Each agent in use may check its configuration once, at worker start-up, through a
-        `preflight()` attribute (the Claude agent checks its API key there); its error stops
-        the worker with that message instead of failing every run.
-
-        A worker starting during a database outage checks the default agent only, and waits
-        for the database like any loop, instead of exiting."""
-        try:
-            agents = self.in_use()
-        except DatabaseError:
-            log.warning("database unavailable at start-up: checked the default agent only")
-            agents = [self.default]
-        for agent in agents:
-            check = getattr(agent, "preflight", None)
-            if callable(check):
-                check()

@@ -27,8 +27,9 @@ from alwayson.ops import metrics
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.logs import bind_run, run_context
 from alwayson.ops.models import Process
+from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OutageBackoff
-from alwayson.runtime.run import Agents, LeaseLost, Run
+from alwayson.runtime.run import LeaseLost, Run
 from inbox.services import (
     WORK_CHANNEL,
     Claim,

@@ -24,7 +24,7 @@ class Command(LoopCommand):
     def handle(
         self, *args, once, interval, worker_id, concurrency, max_runs, agent, verbosity, **kw
     ):
-        from alwayson.runtime.run import load_agent
+        from alwayson.runtime.loading import load_agent
 
         self.check_interval(interval)
         self.check_positive("concurrency", concurrency)
