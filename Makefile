@@ -31,6 +31,8 @@ test: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	@# The layers (docs/explanation/architecture.md): no upward import, no cycle.
+	$(VENV)/bin/lint-imports
 
 format: install
 	$(PY) -m ruff format .

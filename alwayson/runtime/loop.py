@@ -4,10 +4,11 @@ import logging
 import math
 import os
 import signal
+import socket
 import threading
 
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, close_old_connections, connection, connections
 
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.models import Process
@@ -61,10 +62,6 @@ class LoopCommand(BaseCommand):
     def worker_id(self, given):
         """`--worker-id`, or host:pid when not given."""
         if given is None or given == "":
-            from alwayson.runtime.worker import (
-                default_worker_id,  # alwayson.runtime.worker imports this module
-            )
-
             return default_worker_id()
         try:
             return require_key("--worker-id", given, WORKER_ID_MAX)
@@ -118,15 +115,9 @@ class LoopCommand(BaseCommand):
         backoff = OutageBackoff()
         while not stop.is_set():
             close_old_connections()
-            try:
-                had_work = self.step()
-            except DatabaseError:
-                delay = backoff.next()
-                log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
-                connections["default"].close()
-                stop.wait(delay)
+            had_work = backoff.attempt(self.step, stop, log)
+            if had_work is OUTAGE:
                 continue
-            backoff.reset()
             if had_work:
                 process_beat.count_run()
                 continue
@@ -154,3 +145,26 @@ class OutageBackoff:
         delay = self.delay
         self.delay = min(delay * 2, self.CAP)
         return delay
+
+    def attempt(self, step, stop, log):
+        """`step()`'s result; or, when the database is unreachable, OUTAGE once the next
+        delay has passed (or `stop` was set): the caller goes round its loop again. Every
+        loop of every process waits out an outage this way."""
+        try:
+            result = step()
+        except DatabaseError:
+            delay = self.next()
+            log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
+            connection.close()
+            stop.wait(delay)
+            return OUTAGE
+        self.reset()
+        return result
+
+
+# What OutageBackoff.attempt returns for a step the database did not let run.
+OUTAGE = object()
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -7,8 +7,6 @@ slots, and the signal handling.
 """
 
 import logging
-import os
-import socket
 import threading
 import time
 import traceback
@@ -28,7 +26,7 @@ from alwayson.ops.health import ProcessBeat
 from alwayson.ops.logs import bind_run, run_context
 from alwayson.ops.models import Process
 from alwayson.runtime.agents import Agents
-from alwayson.runtime.loop import OutageBackoff
+from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
 from alwayson.runtime.run import LeaseLost, Run
 from inbox.services import (
     WORK_CHANNEL,
@@ -42,10 +40,6 @@ from inbox.services import (
 )
 
 log = logging.getLogger("alwayson.worker")
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class Heartbeat:
@@ -313,16 +307,10 @@ class WorkerPool:
                     # is closed by the except below anyway.
                     close_old_connections()
                     woke = False
-                try:
-                    result = self.worker.step()
-                except DatabaseError:
-                    delay = backoff.next()
-                    log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
-                    connection.close()
-                    self.stop.wait(delay)
+                result = backoff.attempt(self.worker.step, self.stop, log)
+                if result is OUTAGE:
                     woke = True
                     continue
-                backoff.reset()
                 if result is not None:
                     if result.ran and self._count_run():
                         self.request_stop()

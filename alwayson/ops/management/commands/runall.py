@@ -11,27 +11,20 @@ alwayson/production.py (gunicorn instead of runserver), the commands deploy/ run
 
 import os
 import re
-import secrets
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime, timedelta
 
+from django.apps import apps
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from alwayson.demo import refund_desk
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
-from inbox.models import Inbox
-from outbox.models import Channel
 
 DEFAULT_ADDR = "127.0.0.1:8000"
-DEMO_USER = "demo"
-DEMO_INBOX = "demo-desk"
 STOP_GRACE = 15
 
 
@@ -82,8 +75,9 @@ class Command(BaseCommand):
 
     def development_set(self, addr, no_demo, concurrency):
         call_command("migrate", verbosity=0)
-        if not no_demo:
-            self.create_demo(addr)
+        # The demo is an app a project deletes: its login is made only while it is installed.
+        if not no_demo and apps.is_installed("alwayson.demo"):
+            call_command("demologin", addr=addr, stdout=self.stdout)
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         commands = {
             "web": [*manage, "runserver", "--noreload", addr],
@@ -113,26 +107,6 @@ class Command(BaseCommand):
             name: local_argv(command, settings.BASE_DIR) for name, command in PROCESSES.items()
         }
         return commands, env, env.get("ALWAYSON_WEB_BIND", DEFAULT_ADDR)
-
-    def create_demo(self, addr):
-        password = secrets.token_urlsafe(9)
-        user, _ = get_user_model().objects.get_or_create(
-            username=DEMO_USER, defaults={"email": "demo@example.com"}
-        )
-        user.is_staff = user.is_superuser = True
-        user.set_password(password)
-        user.save()
-        inbox, created = Inbox.objects.get_or_create(
-            slug=DEMO_INBOX, defaults={"owner": user, "name": "Refund desk"}
-        )
-        Channel.objects.get_or_create(inbox=inbox)
-        if created:
-            tomorrow = datetime.now(UTC).replace(hour=9, minute=0, second=0, microsecond=0)
-            refund_desk.install(inbox, tomorrow + timedelta(days=1))
-        self.stdout.write(
-            f"Demo login: {DEMO_USER} / {password}  at http://{addr}/accounts/login/\n"
-            f"Post 'refund order 881' at http://{addr}/inbox/{DEMO_INBOX}/"
-        )
 
 
 class Supervisor:
