@@ -83,7 +83,7 @@ class BadSignature(WebhookError):
 
 
 @dataclass(frozen=True)
-class Delivery:
+class VerifiedDelivery:
     """A verified delivery, ready for `ingest(inbox, source, source_id, payload)`."""
 
     source: str
@@ -375,7 +375,9 @@ def require_json_content_type(headers: Mapping[str, str]) -> None:
         )
 
 
-def github_delivery(headers: Mapping[str, str], body: bytes, secrets: Iterable[str]) -> Delivery:
+def github_delivery(
+    headers: Mapping[str, str], body: bytes, secrets: Iterable[str]
+) -> VerifiedDelivery:
     """Verify a GitHub delivery; key it by (X-GitHub-Hook-ID, X-GitHub-Delivery).
 
     The delivery id alone is shared by every hook subscribed to the event, so two hooks
@@ -394,7 +396,7 @@ def github_delivery(headers: Mapping[str, str], body: bytes, secrets: Iterable[s
     if not _TOKEN.fullmatch(event):
         raise Malformed("X-GitHub-Event must be 1-128 printable ASCII characters")
     body = parse_json(body)
-    return Delivery("github", f"{hook_id}:{delivery_id}", {"type": event, "body": body})
+    return VerifiedDelivery("github", f"{hook_id}:{delivery_id}", {"type": event, "body": body})
 
 
 def stripe_delivery(
@@ -403,7 +405,7 @@ def stripe_delivery(
     secrets: Iterable[str],
     now,
     tolerance: int = STRIPE_DEFAULT_TOLERANCE,
-) -> Delivery:
+) -> VerifiedDelivery:
     """Verify a Stripe delivery; key it by the event's `id`, typed by its `type`."""
     headers = _headers(headers)
     verify_stripe(body, headers.get("stripe-signature"), secrets, now, tolerance)
@@ -415,7 +417,7 @@ def stripe_delivery(
         raise Malformed("a Stripe event needs an 'id' of 1-128 printable ASCII characters")
     if not isinstance(event_type, str) or not event_type:
         raise Malformed("a Stripe event needs a 'type' string")
-    return Delivery("stripe", event_id, {"type": event_type, "body": event})
+    return VerifiedDelivery("stripe", event_id, {"type": event_type, "body": event})
 
 
 def standard_delivery(
@@ -424,7 +426,7 @@ def standard_delivery(
     secrets: Iterable[str],
     now,
     tolerance: int = STANDARD_TOLERANCE,
-) -> Delivery:
+) -> VerifiedDelivery:
     """Verify a Standard Webhooks delivery; key it by `webhook-id`, typed by the body's `type`."""
     headers = _headers(headers)
     msg_id = headers.get("webhook-id")
@@ -441,4 +443,4 @@ def standard_delivery(
     event_type = payload.get("type") if isinstance(payload, dict) else None
     if not isinstance(event_type, str):
         event_type = None
-    return Delivery("standard", msg_id, {"type": event_type, "body": payload})
+    return VerifiedDelivery("standard", msg_id, {"type": event_type, "body": payload})

@@ -5,13 +5,11 @@ A channel raises SendFailed for a failure the dispatcher should retry (a refused
 connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
 """
 
-import http.client
 import json
 import smtplib
 import time
-import urllib.error
-import urllib.request
 
+import httpx
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
 from django.utils.html import escape, linebreaks, urlize
@@ -62,17 +60,6 @@ def email(address, subject, body, key):
         raise SendFailed(f"email to {address}: {exc}") from exc
 
 
-class RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    """urllib would follow a 3xx answer to a POST with a bodiless GET and call the result a
-    delivery; a receiver that moved is a failed send until the channel's URL is fixed."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl}", headers, fp)
-
-
-_opener = urllib.request.build_opener(RefuseRedirects)
-
-
 def signature_headers(delivery, body: bytes) -> dict:
     """Standard Webhooks headers when the inbox has signing secrets: `webhook-id` is the
     send's idempotency key (a repeat carries the same one), the timestamp is this attempt's,
@@ -106,16 +93,20 @@ def send_webhook(delivery, channel):
         "User-Agent": "alwayson-dispatcher",
     }
     headers.update(signature_headers(delivery, body))
-    request = urllib.request.Request(channel.url, data=body, method="POST", headers=headers)
-    timeout = settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT
     try:
-        with _opener.open(request, timeout=timeout) as response:
-            response.read(1024)
-    except urllib.error.HTTPError as exc:
-        raise SendFailed(f"webhook {channel.url}: HTTP {exc.code}") from exc
-    except (urllib.error.URLError, http.client.HTTPException, TimeoutError, OSError) as exc:
-        # HTTPException: the receiver answered with something that is not HTTP.
+        # Redirects are not followed: a 3xx answer to a POST would be followed with a
+        # bodiless GET and called a delivery; a receiver that moved is a failed send until
+        # the channel's URL is fixed. The answer's body is not read: only its status counts.
+        with (
+            httpx.Client(timeout=settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT) as client,
+            client.stream("POST", channel.url, content=body, headers=headers) as response,
+        ):
+            status = response.status_code
+    except httpx.HTTPError as exc:
+        # A refused connection, a timeout, or an answer that is not HTTP.
         raise SendFailed(f"webhook {channel.url}: {exc!r}") from exc
+    if not 200 <= status < 300:
+        raise SendFailed(f"webhook {channel.url}: HTTP {status}")
 
 
 # Senders by channel kind. The chat APIs' senders need bot tokens, which only the egress

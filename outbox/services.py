@@ -19,7 +19,7 @@ from .signals import messages_sent
 
 log = logging.getLogger("alwayson.outbox")
 
-Send = Callable[["Delivery"], object]
+Send = Callable[["MergedSend"], object]
 NOTICE_BATCH = 100
 
 
@@ -44,7 +44,7 @@ class Say:
 
 
 @dataclass(frozen=True)
-class Delivery:
+class MergedSend:
     """One send: held messages of one inbox, in order, under the key stamped on them."""
 
     inbox: Inbox
@@ -124,7 +124,7 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
         if not batch:
             return 0  # another dispatcher sent it in between
         try:
-            (send or sender_for(channel))(Delivery(channel.inbox, batch))
+            (send or sender_for(channel))(MergedSend(channel.inbox, batch))
         except SendFailed as exc:
             _record_failure(channel, batch, str(exc), at)
             return 0
@@ -176,7 +176,7 @@ def _next_send(channel, now, may_start) -> list:
 
 def _send_at_most_once(channel, batch, send, sent_at) -> int:
     try:
-        (send or sender_for(channel))(Delivery(channel.inbox, batch))
+        (send or sender_for(channel))(MergedSend(channel.inbox, batch))
     except SendFailed as exc:
         # The rows were given up when they were marked sent; say why.
         OutboxMessage.objects.filter(pk__in=[m.pk for m in batch]).update(

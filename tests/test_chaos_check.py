@@ -16,9 +16,9 @@ from tests.chaos.plan import (
     FAULT_KINDS,
     STOP,
     WARMUP,
-    Delivery,
     InboxPlan,
     Plan,
+    PlannedDelivery,
     make_plan,
 )
 
@@ -60,8 +60,8 @@ def world():
             InboxPlan("b", "email", "at_most_once", 1, 2, "coalesce", False),
         ],
         deliveries=[
-            Delivery("a", "chat", "m1", {}, [[1, "i1"]]),
-            Delivery("b", "chat", "m2", {"ask": 5}, [[2, "i1"], [3, "i1"]]),
+            PlannedDelivery("a", "chat", "m1", {}, [[1, "i1"]]),
+            PlannedDelivery("b", "chat", "m2", {"ask": 5}, [[2, "i1"], [3, "i1"]]),
         ],
     )
     events = [
@@ -196,7 +196,7 @@ def test_an_event_finished_by_two_committed_runs_fails(world):
 
 def test_a_done_event_without_a_committed_run_fails(world):
     world.db["events"].append({**world.db["events"][0], "id": 5, "source_id": "m9"})
-    world.plan.deliveries.append(Delivery("a", "chat", "m9", {}, [[4, "i1"]]))
+    world.plan.deliveries.append(PlannedDelivery("a", "chat", "m9", {}, [[4, "i1"]]))
     world.acks.append({"inbox": "a", "source": "chat", "source_id": "m9", "stored": True})
     world.db["ledger"].append({**world.db["ledger"][0], "key": "k9", "source_id": "m9"})
 
@@ -216,7 +216,7 @@ def test_a_done_event_whose_effect_never_happened_fails(world):
 
 
 def test_an_acknowledged_delivery_that_was_not_stored_is_lost(world):
-    world.plan.deliveries.append(Delivery("a", "chat", "m7", {}, [[5, "i1"]]))
+    world.plan.deliveries.append(PlannedDelivery("a", "chat", "m7", {}, [[5, "i1"]]))
     world.acks.append({"inbox": "a", "source": "chat", "source_id": "m7", "stored": True})
 
     assert failed(world) == ["lost"]

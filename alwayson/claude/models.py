@@ -1,26 +1,29 @@
+import operator
+from functools import reduce
+
 from django.db import models
 from django.db.models import Sum
 from django.db.models.functions import Coalesce
 
 # Every token counts toward the usage and the budget: input, output, cache reads and writes.
-TOTAL_TOKENS = (
-    models.F("input_tokens")
-    + models.F("output_tokens")
-    + models.F("cache_read_tokens")
-    + models.F("cache_write_tokens")
-)
+TOKEN_FIELDS = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache_read": "cache_read_tokens",
+    "cache_write": "cache_write_tokens",
+}
+TOTAL_TOKENS = reduce(operator.add, (models.F(field) for field in TOKEN_FIELDS.values()))
+
+
+def token_sums() -> dict:
+    """Sum expressions of each kind of token and of their total, for aggregate or annotate."""
+    return {name: Sum(field) for name, field in TOKEN_FIELDS.items()} | {"total": Sum(TOTAL_TOKENS)}
 
 
 class ModelCallQuerySet(models.QuerySet):
     def tokens(self) -> dict:
         """Summed usage: input, output, cache_read, cache_write and total."""
-        sums = self.aggregate(
-            input=Coalesce(Sum("input_tokens"), 0),
-            output=Coalesce(Sum("output_tokens"), 0),
-            cache_read=Coalesce(Sum("cache_read_tokens"), 0),
-            cache_write=Coalesce(Sum("cache_write_tokens"), 0),
-        )
-        return {**sums, "total": sum(sums.values())}
+        return self.aggregate(**{name: Coalesce(s, 0) for name, s in token_sums().items()})
 
 
 class ModelCall(models.Model):
@@ -68,12 +71,7 @@ class ModelCall(models.Model):
 
     @property
     def total_tokens(self) -> int:
-        return (
-            self.input_tokens
-            + self.output_tokens
-            + self.cache_read_tokens
-            + self.cache_write_tokens
-        )
+        return sum(getattr(self, field) for field in TOKEN_FIELDS.values())
 
 
 class ToolResult(models.Model):

@@ -13,10 +13,10 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, Min, Q
 from django.shortcuts import render
 
-from alwayson.claude.models import TOTAL_TOKENS, ModelCall
+from alwayson.claude.models import ModelCall, token_sums
 from alwayson.runtime.models import AgentConfig
 from inbox import clock
 from inbox.clock import day_start
@@ -70,11 +70,7 @@ def tokens_by_inbox(now):
         .values("inbox_id")
         .annotate(
             calls=Count("id"),
-            input=Sum("input_tokens"),
-            output=Sum("output_tokens"),
-            cache_read=Sum("cache_read_tokens"),
-            cache_write=Sum("cache_write_tokens"),
-            total=Sum(TOTAL_TOKENS),
+            **token_sums(),
         )
         .order_by()
     )
@@ -90,11 +86,7 @@ def recent_runs():
         ModelCall.objects.values("inbox__slug", "inbox_id", "generation")
         .annotate(
             calls=Count("id"),
-            input=Sum("input_tokens"),
-            output=Sum("output_tokens"),
-            cache_read=Sum("cache_read_tokens"),
-            cache_write=Sum("cache_write_tokens"),
-            total=Sum(TOTAL_TOKENS),
+            **token_sums(),
             started=Min("created"),
         )
         .order_by("-started")[:RECENT_RUNS]

@@ -109,7 +109,7 @@ class WebhookReceiver:
 
 
 def split_bodies(text: str) -> list[str]:
-    """A merged send is its messages joined by blank lines (outbox.services.Delivery.body);
+    """A merged send is its messages joined by blank lines (outbox.services.MergedSend.body);
     email turns its line ends into CRLF on the way."""
     text = text.replace("\r\n", "\n")
     return [part.strip() for part in text.split("\n\n") if part.strip()]

@@ -73,7 +73,7 @@ class InboxPlan:
 
 
 @dataclass
-class Delivery:
+class PlannedDelivery:
     """One planned key, delivered once or more: by an ingester process (`i2`, source chat)
     or over HTTP as a signed Standard Webhook (`h1`, source standard)."""
 
@@ -121,7 +121,7 @@ class Plan:
             "r1",
         ]
 
-    def sends_of(self, sender: str) -> list[tuple[float, Delivery]]:
+    def sends_of(self, sender: str) -> list[tuple[float, PlannedDelivery]]:
         """(time, delivery) for one sender, in time order."""
         sends = [
             (at, delivery)
@@ -148,7 +148,7 @@ class Plan:
     def from_json(cls, text: str) -> "Plan":
         data = json.loads(text)
         data["inboxes"] = [InboxPlan(**item) for item in data["inboxes"]]
-        data["deliveries"] = [Delivery(**item) for item in data["deliveries"]]
+        data["deliveries"] = [PlannedDelivery(**item) for item in data["deliveries"]]
         data["faults"] = [Fault(**item) for item in data["faults"]]
         return cls(**data)
 
@@ -208,7 +208,7 @@ def _inbox(rng, n, total) -> InboxPlan:
     )
 
 
-def _deliveries(rng, plan, rate) -> list[Delivery]:
+def _deliveries(rng, plan, rate) -> list[PlannedDelivery]:
     ingesters = [f"i{n}" for n in range(1, plan.ingesters + 1)]
     last = plan.seconds - 3
     deliveries = []
@@ -236,7 +236,7 @@ def _deliveries(rng, plan, rate) -> list[Delivery]:
         if rng.random() < 0.01:
             flags["poison"] = True
         source = "standard" if http else "chat"
-        deliveries.append(Delivery(inbox, source, f"m{n}", flags, sends))
+        deliveries.append(PlannedDelivery(inbox, source, f"m{n}", flags, sends))
     return deliveries
 
 
