@@ -21,6 +21,7 @@ from django.utils.text import capfirst
 from alwayson.demo import payments
 from approvals.models import Approval, and_join, approval_url
 from inbox.models import Event
+from timers.services import add_timer
 
 APPROVAL_WINDOW = timedelta(hours=4)
 DIGEST_EVERY = 24 * 3600
@@ -132,6 +133,4 @@ HANDLERS = {"chat": on_chat, "approval": on_approval, "timer": on_timer}
 
 def install(inbox, first_digest_at):
     """Register the refund desk's daily digest for an inbox."""
-    from timers.services import add_timer
-
     return add_timer(inbox, "digest", first_digest_at, {"task": "daily digest"}, every=DIGEST_EVERY)

@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import httpx
+from django.conf import settings
+from django.db import close_old_connections, connection
 from django.db.models.functions import Now
 
 log = logging.getLogger("alwayson.egress")
@@ -211,8 +213,6 @@ class Egress:
     """The client an agent calls through (`run.http`), bound to the inbox it runs for."""
 
     def __init__(self, inbox=None, services: dict | None = None, transport=None):
-        from django.conf import settings
-
         self.inbox = inbox
         self.slug = getattr(inbox, "slug", inbox)
         self.services = settings.ALWAYSON_EGRESS_SERVICES if services is None else services
@@ -321,6 +321,8 @@ class Egress:
             raise EgressFailed(f"{target.name} {path}: {type(exc).__name__}") from None
 
     def _record(self, service, method, path, outcome, status=None, error=""):
+        # Read here, not at the top: the settings import this module (check_services)
+        # before the apps, and so the models, are loaded.
         from alwayson.egress.models import EgressCall
 
         inbox_id = getattr(self.inbox, "pk", None)
@@ -364,8 +366,6 @@ class GatewayHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def _handle(self):
-        from django.db import close_old_connections, connection
-
         close_old_connections()
         try:
             self._forward()

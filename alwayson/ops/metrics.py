@@ -16,7 +16,6 @@ whole deployment and every process's counts add up:
 prometheus_client is imported where a scrape needs it: the loop processes only count.
 """
 
-import functools
 import hmac
 import json
 import logging
@@ -31,9 +30,19 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Min
 from django.http import HttpResponse, HttpResponseNotAllowed
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from alwayson.ops.models import MetricTotal, Process
+from approvals.models import APPROVAL_SOURCE, Approval
 from inbox import clock
+from inbox.models import Event, Inbox, Lease
+from inbox.signals import lease_taken_over, reserved_event_stored
+from outbox.models import Notice, OutboxMessage
+from outbox.signals import messages_sent
+from timers.models import Timer
+from timers.signals import timer_fired
 
 log = logging.getLogger("alwayson.metrics")
 
@@ -132,7 +141,6 @@ class Counter:
         RECORDER.add([((self.name, _labels(self.labelnames, labels), ""), amount)])
 
     def family(self, totals):
-        from prometheus_client.core import CounterMetricFamily
 
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         series = {labels: values.get("", 0.0) for labels, values in totals.items()}
@@ -168,8 +176,6 @@ class Histogram:
         return self.buckets[index] if index < len(self.buckets) else INF
 
     def family(self, totals):
-        from prometheus_client.core import HistogramMetricFamily
-        from prometheus_client.utils import floatToGoString
 
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         series = dict(totals)
@@ -300,17 +306,8 @@ def _count_sent(sender, messages, at, **kwargs):
     transaction.on_commit(lambda: SEND_LATENCY.observe_many(latencies))
 
 
-@functools.cache
-def _approvals():
-    # Imported once, when first needed: this module loads before the apps do.
-    from approvals.models import APPROVAL_SOURCE, Approval
-
-    return APPROVAL_SOURCE, Approval
-
-
 def _count_settled(sender, event, now, **kwargs):
-    approval_source, Approval = _approvals()
-    if event.source != approval_source or not isinstance(event.payload, dict):
+    if event.source != APPROVAL_SOURCE or not isinstance(event.payload, dict):
         return
     answer = event.payload.get("answer")
     if answer in Approval.Answer.values:
@@ -318,10 +315,6 @@ def _count_settled(sender, event, now, **kwargs):
 
 
 def connect_signals():
-    from inbox.signals import lease_taken_over, reserved_event_stored
-    from outbox.signals import messages_sent
-    from timers.signals import timer_fired
-
     lease_taken_over.connect(_count_takeover, dispatch_uid="alwayson.metrics.takeover")
     timer_fired.connect(_count_timer_fire, dispatch_uid="alwayson.metrics.timer")
     messages_sent.connect(_count_sent, dispatch_uid="alwayson.metrics.sent")
@@ -351,12 +344,6 @@ class DatabaseCollector:
             yield metric.family(totals.get(metric.name, {}))
 
     def state(self, now):
-        from prometheus_client.core import GaugeMetricFamily
-
-        from approvals.models import Approval
-        from inbox.models import Event, Inbox, Lease
-        from outbox.models import Notice, OutboxMessage
-        from timers.models import Timer
 
         events = GaugeMetricFamily(
             "alwayson_events",
@@ -461,7 +448,6 @@ def _seconds_since(moment, now) -> float:
 
 
 def exposition(now=None) -> bytes:
-    from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(now))
@@ -505,7 +491,6 @@ class MetricsMiddleware:
         except DatabaseError:
             log.warning("metrics: the database is unavailable", exc_info=True)
             return HttpResponse("database unavailable\n", status=503, content_type="text/plain")
-        from prometheus_client import CONTENT_TYPE_LATEST
 
         response = HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
         response["Cache-Control"] = "no-store"

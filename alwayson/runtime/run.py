@@ -16,6 +16,7 @@ import logging
 import threading
 from datetime import datetime, timedelta
 
+from alwayson.egress.gateway import Egress
 from approvals.services import Ask
 from inbox.models import Event, Inbox
 from inbox.services import Defer, SaveState, renew
@@ -141,8 +142,6 @@ class Run:
         a path; the gateway checks the allowlist and adds the credential this run never sees.
         """
         if self._http is None:
-            from alwayson.egress.gateway import Egress
-
             self._http = Egress(self.inbox)
         return self._http
 

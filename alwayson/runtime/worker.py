@@ -12,6 +12,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+import psycopg
 from django.db import (
     DatabaseError,
     InterfaceError,
@@ -325,8 +326,6 @@ class WorkerPool:
     def listen(self):
         """Wake idle slots on NOTIFY (PostgreSQL). Polling stays the fallback: a missed
         notification costs at most one interval."""
-        import psycopg
-
         params = connections["default"].get_connection_params()
         keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
         conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}

@@ -3,6 +3,7 @@ import logging
 import signal
 import threading
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from alwayson.egress.gateway import gateway_server
@@ -28,8 +29,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, port, addr, inbox, verbosity, **options):
-        from django.conf import settings
-
         port = port if port is not None else settings.ALWAYSON_EGRESS_PORT
         if not 0 < port < 65536:
             raise CommandError(f"--port must be 1-65535 (or set ALWAYSON_EGRESS_PORT), not {port}")

@@ -3,6 +3,7 @@ import logging
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
 
+from alwayson.runtime.loading import load_agent
 from alwayson.runtime.loop import LoopCommand
 from alwayson.runtime.worker import WorkerPool
 
@@ -24,8 +25,6 @@ class Command(LoopCommand):
     def handle(
         self, *args, once, interval, worker_id, concurrency, max_runs, agent, verbosity, **kw
     ):
-        from alwayson.runtime.loading import load_agent
-
         self.check_interval(interval)
         self.check_positive("concurrency", concurrency)
         self.check_positive("max-runs", max_runs)
