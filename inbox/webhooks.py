@@ -161,7 +161,7 @@ def secrets_for(
     slug: str,
     scheme: str,
     scheme_secrets: Iterable[str],
-    inbox_secrets: Mapping[str, Mapping[str, list[str]]],
+    inbox_secrets: Mapping[str, Mapping[str, list[str] | str]],
 ) -> list[str]:
     """The secrets that may sign `scheme` deliveries to inbox `slug`.
 
@@ -169,7 +169,10 @@ def secrets_for(
     exist so that one sender's secret cannot post into another owner's inbox.
     """
     own = inbox_secrets.get(slug, {}).get(scheme)
-    return list(own if own is not None else scheme_secrets)
+    if own is None:
+        return list(scheme_secrets)
+    # The setting as configured: one secret may stand alone, as check_inbox_secrets allows.
+    return [own] if isinstance(own, str) else list(own)
 
 
 # --- verification -----------------------------------------------------------------------------

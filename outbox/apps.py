@@ -1,6 +1,29 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from inbox.webhooks import check_secret
+
+
+def checked_signing_secrets(name, secrets_by_slug):
+    """Setting `name`'s signing secrets by inbox slug, each a Standard Webhooks secret;
+    ImproperlyConfigured naming the setting otherwise."""
+    try:
+        return {
+            slug: [check_secret("standard", secret) for secret in secrets]
+            for slug, secrets in secrets_by_slug.items()
+        }
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
 
 
 class OutboxConfig(AppConfig):
     name = "outbox"
     verbose_name = "Outbox"
+
+    def ready(self):
+        # Here, not in the settings, which import no app: a malformed secret stops every
+        # process at start-up instead of failing every signed send.
+        checked_signing_secrets(
+            "ALWAYSON_OUTBOX_SIGNING_SECRETS", settings.ALWAYSON_OUTBOX_SIGNING_SECRETS
+        )

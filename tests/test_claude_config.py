@@ -10,11 +10,13 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from alwayson.claude.apps import checked_policy
 from alwayson.claude.models import ModelCall
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.policy import ASK, check_policy, check_policy_syntax, decide
 from alwayson.runtime.run import Run
+from alwayson.settings import env
 from inbox.models import Event, Lease
 from inbox.services import Defer, acquire, claim_batch, finish, ingest
 from outbox.models import OutboxMessage
@@ -91,15 +93,19 @@ def test_a_policy_may_only_name_tools_and_arguments_that_exist():
         check_policy({"refund": [{"when": {"currency": "EUR"}, "then": "allow"}]}, offered)
 
 
-def test_a_malformed_default_policy_stops_start_up(monkeypatch):
-    from alwayson import settings as settings_module
+def claude_policy(name):
+    """The default policy as start-up reads it: JSON in the settings, its syntax checked in
+    the Claude app's ready()."""
+    return checked_policy(name, env.json_value(name, {}))
 
+
+def test_a_malformed_default_policy_stops_start_up(monkeypatch):
     monkeypatch.setenv("ALWAYSON_CLAUDE_POLICY", '{"refund": "sometimes"}')
     with pytest.raises(ImproperlyConfigured, match="ALWAYSON_CLAUDE_POLICY: policy"):
-        settings_module.claude_policy("ALWAYSON_CLAUDE_POLICY")
+        claude_policy("ALWAYSON_CLAUDE_POLICY")
     monkeypatch.setenv("ALWAYSON_CLAUDE_POLICY", "{not json")
     with pytest.raises(ImproperlyConfigured, match="ALWAYSON_CLAUDE_POLICY"):
-        settings_module.claude_policy("ALWAYSON_CLAUDE_POLICY")
+        claude_policy("ALWAYSON_CLAUDE_POLICY")
 
 
 # --- per-inbox agents in the admin -------------------------------------------------------------

@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.test import Client
 
+from alwayson.egress.apps import checked_services
 from alwayson.egress.gateway import (
     REDACTED,
     Egress,
@@ -22,6 +23,7 @@ from alwayson.egress.gateway import (
     gateway_server,
 )
 from alwayson.egress.models import EgressCall
+from alwayson.settings import env
 
 from .loopback import Loopback
 
@@ -234,9 +236,13 @@ def test_malformed_services_are_refused_naming_the_field(config, field):
         check_services(config)
 
 
-def test_malformed_services_stop_start_up(monkeypatch):
-    from alwayson.settings import egress_services
+def egress_services(name):
+    """The services as start-up reads them: JSON in the settings, checked in the egress app's
+    ready()."""
+    return checked_services(name, env.json_value(name, {}))
 
+
+def test_malformed_services_stop_start_up(monkeypatch):
     monkeypatch.setenv("ALWAYSON_EGRESS_SERVICES", '{"a": {"base_url": "nope"}}')
     with pytest.raises(ImproperlyConfigured, match="ALWAYSON_EGRESS_SERVICES"):
         egress_services("ALWAYSON_EGRESS_SERVICES")

@@ -11,9 +11,11 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from alwayson.egress.gateway import EgressRefused
 from alwayson.runtime.worker import Worker
+from alwayson.settings import env
 from inbox.clock import database_now
 from inbox.models import Session
 from inbox.services import ingest
+from outbox.apps import checked_signing_secrets
 from outbox.models import Channel
 from outbox.services import dispatch
 
@@ -167,10 +169,14 @@ def test_a_channel_without_secrets_sends_unsigned(settings, make_inbox):
     assert "webhook-signature" not in {k.lower() for k in request["headers"]}
 
 
+def outbox_signing_secrets(name):
+    """The signing secrets as start-up reads them: lists by slug in the settings, each secret
+    checked in the outbox app's ready()."""
+    return checked_signing_secrets(name, env.lists_by_key(name, "secrets by inbox slug"))
+
+
 def test_malformed_signing_secrets_stop_start_up(monkeypatch):
     from django.core.exceptions import ImproperlyConfigured
-
-    from alwayson.settings import outbox_signing_secrets
 
     monkeypatch.setenv("ALWAYSON_OUTBOX_SIGNING_SECRETS", '{"desk": ["not-a-secret"]}')
     with pytest.raises(ImproperlyConfigured, match="ALWAYSON_OUTBOX_SIGNING_SECRETS"):

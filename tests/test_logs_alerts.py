@@ -22,9 +22,9 @@ from django.core import mail
 from django.core.management import call_command
 
 from alwayson.ops.alerts import flush_dead_alerts
-from alwayson.ops.logs import logging_config
 from alwayson.ops.models import DeadAlert
 from alwayson.runtime.worker import Worker
+from alwayson.settings.logs import logging_config
 from inbox import services
 from inbox.models import Event
 from inbox.services import acquire, claim_batch, ingest, mark_dead, release

@@ -148,7 +148,7 @@ def test_a_scrape_while_the_database_is_down_answers_503(client, token, monkeypa
 
 @pytest.mark.parametrize("value", ["short", "has a space in the middle!!"])
 def test_a_weak_or_malformed_token_stops_start_up(monkeypatch, value):
-    from alwayson.settings import bearer_token
+    from alwayson.settings.env import bearer_token
 
     monkeypatch.setenv("ALWAYSON_METRICS_TOKEN", value)
     with pytest.raises(ImproperlyConfigured, match="ALWAYSON_METRICS_TOKEN"):

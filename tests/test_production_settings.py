@@ -185,7 +185,7 @@ def test_each_setting_is_read_from_the_environment():
     "value, expected", [("0", 0), ("31536000", 31536000), (" 60 ", 60), ("", 31536000)]
 )
 def test_hsts_seconds_is_a_whole_number(monkeypatch, value, expected):
-    from alwayson.settings import non_negative_int
+    from alwayson.settings.env import non_negative_int
 
     monkeypatch.setenv("SECURE_HSTS_SECONDS", value)
     if value == "":
@@ -195,7 +195,7 @@ def test_hsts_seconds_is_a_whole_number(monkeypatch, value, expected):
 
 @pytest.mark.parametrize("value", ["-1", "a year", "1.5"])
 def test_a_malformed_hsts_seconds_stops_start_up(monkeypatch, value):
-    from alwayson.settings import non_negative_int
+    from alwayson.settings.env import non_negative_int
 
     monkeypatch.setenv("SECURE_HSTS_SECONDS", value)
     with pytest.raises(ImproperlyConfigured, match="SECURE_HSTS_SECONDS"):
@@ -213,7 +213,7 @@ def test_a_malformed_hsts_seconds_stops_start_up(monkeypatch, value):
     ],
 )
 def test_a_malformed_proxy_ssl_header_stops_start_up(monkeypatch, value):
-    from alwayson.settings import proxy_ssl_header
+    from alwayson.settings.env import proxy_ssl_header
 
     monkeypatch.setenv("SECURE_PROXY_SSL_HEADER", value)
     with pytest.raises(ImproperlyConfigured, match="SECURE_PROXY_SSL_HEADER"):
@@ -224,7 +224,7 @@ def test_a_malformed_proxy_ssl_header_stops_start_up(monkeypatch, value):
     "value", ["example.com", "https://example.com/", "https://example.com/app", "ftp://x.org"]
 )
 def test_a_trusted_origin_without_scheme_or_with_a_path_stops_start_up(monkeypatch, value):
-    from alwayson.settings import trusted_origins
+    from alwayson.settings.env import trusted_origins
 
     monkeypatch.setenv("CSRF_TRUSTED_ORIGINS", value)
     with pytest.raises(ImproperlyConfigured, match="CSRF_TRUSTED_ORIGINS"):

@@ -23,7 +23,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from standardwebhooks.webhooks import Webhook as StandardWebhook
 
+from alwayson.settings import env
 from inbox import webhooks
+from inbox.apps import checked_inbox_secrets, checked_secrets
 from inbox.models import Event, Lease
 from inbox.webhooks import BadSignature, Malformed, Stale
 
@@ -371,6 +373,19 @@ class TestStandardSignature:
 # --- secrets and settings ---------------------------------------------------------------------
 
 
+def webhook_secrets(name, scheme):
+    """A scheme's secrets as start-up reads them: the settings split the variable
+    (alwayson/settings/webhooks.py), the inbox app's ready() checks each."""
+    return checked_secrets(name, scheme, env.items(name))
+
+
+def webhook_inbox_secrets(name):
+    """Per-inbox secrets as start-up reads them: JSON in the settings, checked in ready()."""
+    return checked_inbox_secrets(
+        name, env.json_value(name, {}, like='{"slug": {"github": ["secret"]}}')
+    )
+
+
 class TestSecrets:
     @pytest.mark.parametrize(
         "scheme, secret",
@@ -390,8 +405,6 @@ class TestSecrets:
             webhooks.check_secret(scheme, secret)
 
     def test_secrets_come_from_the_environment_comma_separated(self, monkeypatch):
-        from alwayson.settings import webhook_secrets
-
         monkeypatch.setenv("ALWAYSON_GITHUB_SECRETS", f"{GITHUB_SECRET} , next-secret")
         assert webhook_secrets("ALWAYSON_GITHUB_SECRETS", "github") == [
             GITHUB_SECRET,
@@ -410,15 +423,11 @@ class TestSecrets:
         ],
     )
     def test_a_malformed_variable_stops_start_up(self, monkeypatch, name, scheme, value):
-        from alwayson.settings import webhook_secrets
-
         monkeypatch.setenv(name, value)
         with pytest.raises(ImproperlyConfigured, match=name):
             webhook_secrets(name, scheme)
 
     def test_per_inbox_secrets_are_json(self, monkeypatch):
-        from alwayson.settings import webhook_inbox_secrets
-
         value = {"desk": {"github": ["a", "b"], "stripe": STRIPE_SECRET}}
         monkeypatch.setenv("ALWAYSON_WEBHOOK_INBOX_SECRETS", json.dumps(value))
         assert webhook_inbox_secrets("ALWAYSON_WEBHOOK_INBOX_SECRETS") == {
@@ -441,8 +450,6 @@ class TestSecrets:
         ],
     )
     def test_malformed_per_inbox_secrets_stop_start_up(self, monkeypatch, value):
-        from alwayson.settings import webhook_inbox_secrets
-
         monkeypatch.setenv("ALWAYSON_WEBHOOK_INBOX_SECRETS", value)
         with pytest.raises(ImproperlyConfigured, match="ALWAYSON_WEBHOOK_INBOX_SECRETS"):
             webhook_inbox_secrets("ALWAYSON_WEBHOOK_INBOX_SECRETS")

@@ -1,4 +1,16 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from alwayson.runtime.policy import check_policy_syntax
+
+
+def checked_policy(name, policy):
+    """Setting `name`'s permission policy; ImproperlyConfigured naming the place otherwise."""
+    try:
+        return check_policy_syntax(policy)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
 
 
 class ClaudeConfig(AppConfig):
@@ -11,4 +23,7 @@ class ClaudeConfig(AppConfig):
 
         from . import retention as own_tables
 
+        # Here, not in the settings, which import no app: every process stops at start-up on
+        # a malformed default policy, not when a Claude agent first reads it.
+        checked_policy("ALWAYSON_CLAUDE_POLICY", settings.ALWAYSON_CLAUDE_POLICY)
         retention.register(self.label, own_tables.rules)

@@ -3,7 +3,6 @@
 from collections import Counter
 from datetime import timedelta
 
-from django.conf import settings
 from django.contrib import admin
 from django.db.models import Count
 from django.utils.html import format_html_join
@@ -12,6 +11,7 @@ from inbox import clock
 from inbox.admin import InboxAdmin, ViewOnlyAdmin
 from inbox.models import Inbox
 
+from .gateway import configured_services
 from .models import EgressCall
 
 
@@ -34,7 +34,7 @@ def egress_summary(inbox, now) -> list[tuple[str, int, int, int]]:
     call or did call."""
     counts = {
         name: Counter()
-        for name, service in settings.ALWAYSON_EGRESS_SERVICES.items()
+        for name, service in configured_services().items()
         if service.allows_inbox(inbox.slug)
     }
     rows = (
@@ -59,7 +59,7 @@ class InboxWithEgressAdmin(InboxAdmin):
     def outbound_services(self, obj):
         if obj is None or obj.pk is None:
             return "-"
-        services = settings.ALWAYSON_EGRESS_SERVICES
+        services = configured_services()
         rows = egress_summary(obj, clock.database_now())
         if not rows:
             return "none: this inbox's agent can make no outbound call"

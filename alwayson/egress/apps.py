@@ -1,4 +1,18 @@
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+def checked_services(name, config):
+    """The services of setting `name` as {name: Service}; ImproperlyConfigured naming the
+    setting and the field otherwise."""
+    # Not at the top: the gateway imports the models, which load after this module.
+    from .gateway import check_services
+
+    try:
+        return check_services(config)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
 
 
 class EgressConfig(AppConfig):
@@ -11,6 +25,9 @@ class EgressConfig(AppConfig):
 
         from .channels import send_slack, send_telegram
 
+        # Here, not in the settings, which import no app: every process that sets Django up
+        # (gunicorn's too) refuses a malformed service before an agent calls one.
+        checked_services("ALWAYSON_EGRESS_SERVICES", settings.ALWAYSON_EGRESS_SERVICES)
         # The chat senders need the bot tokens, which only the gateway adds: the outbox
         # sends through whatever is registered and never imports the gateway.
         register_sender("slack", send_slack)

@@ -26,6 +26,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 from django.db.models.functions import Now
 
+from alwayson.egress.models import EgressCall
+
 log = logging.getLogger("alwayson.egress")
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"})
@@ -173,10 +175,30 @@ class Service:
 
 
 def check_services(config) -> dict:
-    """ALWAYSON_EGRESS_SERVICES, checked at start-up: {name: Service}."""
+    """ALWAYSON_EGRESS_SERVICES as {name: Service}; ValueError naming the field otherwise.
+    A value that is a Service already (as a test or a caller builds them) is kept."""
     if not isinstance(config, dict):
         raise ValueError("expected a JSON object of services by name")
-    return {name: Service.from_config(name, item) for name, item in config.items()}
+    return {
+        name: item if isinstance(item, Service) else Service.from_config(name, item)
+        for name, item in config.items()
+    }
+
+
+# The setting's value and its Services: the settings hold the JSON, parsed once per value.
+_services = (None, {})
+
+
+def configured_services() -> dict:
+    """The services agents may call: ALWAYSON_EGRESS_SERVICES as {name: Service}. Checked at
+    start-up by the app's ready(); parsed again only when the setting is given a new value."""
+    global _services
+    configured = settings.ALWAYSON_EGRESS_SERVICES
+    seen, checked = _services
+    if seen is not configured:
+        checked = check_services(configured)
+        _services = (configured, checked)
+    return checked
 
 
 def _unsafe_path(path) -> bool:
@@ -215,7 +237,7 @@ class Egress:
     def __init__(self, inbox=None, services: dict | None = None, transport=None):
         self.inbox = inbox
         self.slug = getattr(inbox, "slug", inbox)
-        self.services = settings.ALWAYSON_EGRESS_SERVICES if services is None else services
+        self.services = configured_services() if services is None else services
         self._transport = transport
 
     def get(self, service, path, **kwargs) -> EgressResponse:
@@ -321,10 +343,6 @@ class Egress:
             raise EgressFailed(f"{target.name} {path}: {type(exc).__name__}") from None
 
     def _record(self, service, method, path, outcome, status=None, error=""):
-        # Read here, not at the top: the settings import this module (check_services)
-        # before the apps, and so the models, are loaded.
-        from alwayson.egress.models import EgressCall
-
         inbox_id = getattr(self.inbox, "pk", None)
         EgressCall.objects.create(
             inbox_id=inbox_id,

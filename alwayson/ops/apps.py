@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class OpsConfig(AppConfig):
@@ -13,7 +14,12 @@ class OpsConfig(AppConfig):
         from . import metrics
         from .alerts import events_going_dead
         from .announce import announce_approval
+        from .sentry import init_sentry
 
+        # Here, not in the settings: every process that sets Django up (runserver, gunicorn,
+        # the loops, any command) reports to Sentry, and importing the settings starts nothing.
+        if settings.SENTRY_DSN:
+            init_sentry(settings.SENTRY_DSN, settings.SENTRY_ENVIRONMENT, settings.SENTRY_RELEASE)
         approval_requested.connect(announce_approval, dispatch_uid="alwayson.announce_approval")
         events_dead.connect(events_going_dead, dispatch_uid="alwayson.events_going_dead")
         metrics.connect_signals()

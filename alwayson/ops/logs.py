@@ -4,6 +4,9 @@ The worker opens a run context around each run (`run_context`); every line logge
 by alwayson or by the agent, carries the run's id, inbox and generation, so the lines of one
 run can be picked out of a busy worker's output. The context is a contextvar: each of a
 pool's slots (threads) has its own.
+
+The LOGGING setting names the formatters and the filter below by their dotted paths
+(alwayson/settings/logs.py).
 """
 
 import contextvars
@@ -13,8 +16,6 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-
-FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True)
@@ -99,34 +100,3 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             line["stack_info"] = self.formatStack(record.stack_info)
         return json.dumps(line, default=str)
-
-
-def logging_config(log_format: str) -> dict:
-    """The LOGGING setting for `log_format` (text or json): alwayson's loggers to stderr."""
-    if log_format not in FORMATS:
-        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {log_format!r}")
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {
-            "text": {"()": "alwayson.ops.logs.TextFormatter"},
-            "json": {"()": "alwayson.ops.logs.JsonFormatter"},
-        },
-        "filters": {"run": {"()": "alwayson.ops.logs.RunContextFilter"}},
-        "handlers": {
-            "console": {
-                "class": "logging.StreamHandler",
-                "formatter": log_format,
-                "filters": ["run"],
-            }
-        },
-        "loggers": {
-            # The loop commands set this logger's level from --verbosity (management/loop.py);
-            # the format stays the handler's.
-            "alwayson": {"handlers": ["console"], "level": "INFO", "propagate": False},
-            # httpx logs each request's full URL at INFO, and an egress service's credential
-            # may be a query parameter: the gateway logs its calls itself, without it.
-            "httpx": {"level": "WARNING"},
-            "httpcore": {"level": "WARNING"},
-        },
-    }

@@ -5,7 +5,7 @@ The SDK sends unhandled exceptions of views and commands, and every ERROR log li
 event, a parked outbox send) as an event, with the frames' local variables and the log lines
 before it as breadcrumbs. Any of those may hold a credential: an egress service's token read
 into a variable, a DATABASE_URL in a message. `scrub_event` runs on every event before it
-leaves the process and masks what alwayson's error pages mask (alwayson/error_reports.py:
+leaves the process and masks what alwayson's error pages mask (alwayson/ops/error_reports.py:
 values under secret-looking names, passwords in URLs) and, anywhere in the event, the literal
 values of the secrets this process knows: secret-looking settings, secret-looking environment
 variables, and the variables the egress services read their credentials from.
@@ -16,6 +16,7 @@ import re
 
 from django.core.exceptions import ImproperlyConfigured
 
+from alwayson.egress.gateway import configured_services
 from alwayson.ops.error_reports import _URL_PASSWORD, CredentialFilter
 
 INSTALL_HINT = "pip install 'alwayson[sentry]' (or sentry-sdk>=2)"
@@ -26,7 +27,8 @@ MIN_SECRET_LENGTH = 6
 
 
 def init_sentry(dsn, environment, release):
-    """Start the SDK; ImproperlyConfigured (at start-up) if it is missing or the DSN is bad."""
+    """Start the SDK: the operations app's ready() does, when SENTRY_DSN is set, so that every
+    process reports. ImproperlyConfigured (at start-up) if it is missing or the DSN is bad."""
     try:
         import sentry_sdk
         from sentry_sdk.integrations.django import DjangoIntegration
@@ -95,8 +97,8 @@ def known_secrets() -> set[str]:
         for name in dir(settings):
             if name.isupper():
                 _collect(name, getattr(settings, name, None), hidden, found)
-        for service in getattr(settings, "ALWAYSON_EGRESS_SERVICES", {}).values():
-            variable = getattr(service, "secret_env", "")
+        for service in configured_services().values():
+            variable = service.secret_env
             if variable and os.environ.get(variable):
                 found.add(os.environ[variable])
     for name, value in os.environ.items():

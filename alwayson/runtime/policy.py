@@ -17,7 +17,7 @@ names operators (eq, ne, lt, lte, gt, gte, in, not_in). A condition that cannot 
 in which no rule holds asks: a policy that did not foresee a call never lets it through.
 Tools the policy does not name: the built-ins are allowed, application tools ask.
 
-Pure Python on purpose: settings validate ALWAYSON_CLAUDE_POLICY with it at start-up.
+Pure Python: the Claude app's ready() checks ALWAYSON_CLAUDE_POLICY with it at start-up.
 """
 
 from dataclasses import dataclass

@@ -1,0 +1,18 @@
+"""The agents and the machinery that runs them: which agent, claims, leases and retries."""
+
+from . import env
+
+# The agent the worker runs: a callable taking a Run (alwayson/runtime/run.py).
+ALWAYSON_AGENT = env.string("ALWAYSON_AGENT", "alwayson.demo.refund_desk.agent")
+# The example refund desk asks two different approvers for a refund above this amount.
+ALWAYSON_REFUND_TWO_APPROVERS_ABOVE = env.positive_int("ALWAYSON_REFUND_TWO_APPROVERS_ABOVE", 500)
+# Where people reach this site: absolute links in the agent's messages start here.
+ALWAYSON_SITE_URL = env.http_url("ALWAYSON_SITE_URL", "http://127.0.0.1:8000")
+
+# Claims before an event is parked as dead.
+ALWAYSON_MAX_ATTEMPTS = env.positive_int("ALWAYSON_MAX_ATTEMPTS", 3)
+# Seconds a worker owns an inbox without renewing.
+ALWAYSON_LEASE_TTL = env.positive_int("ALWAYSON_LEASE_TTL", 120)
+# Backoff before a failed event's next attempt: base * 2^(attempts-1) seconds, capped, jittered.
+ALWAYSON_RETRY_BASE = env.positive_int("ALWAYSON_RETRY_BASE", 10)
+ALWAYSON_RETRY_CAP = env.positive_int("ALWAYSON_RETRY_CAP", 3600)

@@ -1,0 +1,61 @@
+"""The database: `DATABASE_URL` picks it. SQLite is the embedded default; PostgreSQL
+(`postgres://...`) is the engine for many workers on many hosts."""
+
+from django.core.exceptions import ImproperlyConfigured
+
+from . import env
+from .env import BASE_DIR
+
+# A worker frozen inside a transaction (SIGSTOP, a debugger, a swap storm) holds its inbox's
+# lease row. PostgreSQL ends a session left idle in a transaction after this many seconds, so
+# the lock comes free; it must outlast the longest send an at-least-once dispatch makes
+# inside its transaction (the outbox's webhook and email timeouts: checked in outbox.py).
+ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT = env.positive_int("ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT", 30)
+# Seconds a delivery (ingest) or a person's answer waits for its inbox's lock before it is
+# refused as busy (a webhook then answers 503 with Retry-After): under a sender's timeout.
+ALWAYSON_INGEST_LOCK_WAIT = env.positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5)
+
+# Seconds a web process keeps its PostgreSQL connection between requests; 0: one per request.
+ALWAYSON_DB_CONN_MAX_AGE = env.non_negative_int("ALWAYSON_DB_CONN_MAX_AGE", 60)
+
+# Prepared statements for the hot paths' statements (ingest, the worker's take and finish:
+# inbox/store.py prepared_cursor); Django's own stay unprepared. Off behind a pooler in
+# transaction mode that cannot keep a session's prepared statements (PgBouncer before 1.21).
+ALWAYSON_DB_PREPARE = env.strict_bool("ALWAYSON_DB_PREPARE", True)
+
+
+def _database(url):
+    config = env.database_config("DATABASE_URL", url)
+    engine = config.get("ENGINE", "")
+    if engine.endswith("sqlite3"):
+        config.setdefault("OPTIONS", {}).update(
+            {
+                # Every atomic() takes the write lock up front (the article's BEGIN IMMEDIATE),
+                # so a read-then-write decision can never be overtaken by another writer.
+                "transaction_mode": "IMMEDIATE",
+                # Seconds a writer waits for the lock before "database is locked".
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            }
+        )
+    elif engine.endswith("postgresql"):
+        config.setdefault("OPTIONS", {}).setdefault(
+            "application_name", env.string("ALWAYSON_APPLICATION_NAME", "alwayson")
+        )
+        # A web process keeps its connection between requests (checked before reuse): a
+        # webhook is one statement, so opening a session per request would cost more than it.
+        config.setdefault("CONN_MAX_AGE", ALWAYSON_DB_CONN_MAX_AGE)
+        config.setdefault("CONN_HEALTH_CHECKS", True)
+        idle = f"-c idle_in_transaction_session_timeout={ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s"
+        options = config["OPTIONS"]
+        options["options"] = f"{options['options']} {idle}" if options.get("options") else idle
+    else:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must point at SQLite or PostgreSQL, not {engine or url!r}"
+        )
+    return config
+
+
+DATABASES = {
+    "default": _database(env.string("DATABASE_URL", f"sqlite:///{BASE_DIR / 'alwayson.sqlite3'}"))
+}
