@@ -14,6 +14,7 @@ variables, and the variables the egress services read their credentials from.
 import os
 import re
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from alwayson.egress.gateway import configured_services
@@ -29,6 +30,7 @@ MIN_SECRET_LENGTH = 6
 def init_sentry(dsn, environment, release):
     """Start the SDK: the operations app's ready() does, when SENTRY_DSN is set, so that every
     process reports. ImproperlyConfigured (at start-up) if it is missing or the DSN is bad."""
+    # The SDK is an optional extra: imported only where SENTRY_DSN asks for it.
     try:
         import sentry_sdk
         from sentry_sdk.integrations.django import DjangoIntegration
@@ -89,8 +91,6 @@ def known_secrets() -> set[str]:
     """The values of this process's secrets: secret-looking settings (SECRET_KEY, webhook
     secrets, API keys, DATABASES' passwords), secret-looking environment variables, and the
     environment variables the egress services take their credentials from."""
-    from django.conf import settings
-
     found = set()
     hidden = CredentialFilter.hidden_settings
     if settings.configured:
