@@ -7,17 +7,13 @@ or fire a timer early. SQLite is embedded: its clock is this host's.
 
 from datetime import UTC, datetime
 
-from django.db import connection
 from django.utils import timezone
+
+from .backends import current
 
 
 def database_now() -> datetime:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            # clock_timestamp(), not now(): now() is frozen at the start of the transaction.
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-    return timezone.now()
+    return current().database_now()
 
 
 def resolve(now: datetime | None) -> datetime:
