@@ -307,6 +307,14 @@ def _fetch_direct(db, sql, params) -> dict | None:
         return direct.fetch_one(sql, params)
 
 
+def _inbox_id(ref, value) -> int:
+    """An id for a statement's bigint parameter: one out of its range names no inbox, as
+    the ORM's lookups answer for it (the statement would fail on the cast)."""
+    if not -(2**63) <= value < 2**63:
+        raise UnknownInbox(ref)
+    return value
+
+
 def _lock_timeout(wait) -> str | None:
     return None if wait is None else f"{round(wait * 1000)}ms"
 
@@ -350,7 +358,7 @@ class PostgreSQL(Backend):
         db = connections[DEFAULT_DB_ALIAS]
         column, value = Inbox.objects.lookup(ref)
         params = {
-            "inbox_id": value if column == "id" else None,
+            "inbox_id": _inbox_id(ref, value) if column == "id" else None,
             "slug": value if column == "slug" else None,
             "now": now,
             "lock_timeout": _lock_timeout(lock_wait),
@@ -371,7 +379,7 @@ class PostgreSQL(Backend):
     # --- leases ------------------------------------------------------------------------------
 
     def acquire(self, ref, holder, now):
-        inbox_id = Inbox.objects.pk_of(ref)
+        inbox_id = _inbox_id(ref, Inbox.objects.pk_of(ref))
         with transaction.atomic():
             with prepared_cursor() as cursor:
                 cursor.execute(ACQUIRE, _lease_params(holder, now, inbox=inbox_id))
