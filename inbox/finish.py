@@ -1,8 +1,8 @@
 """A run's end: finish (done, failed or deferred, with what the run produced), and
 finish_and_take for a worker that goes straight on to its next claim. Every finish is
 fenced: it commits only while (holder, generation) still holds the lease and every event is
-still running under that generation (principle: a slow worker cannot finish a run somebody
-else took over).
+still running under that generation, so a worker that was only slow cannot finish a run
+somebody else took over.
 """
 
 from collections.abc import Iterable

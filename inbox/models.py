@@ -224,6 +224,7 @@ class Lease(models.Model):
 
         Renewing keeps the generation; any takeover, even by the same holder after its lease
         lapsed, starts a new one, so claims made under the lapsed lease can be told apart.
+        The portable form, SQLite's; PostgreSQL states the rule in inbox/sql/take_lease.sql.
         """
         if self.is_free(now):
             if self.until is not None:  # lapsed, not released: a takeover

@@ -7,23 +7,25 @@ clock, its busy timeout and its insert). `postgresql.PostgreSQL` states the hot 
 as whole statements of its own (inbox/sql/), prepared, and overrides every portable form
 whose rule its statements state, so that on one database each rule has one home.
 
-`current()` is the backend of the default connection, chosen once per kind of database.
+`current()` is the backend of the default database, chosen once.
 """
 
-import functools
 import importlib
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
 
 _MODULES = {"postgresql": "postgresql.PostgreSQL", "sqlite": "sqlite.SQLite"}
-
-
-@functools.cache
-def _for(vendor):
-    module, name = _MODULES[vendor].split(".")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)()
+_current = None
 
 
 def current():
-    """The backend of the default database."""
-    return _for(connection.vendor)
+    """The backend of the default database, chosen on the first call (a process has one
+    default database; every delivery asks, so the answer is kept)."""
+    return _current or _choose()
+
+
+def _choose():
+    global _current
+    module, name = _MODULES[connections[DEFAULT_DB_ALIAS].vendor].split(".")
+    _current = getattr(importlib.import_module(f"{__name__}.{module}"), name)()
+    return _current

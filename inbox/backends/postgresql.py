@@ -122,18 +122,28 @@ _INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
 _EVENT_FIELDS = [field.attname for field in Event._meta.concrete_fields]
 
 
-def _named(cursor, row) -> dict | None:
-    return None if row is None else dict(zip([c[0] for c in cursor.description], row, strict=True))
+# Each statement's result columns, by its text, read from its first result: psycopg builds
+# cursor.description anew on every access (about 5 us a column, on every delivery).
+_columns = {}
 
 
-def _one(cursor) -> dict | None:
-    """The cursor's next row, by column name."""
-    return _named(cursor, cursor.fetchone())
+def _one(cursor, sql) -> dict | None:
+    """The next row of `sql`, just run on `cursor`, by column name."""
+    row = cursor.fetchone()
+    return None if row is None else dict(zip(_names(cursor, sql), row, strict=True))
 
 
-def _all(cursor) -> list[dict]:
-    names = [c[0] for c in cursor.description] if cursor.description else []
+def _all(cursor, sql) -> list[dict]:
+    """The rows of `sql`, just run on `cursor`, by column name."""
+    names = _names(cursor, sql)
     return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _names(cursor, sql) -> list[str]:
+    names = _columns.get(sql)
+    if names is None:
+        names = _columns[sql] = [column[0] for column in cursor.description]
+    return names
 
 
 # --- cursors ---------------------------------------------------------------------------------
@@ -195,11 +205,11 @@ def _fetch_one(db, sql, params) -> dict | None:
     if db.queries_logged or db.execute_wrappers:
         with prepared_cursor() as cursor:
             cursor.execute(sql, params)
-            return _one(cursor)
+            return _one(cursor, sql)
     cursor = _kept(_one_cursors, db, _PreparingCursor)
     with db.wrap_database_errors:
         cursor.execute(sql, params)
-        return _one(cursor)
+        return _one(cursor, sql)
 
 
 def _kept(kept, db, make):
@@ -307,6 +317,9 @@ def _fetch_direct(db, sql, params) -> dict | None:
         return direct.fetch_one(sql, params)
 
 
+_lookup = Inbox.objects.lookup  # bound once: it runs on every delivery
+
+
 def _inbox_id(ref, value) -> int:
     """An id for a statement's bigint parameter: one out of its range names no inbox, as
     the ORM's lookups answer for it (the statement would fail on the cast)."""
@@ -356,7 +369,7 @@ class PostgreSQL(Backend):
 
     def store(self, ref, rows, now, lock_wait, text=None):
         db = connections[DEFAULT_DB_ALIAS]
-        column, value = Inbox.objects.lookup(ref)
+        column, value = _lookup(ref)
         params = {
             "inbox_id": _inbox_id(ref, value) if column == "id" else None,
             "slug": value if column == "slug" else None,
@@ -383,7 +396,7 @@ class PostgreSQL(Backend):
         with transaction.atomic():
             with prepared_cursor() as cursor:
                 cursor.execute(ACQUIRE, _lease_params(holder, now, inbox=inbox_id))
-                row = _one(cursor)
+                row = _one(cursor, ACQUIRE)
             if row is None:
                 raise UnknownInbox(ref)
             if row["generation"] is None:
@@ -395,7 +408,7 @@ class PostgreSQL(Backend):
         with transaction.atomic():
             with prepared_cursor() as cursor:
                 cursor.execute(ACQUIRE_NEXT, _lease_params(holder, now))
-                row = _one(cursor)
+                row = _one(cursor, ACQUIRE_NEXT)
             if row is None:
                 return None
             _taken(row)
@@ -413,7 +426,7 @@ class PostgreSQL(Backend):
                     "generation": generation,
                 },
             )
-            row = _one(cursor)
+            row = _one(cursor, FENCE)
         if row is not None:
             return row["now"]
         return self.refused(ref, inbox_id)
@@ -433,7 +446,7 @@ class PostgreSQL(Backend):
         take = _take(holder, now)
         with prepared_cursor() as cursor:
             cursor.execute(take.sql, take.params)
-            rows = _all(cursor)
+            rows = _all(cursor, take.sql)
         return take.claim(self, rows)
 
     def _claim_locked(self, inbox, holder, generation, now) -> Claim:
@@ -503,7 +516,7 @@ def _insert_many(ref, params, rows) -> tuple[int, list[Stored]]:
     # Not prepared: see insert_many.sql.
     with _server_cursor() as cursor:
         cursor.execute(INSERT_MANY, params)
-        result = _all(cursor)
+        result = _all(cursor, INSERT_MANY)
     if not result:
         raise UnknownInbox(ref)
     stored = [
@@ -587,7 +600,7 @@ def _take(holder, now) -> _Take:
 def _claim_rows(inbox_id, generation, now) -> list[dict]:
     with prepared_cursor() as cursor:
         cursor.execute(CLAIM, {"inbox": inbox_id, "now": now, "generation": generation})
-        return _all(cursor)
+        return _all(cursor, CLAIM)
 
 
 def _claimed(inbox, generation, rows, extras=None) -> Claim:
@@ -629,7 +642,7 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
             locked, finished = _lock_and_finish(params)
             if locked.fetchone() is None:
                 raise UnknownInbox(ref)
-            finished = _one(finished)
+            finished = _one(finished, FINISH_DONE)
             if not finished["ok"]:
                 return False, []
             for effect in effects:
@@ -638,7 +651,7 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
                 return True, []
             with prepared_cursor() as cursor:
                 cursor.execute(take.sql, take.params)
-                return True, _all(cursor)
+                return True, _all(cursor, take.sql)
     connection.ensure_connection()
     raw = connection.connection
     try:
@@ -659,7 +672,7 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
     if locked.fetchone() is None:
         raise UnknownInbox(ref)
     # The take committed whether or not the finish was accepted: its claim stands either way.
-    return _one(finished)["ok"], _all(taken) if take is not None else []
+    return _one(finished, FINISH_DONE)["ok"], _all(taken, take.sql) if take is not None else []
 
 
 def _lock_and_finish(params):
