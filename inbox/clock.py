@@ -7,25 +7,16 @@ or fire a timer early. SQLite is embedded: its clock is this host's.
 
 from datetime import UTC, datetime
 
-from django.db import connection
-from django.utils import timezone
+from .backends import current
 
 
 def database_now() -> datetime:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            # clock_timestamp(), not now(): now() is frozen at the start of the transaction.
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-    return timezone.now()
+    return current().database_now()
 
 
 def resolve(now: datetime | None) -> datetime:
-    if now is None:
-        return database_now()
-    if not isinstance(now, datetime) or timezone.is_naive(now):
-        raise ValueError(f"now must be an aware datetime, not {now!r}")
-    return now
+    """`now` as given (an aware datetime), or the database's clock when it is None."""
+    return current().resolve(now)
 
 
 def whole_seconds(moment: datetime) -> datetime:

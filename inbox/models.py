@@ -32,27 +32,32 @@ class InboxQuerySet(models.QuerySet):
 
 
 class InboxManager(models.Manager.from_queryset(InboxQuerySet)):
+    def lookup(self, ref) -> tuple[str, object]:
+        """The field and value naming the inbox `ref` (an Inbox, a primary key or a slug),
+        without a query; UnknownInbox for anything else. The one reading of a reference:
+        resolve, pk_of and the PostgreSQL statements that find the inbox themselves."""
+        if isinstance(ref, Inbox):
+            return "id", ref.pk
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            return "id", ref
+        # A slug PostgreSQL cannot even compare (a NUL) names no inbox, on both databases.
+        if isinstance(ref, str) and ref and not UNSTORABLE.search(ref):
+            return "slug", ref
+        raise UnknownInbox(ref)
+
     def pk_of(self, ref) -> int:
         """The primary key, without a query when `ref` is an Inbox or already an id (the
         worker's hot path); a slug is looked up."""
-        if isinstance(ref, Inbox):
-            return ref.pk
-        if isinstance(ref, int) and not isinstance(ref, bool):
-            return ref
-        return self.resolve(ref).pk
+        field, value = self.lookup(ref)
+        return value if field == "id" else self.resolve(ref).pk
 
     def resolve(self, ref) -> "Inbox":
         """An Inbox from an instance, a slug or a primary key; UnknownInbox otherwise."""
         if isinstance(ref, Inbox):
             return ref
-        lookup = {"pk": ref} if isinstance(ref, int) and not isinstance(ref, bool) else None
-        # A slug PostgreSQL cannot even compare (a NUL) names no inbox, on both databases.
-        if lookup is None and isinstance(ref, str) and ref and not UNSTORABLE.search(ref):
-            lookup = {"slug": ref}
-        if lookup is None:
-            raise UnknownInbox(ref)
+        field, value = self.lookup(ref)
         try:
-            return self.get(**lookup)
+            return self.get(**{field: value})
         except Inbox.DoesNotExist:
             raise UnknownInbox(ref) from None
 
@@ -219,6 +224,7 @@ class Lease(models.Model):
 
         Renewing keeps the generation; any takeover, even by the same holder after its lease
         lapsed, starts a new one, so claims made under the lapsed lease can be told apart.
+        The portable form, SQLite's; PostgreSQL states the rule in inbox/sql/take_lease.sql.
         """
         if self.is_free(now):
             if self.until is not None:  # lapsed, not released: a takeover

@@ -9,7 +9,9 @@ import json
 import math
 import re
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
+
+from django.utils import timezone
 
 MAX_KEY_LENGTH = 255
 # A primary key is a 64-bit integer (BigAutoField) on both databases.
@@ -181,3 +183,11 @@ def _short(value) -> str:
     """A value for an error message: a huge argument is named, not echoed whole."""
     text = repr(value)
     return text if len(text) <= 80 else f"{text[:60]}... ({type(value).__name__})"
+
+
+def require_now(now) -> datetime:
+    """A `now` an operation was given: an aware datetime (a naive one would be read in the
+    host's zone, and compare wrongly with the database's clock)."""
+    if not isinstance(now, datetime) or timezone.is_naive(now):
+        raise ValueError(f"now must be an aware datetime, not {now!r}")
+    return now

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from alwayson.runtime.api import acquire, claim_batch, finish, ingest
-from inbox import services
+from inbox import rules
 from inbox.models import Event, Lease
 from inbox.services import acquire_next, mark_dead, release, renew, requeue, retry_delay
 
@@ -18,7 +18,7 @@ SECOND = timedelta(seconds=1)
 
 
 class PinnedJitter:
-    """Stands in for services._jitter: always the top (or bottom) of the random half."""
+    """Stands in for rules._jitter: always the top (or bottom) of the random half."""
 
     def __init__(self, top=True):
         self.top = top
@@ -37,7 +37,7 @@ def retry_settings(settings):
 
 @pytest.fixture
 def top_jitter(monkeypatch, retry_settings):
-    monkeypatch.setattr(services, "_jitter", PinnedJitter(top=True))
+    monkeypatch.setattr(rules, "_jitter", PinnedJitter(top=True))
 
 
 def lease(inbox):
@@ -69,9 +69,9 @@ def fail_once(inbox, holder, now, error="tool timed out"):
 
 
 def test_retry_delay_doubles_per_attempt(monkeypatch, retry_settings):
-    monkeypatch.setattr(services, "_jitter", PinnedJitter(top=True))
+    monkeypatch.setattr(rules, "_jitter", PinnedJitter(top=True))
     tops = [retry_delay(n).total_seconds() for n in range(1, 6)]
-    monkeypatch.setattr(services, "_jitter", PinnedJitter(top=False))
+    monkeypatch.setattr(rules, "_jitter", PinnedJitter(top=False))
     bottoms = [retry_delay(n).total_seconds() for n in range(1, 6)]
 
     assert tops == [10, 20, 40, 80, 160]
@@ -82,7 +82,7 @@ def test_retry_delay_doubles_per_attempt(monkeypatch, retry_settings):
 
 def test_retry_delay_is_capped(monkeypatch, retry_settings):
     retry_settings.ALWAYSON_RETRY_CAP = 60
-    monkeypatch.setattr(services, "_jitter", PinnedJitter(top=True))
+    monkeypatch.setattr(rules, "_jitter", PinnedJitter(top=True))
 
     assert [retry_delay(n).total_seconds() for n in (3, 4, 5, 12)] == [40, 60, 60, 60]
     # A huge attempt count neither overflows nor escapes the cap.

@@ -26,6 +26,7 @@ from alwayson.ops.models import DeadAlert
 from alwayson.runtime.worker import Worker
 from alwayson.settings.logs import logging_config
 from inbox import services
+from inbox.backends import base as inbox_backend
 from inbox.models import Event
 from inbox.services import acquire, claim_batch, ingest, mark_dead, release
 from outbox.channels import SendFailed
@@ -113,7 +114,7 @@ def test_a_claim_that_rolls_back_logs_no_dead_event(
     def fail(*args):
         raise RuntimeError("the claim fails after the alert was written")
 
-    monkeypatch.setattr(services, "_dead_reason", fail)
+    monkeypatch.setattr(inbox_backend, "_dead_reason", fail)
     with django_capture_on_commit_callbacks(execute=True), pytest.raises(RuntimeError):
         claim(inbox, t0)
 
@@ -230,12 +231,12 @@ def test_each_inbox_has_its_own_interval(make_inbox, t0):
 @pytest.mark.django_db
 def test_the_alert_commits_with_the_dead_transition_or_not_at_all(inbox, t0, monkeypatch):
     out_of_attempts(inbox, "m1", "m2", now=t0)
-    real_reason = services._dead_reason
+    real_reason = inbox_backend._dead_reason
 
     def fail(*args):
         raise RuntimeError("crash after the alert was written, before the claim commits")
 
-    monkeypatch.setattr(services, "_dead_reason", fail)
+    monkeypatch.setattr(inbox_backend, "_dead_reason", fail)
     with pytest.raises(RuntimeError):
         claim(inbox, t0)
 
@@ -244,7 +245,7 @@ def test_the_alert_commits_with_the_dead_transition_or_not_at_all(inbox, t0, mon
     assert not DeadAlert.objects.filter(last_alert_at__isnull=False).exists()
     assert set(Event.objects.values_list("status", flat=True)) == {"pending"}
 
-    monkeypatch.setattr(services, "_dead_reason", real_reason)
+    monkeypatch.setattr(inbox_backend, "_dead_reason", real_reason)
     claim(inbox, t0 + MINUTE, holder="W2")
 
     [alert] = alerts(inbox)

@@ -29,11 +29,11 @@ from hypothesis import register_random
 from hypothesis import settings as hsettings
 from hypothesis.stateful import run_state_machine_as_test
 
-from inbox import services as inbox_services
+from inbox import rules as inbox_rules
 from tests.model_check import InboxMachine
 
 # The retry backoff's jitter: seeded per example, so a failing sequence replays exactly.
-register_random(inbox_services._jitter)
+register_random(inbox_rules._jitter)
 
 EXAMPLES = int(os.environ.get("ALWAYSON_MODEL_EXAMPLES", "25"))
 STEPS = int(os.environ.get("ALWAYSON_MODEL_STEPS", "50"))

@@ -56,7 +56,7 @@ HOUR = timedelta(hours=1)
 def inlined_parameters(monkeypatch):
     """The hot paths' statements through Django's own cursor, which inlines parameters, so
     the SQL captured can be EXPLAINed as it ran (a prepared statement's is in $n form)."""
-    monkeypatch.setattr("inbox.store.prepared_cursor", connection.cursor)
+    monkeypatch.setattr("inbox.backends.postgresql.prepared_cursor", connection.cursor)
 
 
 def sql_of(run):

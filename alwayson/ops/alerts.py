@@ -13,7 +13,7 @@ transaction, under the inbox's lease lock; `events_going_dead` receives it there
   every worker process shares the limit), and the dispatcher's `flush_dead_alerts` tells
   the owner about them once the interval has passed, even if nothing else goes dead.
 
-An operator's mark_dead is a decision, not a failure: inbox/services.py logs it at WARNING
+An operator's mark_dead is a decision, not a failure: inbox/operator.py logs it at WARNING
 and sends no alert.
 """
 

@@ -4,7 +4,7 @@ import logging
 
 from django.db import DatabaseError
 
-from inbox import store
+from inbox import backends
 
 from .loading import load_agent
 from .models import AgentConfig
@@ -29,7 +29,7 @@ class Agents:
             # Read on every run, so an edit in the admin applies from the next run, in every
             # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
             # than the lookup itself on a run that does nothing else.
-            with store.prepared_cursor() as cursor:
+            with backends.current().cursor() as cursor:
                 cursor.execute(
                     f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
                     [inbox.pk],

@@ -19,8 +19,9 @@ ALWAYSON_INGEST_LOCK_WAIT = env.positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5)
 ALWAYSON_DB_CONN_MAX_AGE = env.non_negative_int("ALWAYSON_DB_CONN_MAX_AGE", 60)
 
 # Prepared statements for the hot paths' statements (ingest, the worker's take and finish:
-# inbox/store.py prepared_cursor); Django's own stay unprepared. Off behind a pooler in
-# transaction mode that cannot keep a session's prepared statements (PgBouncer before 1.21).
+# prepared_cursor in inbox/backends/postgresql.py); Django's own stay unprepared. Off behind a
+# pooler in transaction mode that cannot keep a session's prepared statements (PgBouncer
+# before 1.21).
 ALWAYSON_DB_PREPARE = env.strict_bool("ALWAYSON_DB_PREPARE", True)
 
 

@@ -1,0 +1,684 @@
+"""PostgreSQL: the hot operations as whole statements of their own (inbox/sql/), prepared
+on the server, and the psycopg tricks that make them cheap for the client.
+
+Every statement here states its rule once on this database: acquire, acquire_next and
+take_next take a lease by take_lease.sql (Lease.take is SQLite's), claim_batch and
+take_next claim by claim_batch.sql (the ORM's claim is SQLite's), a run that ended well
+finishes by finish_done.sql, the fence is fence.sql. The leftovers of a lost run, a run's
+error or deferral, renewals and operators' actions stay in the ORM (backends/base.py), one
+form for both databases.
+
+Storing events
+--------------
+
+An event is stored in one statement (a data-modifying WITH), so an ingest outside a transaction is
+one round trip and one commit. In the order the statement runs:
+
+1. `fresh`: the keys not already stored as of the statement's snapshot. When there are none
+   (the sender's retry of a stored delivery) nothing below runs: no lock, no write, no
+   transaction id, no WAL flush; the answer is "duplicate", and it is right, because a
+   visible row is a committed row.
+2. `lease`: the inbox's lease row locked, before any event row is written, the lock order
+   of every other writer (inbox/locks.py). A finish that holds it commits first, and the lock
+   then returns the row as that finish left it (work_at included).
+3. `stored`: INSERT ... ON CONFLICT DO NOTHING: the UNIQUE constraint decides, against rows
+   committed meanwhile too; no exception, no savepoint.
+4. `marked`: work_at lowered to the events' time when the locked row (not the statement's
+   older snapshot, which may predate a finish's recount) has no earlier work.
+5. pg_notify when the marker moved (the inbox had no earlier work), sent at commit. An
+   inbox whose marker already stood has been announced, or is held by a worker that looks
+   for more work when its run ends; and a NOTIFY is not free: PostgreSQL serialises the
+   commits of notifying transactions database-wide, which would undo group commit for
+   concurrent deliveries.
+
+A finish recounts work_at under the same lock: an ingest either committed before the finish
+took the lock (the recount, a later statement, sees its event) or waits for the finish to
+commit and then marks the work on the row the finish left. Either way no event is left
+pending without a marker.
+
+The lock is FOR UPDATE when the marker must move, and FOR SHARE when it already stands at
+or before the event's time and the statement is its own transaction (an ingest outside
+any transaction): deliveries to one inbox then hold the row together and
+their commits flush the WAL together, where FOR UPDATE would queue each behind the last
+one's flush. The rule above still holds, because FOR SHARE conflicts with every writer's
+FOR UPDATE: a finish waits for the sharers to commit before it recounts, and a sharer that
+waited for a finish gets the row as the finish left it. That row is checked again (work_at
+at or before the event's time), and when the finish moved the marker the statement stores
+nothing and runs again with FOR UPDATE: a sharer never writes the row, so no two sharers
+wait to upgrade each other's lock. Inside a caller's transaction it is always FOR UPDATE: a
+later FOR UPDATE of the same row there would wait on the other sharers, and they, for a key
+this transaction inserted, on it.
+
+One event outside a transaction first tries the common case alone (insert_try.sql):
+the marker stands and no writer holds the row. It is one INSERT ... SELECT whose SELECT
+takes the lease row FOR SHARE SKIP LOCKED, so it never waits and sets no lock timeout, and
+has the fewest plan nodes a delivery can cost the server. Any other case (no marker yet, a
+finish or a worker's take holding the row, a key stored since the statement's snapshot)
+comes back as "again", having written nothing, and the statement above runs: the first
+delivery to an idle inbox is two statements and one commit.
+
+One event's statements are prepared, with scalar parameters: their generic plan is one
+probe of each key whatever the tables' sizes (see Event.inbox on the index it has not). The
+try runs through libpq itself (_Direct). A batch's (insert_many.sql) is planned each time:
+its plan depends on the batch's size.
+
+Three statements state the insert, each the fast form of its case, kept apart for speed:
+the try (never waits, fewest nodes), one event (prepared with scalar parameters: a stable
+generic plan) and a batch (arrays, planned for its size).
+"""
+
+import itertools
+import json
+import re
+import weakref
+from contextlib import contextmanager, nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple
+
+import psycopg
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
+from psycopg import pq
+from psycopg.adapt import Transformer
+
+from ..exceptions import InboxBusy, UnknownInbox
+from ..models import Event, Inbox, Lease, Session
+from ..rules import CLAIM_EXTRAS, Claim, lease_ttl
+from ..signals import lease_taken_over
+from ..store import WORK_CHANNEL, Stored
+from .base import Backend
+
+# --- the statements --------------------------------------------------------------------------
+
+_SQL = Path(__file__).resolve().parent.parent / "sql"
+_FRAGMENTS = ("pick_lease", "take_lease", "claim_batch")
+
+
+def _load(name) -> str:
+    """inbox/sql/NAME.sql as sent: without its comment lines (they are for the reader), each
+    {fragment} replaced by that fragment's file. Read once, at import: the same text every
+    time, so psycopg finds the statement it prepared."""
+    lines = (_SQL / f"{name}.sql").read_text().splitlines()
+    text = "\n".join(line for line in lines if not line.lstrip().startswith("--"))
+    for fragment in _FRAGMENTS:
+        if f"{{{fragment}}}" in text:
+            text = text.replace(f"{{{fragment}}}", _load(fragment))
+    return text
+
+
+ACQUIRE = _load("acquire")
+ACQUIRE_NEXT = _load("acquire_next")
+TAKE = _load("take")
+CLAIM = _load("claim")
+LOCK = _load("lock")
+FENCE = _load("fence")
+FINISH_DONE = _load("finish_done")
+INSERT_TRY = _load("insert_try")
+INSERT_ONE = _load("insert_one")
+INSERT_MANY = _load("insert_many")
+
+_INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
+_EVENT_FIELDS = [field.attname for field in Event._meta.concrete_fields]
+
+
+# Each statement's result columns, by its text, read from its first result: psycopg builds
+# cursor.description anew on every access (about 5 us a column, on every delivery).
+_columns = {}
+
+
+def _one(cursor, sql) -> dict | None:
+    """The next row of `sql`, just run on `cursor`, by column name."""
+    row = cursor.fetchone()
+    return None if row is None else dict(zip(_names(cursor, sql), row, strict=True))
+
+
+def _all(cursor, sql) -> list[dict]:
+    """The rows of `sql`, just run on `cursor`, by column name."""
+    names = _names(cursor, sql)
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _names(cursor, sql) -> list[str]:
+    names = _columns.get(sql)
+    if names is None:
+        names = _columns[sql] = [column[0] for column in cursor.description]
+    return names
+
+
+# --- cursors ---------------------------------------------------------------------------------
+
+# psycopg prepares nothing while the connection's threshold is None (Django's default, for
+# poolers), even when asked to: a threshold no count ever reaches lets a statement ask.
+_ONLY_WHEN_ASKED = 2**62
+
+
+class _PreparingCursor(psycopg.Cursor):
+    # Django turns psycopg's automatic preparing off for the whole connection (for poolers);
+    # these statements ask for it themselves, unless ALWAYSON_DB_PREPARE is off. The threshold
+    # is lifted for their execution only: while it is set, psycopg also counts every other
+    # statement the connection runs.
+    def execute(self, query, params=None, *, prepare=True, binary=None):
+        conn = self.connection
+        if conn.prepare_threshold is not None or not settings.ALWAYSON_DB_PREPARE:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        conn.prepare_threshold = _ONLY_WHEN_ASKED
+        try:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        finally:
+            conn.prepare_threshold = None
+
+    def _send_query_prepared(self, name, pgq, *, binary=None):
+        # psycopg records the query only when it sends its text; Django reads it back for
+        # CaptureQueriesContext and the DEBUG log, and would see None once it is prepared.
+        self._query = pgq
+        return super()._send_query_prepared(name, pgq, binary=binary)
+
+
+def prepared_cursor():
+    """A cursor binding its parameters on the server, so psycopg prepares the statement
+    and PostgreSQL parses it once per connection (Django's own cursors inline parameters,
+    and every statement is parsed and planned again). Wrapped by Django as its own cursors
+    are: counted by CaptureQueriesContext, logged under DEBUG."""
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    return db._prepare_cursor(_PreparingCursor(db.connection))
+
+
+def _server_cursor():
+    """A cursor binding its parameters on the server, prepared only if psycopg's threshold
+    says so (never, under Django's default)."""
+    connection.ensure_connection()
+    return connection._prepare_cursor(psycopg.Cursor(connection.connection))
+
+
+# Each connection's cursor for one event's statement, kept between calls.
+_one_cursors = weakref.WeakKeyDictionary()
+
+
+def _fetch_one(db, sql, params) -> dict | None:
+    """The first row `sql` answers, by name, prepared on `db` (the default connection,
+    connected). Through Django's cursor wrapper while something watches the queries
+    (CaptureQueriesContext, DEBUG, an execute wrapper); otherwise on a cursor kept for the
+    connection, with what the wrapper would have done that matters here: the
+    broken-transaction check and Django's exceptions."""
+    if db.queries_logged or db.execute_wrappers:
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            return _one(cursor, sql)
+    cursor = _kept(_one_cursors, db, _PreparingCursor)
+    with db.wrap_database_errors:
+        cursor.execute(sql, params)
+        return _one(cursor, sql)
+
+
+def _kept(kept, db, make):
+    """What `make` builds for db's connection, built once per connection (`kept` is keyed
+    by psycopg's connection object: a new connection gets a new one), after the check
+    Django's cursor wrapper would make: no statement in a broken transaction."""
+    db.validate_no_broken_transaction()
+    raw = db.connection
+    value = kept.get(raw)
+    if value is None:
+        value = kept[raw] = make(raw)
+    return value
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+# Numbers the statements _Direct prepares, unique in the process (psycopg's own are _pg3_N).
+_statement_numbers = itertools.count()
+
+
+class _Statement(NamedTuple):
+    name: bytes  # on the server
+    params: list[str]  # the parameters' names, in the order of $1, $2, ...
+    columns: list[str]  # the result's columns, learnt from its first result
+
+
+class _Direct:
+    """One connection's statements run through libpq itself (psycopg's pq layer), for the
+    statement every delivery runs (insert_try.sql): prepared once by name, then each call
+    is one PQexecPrepared, its row loaded by the connection's own loaders. psycopg's cursor
+    (its query conversion, dumpers, wait loop and result handling in Python) cost about
+    0.06 ms of client CPU per delivery under eight concurrent deliveries on two cores, a
+    third of what the server spends on the statement; under load that CPU is what bounds
+    deliveries per second (bench/ingest.py).
+
+    The call blocks in C, without the GIL. The try never waits on the lease row (SKIP
+    LOCKED): only, briefly, on a concurrent insert of the same key or at commit on the inbox
+    row (its foreign key), within the session's lock_timeout. Errors are Django's, as
+    through its cursors."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.statements = {}  # sql -> _Statement
+        self.loader = Transformer(raw)
+
+    def _prepare(self, sql) -> _Statement:
+        names = []
+
+        def number(match):
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        name = f"alwayson_{next(_statement_numbers)}".encode()
+        text = _NAMED.sub(number, sql).replace("%%", "%")
+        result = self.raw.pgconn.prepare(name, text.encode())
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
+        self.statements[sql] = statement = _Statement(name, names, [])
+        return statement
+
+    def fetch_one(self, sql, params) -> dict | None:
+        for retrying in (False, True):
+            statement = self.statements.get(sql) or self._prepare(sql)
+            values = [_text(params[key]) for key in statement.params]
+            result = self.raw.pgconn.exec_prepared(
+                statement.name, values, result_format=pq.Format.BINARY
+            )
+            if result.status == pq.ExecStatus.TUPLES_OK:
+                if not result.ntuples:
+                    return None
+                if not statement.columns:
+                    statement.columns.extend(
+                        result.fname(n).decode() for n in range(result.nfields)
+                    )
+                self.loader.set_pgresult(result)
+                return dict(zip(statement.columns, self.loader.load_row(0, tuple), strict=True))
+            if not retrying and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
+                # A pooler's DISCARD ALL dropped it (invalid_sql_statement_name): again.
+                del self.statements[sql]
+                continue
+            raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
+
+
+def _text(value) -> bytes | None:
+    """A parameter in PostgreSQL's text format (the server infers its type)."""
+    if value is None:
+        return None
+    if type(value) is str:
+        return value.encode()
+    if isinstance(value, datetime):
+        return value.isoformat().encode()
+    return str(value).encode()
+
+
+_directs = weakref.WeakKeyDictionary()
+
+
+def _fetch_direct(db, sql, params) -> dict | None:
+    """_fetch_one through _Direct when it may be used: nothing watches the queries and
+    statements may be prepared (ALWAYSON_DB_PREPARE)."""
+    if db.queries_logged or db.execute_wrappers or not settings.ALWAYSON_DB_PREPARE:
+        return _fetch_one(db, sql, params)
+    direct = _kept(_directs, db, _Direct)
+    with db.wrap_database_errors:
+        return direct.fetch_one(sql, params)
+
+
+_lookup = Inbox.objects.lookup  # bound once: it runs on every delivery
+
+
+def _inbox_id(ref, value) -> int:
+    """An id for a statement's bigint parameter: one out of its range names no inbox, as
+    the ORM's lookups answer for it (the statement would fail on the cast)."""
+    if not -(2**63) <= value < 2**63:
+        raise UnknownInbox(ref)
+    return value
+
+
+def _lock_timeout(wait) -> str | None:
+    return None if wait is None else f"{round(wait * 1000)}ms"
+
+
+# --- the backend -----------------------------------------------------------------------------
+
+
+class PostgreSQL(Backend):
+    vendor = "postgresql"
+
+    def database_now(self):
+        with connection.cursor() as cursor:
+            # clock_timestamp(), not now(): now() is frozen at the start of the transaction.
+            cursor.execute("SELECT clock_timestamp()")
+            return cursor.fetchone()[0]
+
+    def cursor(self):
+        return prepared_cursor()
+
+    def notify_work(self, inbox_id):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [WORK_CHANNEL, str(inbox_id)])
+
+    @contextmanager
+    def bounded(self, wait):
+        with transaction.atomic():
+            if wait is not None:
+                with connection.cursor() as cursor:
+                    # Local to this transaction: the next one on the connection waits as usual.
+                    cursor.execute(
+                        "SELECT set_config('lock_timeout', %s, true)", [_lock_timeout(wait)]
+                    )
+            yield
+
+    def is_lock_timeout(self, exc) -> bool:
+        return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+
+    # --- storing events ----------------------------------------------------------------------
+
+    def store(self, ref, rows, now, lock_wait, text=None):
+        db = connections[DEFAULT_DB_ALIAS]
+        column, value = _lookup(ref)
+        params = {
+            "inbox_id": _inbox_id(ref, value) if column == "id" else None,
+            "slug": value if column == "slug" else None,
+            "now": now,
+            "lock_timeout": _lock_timeout(lock_wait),
+            "channel": WORK_CHANNEL,
+        }
+        # Inside a caller's transaction a lock timeout must not abort it: a savepoint there.
+        bounded = lock_wait is not None and db.in_atomic_block
+        try:
+            with transaction.atomic() if bounded else nullcontext():
+                if len(rows) == 1:
+                    return _insert_one(db, ref, params, *rows[0], text)
+                return _insert_many(ref, params, rows)
+        except OperationalError as exc:
+            if lock_wait is not None and self.is_lock_timeout(exc):
+                raise InboxBusy(ref, lock_wait) from exc
+            raise
+
+    # --- leases ------------------------------------------------------------------------------
+
+    def acquire(self, ref, holder, now):
+        inbox_id = _inbox_id(ref, Inbox.objects.pk_of(ref))
+        with transaction.atomic():
+            with prepared_cursor() as cursor:
+                cursor.execute(ACQUIRE, _lease_params(holder, now, inbox=inbox_id))
+                row = _one(cursor, ACQUIRE)
+            if row is None:
+                raise UnknownInbox(ref)
+            if row["generation"] is None:
+                return None
+            _taken(row)
+            return row["generation"]
+
+    def acquire_next(self, holder, now):
+        with transaction.atomic():
+            with prepared_cursor() as cursor:
+                cursor.execute(ACQUIRE_NEXT, _lease_params(holder, now))
+                row = _one(cursor, ACQUIRE_NEXT)
+            if row is None:
+                return None
+            _taken(row)
+            return row["inbox_id"], row["generation"]
+
+    def fence(self, ref, inbox_id, holder, generation, now, release):
+        with prepared_cursor() as cursor:
+            cursor.execute(
+                FENCE,
+                {
+                    "now": now,
+                    "inbox": inbox_id,
+                    "release": release,
+                    "holder": holder,
+                    "generation": generation,
+                },
+            )
+            row = _one(cursor, FENCE)
+        if row is not None:
+            return row["now"]
+        return self.refused(ref, inbox_id)
+
+    # --- claims ------------------------------------------------------------------------------
+
+    def claim(self, inbox, generation, now):
+        rows = _claim_rows(inbox.pk, generation, now)
+        return _claimed(inbox, generation, rows).events if rows else []
+
+    def take_next(self, holder, now):
+        """One statement and one commit in the common case (take.sql): the lease under SKIP
+        LOCKED, the batch and the session state. When the inbox has leftovers to settle
+        first (rows an older generation left running, events out of attempts) the statement
+        only takes the lease, and the settling and the claim follow in a transaction under
+        the lease row's lock (_claim_locked)."""
+        take = _take(holder, now)
+        with prepared_cursor() as cursor:
+            cursor.execute(take.sql, take.params)
+            rows = _all(cursor, take.sql)
+        return take.claim(self, rows)
+
+    def _claim_locked(self, inbox, holder, generation, now) -> Claim:
+        """The claim after take_next's lease when leftovers need settling first: in one
+        transaction under the lease row's lock, fenced as a finish is."""
+        with transaction.atomic():
+            if self.fence(inbox, inbox.pk, holder, generation, now, release=False) is None:
+                return Claim(inbox, generation, [], None)
+            self.settle_leftovers(inbox.pk, generation, now)
+            rows = _claim_rows(inbox.pk, generation, now)
+            if not rows:
+                self.fence(inbox, inbox.pk, holder, generation, now, release=True)
+                self.recount_work(inbox.pk)
+                return Claim(inbox, generation, [], None)
+        return _claimed(inbox, generation, rows)
+
+    # --- finishing a run ---------------------------------------------------------------------
+
+    def finish_done(self, ref, run, effects, release):
+        return _finish_done(ref, run, effects, release)[0]
+
+    def finish_and_take(self, ref, run, effects):
+        """The take is a statement of the finish's own transaction, after the finish (one
+        commit and, without effects, one round trip for both): the take then sees the
+        finish's recount and may pick the same inbox again. The finish's lease row is locked
+        first and waited for; the take's is taken under SKIP LOCKED and never waited for, so
+        holding both cannot deadlock."""
+        take = _take(run["holder"], run["now"])
+        finished, rows = _finish_done(ref, run, effects, True, take)
+        return finished, take.claim(self, rows)
+
+
+# --- storing events --------------------------------------------------------------------------
+
+
+def _insert_one(db, ref, params, source, source_id, payload, text) -> tuple[int, list[Stored]]:
+    """One event, with scalar parameters: its statements are prepared, and their plan (one
+    probe of each key) is the same whatever the tables' sizes. Outside a transaction the
+    try first, then an inbox whose marker already stands is locked FOR SHARE, waiting;
+    when the marker does not stand, or a finish moved it meanwhile, FOR UPDATE."""
+    params["source"], params["source_id"] = source, source_id
+    params["payload"] = json.dumps(payload) if text is None else text
+    db.ensure_connection()
+    # Only a statement that is its own transaction may share the lock: inside a caller's, a
+    # later FOR UPDATE of the same row would wait on the other sharers, who may wait on it.
+    alone = db.autocommit and not db.in_atomic_block
+    row = None
+    if alone:
+        row = _fetch_direct(db, INSERT_TRY, params)
+        if row is None:
+            raise UnknownInbox(ref)
+    for share in (True, False) if alone else (False,):
+        if row is not None and not row["again"]:
+            break
+        params["share"] = share
+        row = _fetch_one(db, INSERT_ONE, params)
+        if row is None:
+            raise UnknownInbox(ref)
+    stored = [Stored(row["id"], source, source_id, row["available_at"])] if row["id"] else []
+    return row["inbox_id"], stored
+
+
+def _insert_many(ref, params, rows) -> tuple[int, list[Stored]]:
+    params["sources"] = [source for source, _, _ in rows]
+    params["source_ids"] = [source_id for _, source_id, _ in rows]
+    params["payloads"] = [json.dumps(payload) for _, _, payload in rows]
+    # Not prepared: see insert_many.sql.
+    with _server_cursor() as cursor:
+        cursor.execute(INSERT_MANY, params)
+        result = _all(cursor, INSERT_MANY)
+    if not result:
+        raise UnknownInbox(ref)
+    stored = [
+        Stored(row["id"], row["source"], row["source_id"], row["available_at"])
+        for row in result
+        if row["id"]
+    ]
+    return result[0]["inbox_id"], stored
+
+
+# --- leases and claims -----------------------------------------------------------------------
+
+
+def _lease_params(holder, now, **more) -> dict:
+    return {"holder": holder, "now": now, "ttl": lease_ttl(), **more}
+
+
+def _taken(row):
+    """After take_lease.sql: a takeover of a lease that lapsed (not one released or never
+    held) is announced, as Lease.take announces it."""
+    if row["free"] and row["old_until"] is not None:
+        lapsed = Lease(
+            inbox_id=row["inbox_id"],
+            holder=row["old_holder"],
+            generation=row["generation"] - 1,
+            until=row["old_until"],
+        )
+        lease_taken_over.send(sender=Lease, lease=lapsed, now=row["now"])
+
+
+class _Take(NamedTuple):
+    """take_next's statement for one holder, and what its rows make (after they commit)."""
+
+    holder: str
+    sql: str
+    params: dict
+    extras: list[str]
+
+    def claim(self, backend, rows) -> Claim | None:
+        if not rows:
+            return None
+        first = rows[0]
+        inbox = Inbox.from_db(
+            connection.alias, _INBOX_FIELDS, [first[f"inbox.{name}"] for name in _INBOX_FIELDS]
+        )
+        generation, now = first["generation"], first["now"]
+        _taken({**first, "inbox_id": inbox.pk, "free": True})
+        if first["leftovers"]:
+            return backend._claim_locked(inbox, self.holder, generation, now)
+        if first["id"] is None:
+            # Nothing claimable after all (a retry waiting for its backoff, or events this
+            # statement's snapshot predates): give the lease back with the work recounted,
+            # in statements that see what committed before the lock.
+            with transaction.atomic():
+                if backend.fence(inbox, inbox.pk, self.holder, generation, now, True) is not None:
+                    backend.recount_work(inbox.pk)
+            return Claim(inbox, generation, [], None)
+        extras = {name: first[f"extra.{name}"] for name in self.extras}
+        return _claimed(inbox, generation, rows, extras)
+
+
+_take_texts = {}
+
+
+def _take(holder, now) -> _Take:
+    names = sorted(CLAIM_EXTRAS)
+    key = tuple((name, CLAIM_EXTRAS[name]) for name in names)
+    sql = _take_texts.get(key)
+    if sql is None:
+        extras = "".join(f',\n    ({CLAIM_EXTRAS[name]}) AS "extra.{name}"' for name in names)
+        sql = _take_texts[key] = TAKE.replace("{extras}", extras)
+    params = {
+        "now": now,
+        "holder": holder,
+        "ttl": lease_ttl(),
+        "max_attempts": settings.ALWAYSON_MAX_ATTEMPTS,
+    }
+    return _Take(holder, sql, params, names)
+
+
+def _claim_rows(inbox_id, generation, now) -> list[dict]:
+    with prepared_cursor() as cursor:
+        cursor.execute(CLAIM, {"inbox": inbox_id, "now": now, "generation": generation})
+        return _all(cursor, CLAIM)
+
+
+def _claimed(inbox, generation, rows, extras=None) -> Claim:
+    """A Claim from claimed rows: the event's columns, then the session's state."""
+    payload = Event._meta.get_field("payload")
+    events = []
+    for row in rows:
+        values = [row[name] for name in _EVENT_FIELDS]
+        values[_EVENT_FIELDS.index("payload")] = payload.from_db_value(
+            row["payload"], None, connection
+        )
+        event = Event.from_db(connection.alias, _EVENT_FIELDS, values)
+        event.inbox = inbox
+        events.append(event)
+    events.sort(key=lambda event: event.pk)  # oldest first; RETURNING has no order
+    state = Session._meta.get_field("state").from_db_value(rows[0]["state"], None, connection)
+    return Claim(inbox, generation, events, state, extras or {})
+
+
+# --- finishing a run that ended well ---------------------------------------------------------
+
+
+def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict]]:
+    """The lease row locked (lock.sql), then one statement that checks the fence, marks the
+    events done, recounts the work and gives the lease back, all or nothing
+    (finish_done.sql), then the effects; one transaction.
+
+    Without effects, and outside a caller's transaction, the four (BEGIN, the lock, the
+    finish, COMMIT) go in one pipeline: one round trip. The finish still runs after the lock
+    is granted, so its snapshot holds every event committed before, as the recount needs,
+    and it writes nothing when refused, so committing blind is safe.
+
+    Whether the finish was accepted, and the rows of `take` (a _Take run in the same
+    transaction), [] without one.
+    """
+    params = {**run, "count": len(run["ids"]), "release": release}
+    if effects or connection.in_atomic_block or not psycopg.Pipeline.is_supported():
+        with transaction.atomic():
+            locked, finished = _lock_and_finish(params)
+            if locked.fetchone() is None:
+                raise UnknownInbox(ref)
+            finished = _one(finished, FINISH_DONE)
+            if not finished["ok"]:
+                return False, []
+            for effect in effects:
+                effect(finished["now"])
+            if take is None:
+                return True, []
+            with prepared_cursor() as cursor:
+                cursor.execute(take.sql, take.params)
+                return True, _all(cursor, take.sql)
+    connection.ensure_connection()
+    raw = connection.connection
+    try:
+        with connection.wrap_database_errors, raw.pipeline():
+            raw.execute("BEGIN", prepare=False)
+            locked, finished = _lock_and_finish(params)
+            if take is not None:
+                taken = prepared_cursor()
+                taken.execute(take.sql, take.params)
+            raw.execute("COMMIT", prepare=False)
+    except BaseException:
+        # The pipeline stopped at the error: COMMIT was never run.
+        status = psycopg.pq.TransactionStatus
+        if not raw.broken and raw.info.transaction_status in (status.INTRANS, status.INERROR):
+            with connection.wrap_database_errors:
+                raw.execute("ROLLBACK", prepare=False)
+        raise
+    if locked.fetchone() is None:
+        raise UnknownInbox(ref)
+    # The take committed whether or not the finish was accepted: its claim stands either way.
+    return _one(finished, FINISH_DONE)["ok"], _all(taken, take.sql) if take is not None else []
+
+
+def _lock_and_finish(params):
+    """Send lock.sql then finish_done.sql: their cursors, whose rows are read after (in a
+    pipeline, after it is synced)."""
+    lock, finish = prepared_cursor(), prepared_cursor()
+    lock.execute(LOCK, params)
+    finish.execute(FINISH_DONE, params)
+    return lock, finish

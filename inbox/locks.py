@@ -1,0 +1,37 @@
+"""The inbox's lock (its lease row) for writers, and the bounded wait for it.
+
+Every write that touches an inbox's events or what a run produced locks that row first
+(SELECT ... FOR UPDATE on PostgreSQL; on SQLite the IMMEDIATE transaction already holds the
+database's write lock), so the rows beneath it are always locked in the same order and two
+writers on one inbox can never deadlock.
+"""
+
+from contextlib import contextmanager
+
+from .backends import current
+from .models import Lease
+
+
+def lock_inbox(inbox_id) -> Lease:
+    """Take the inbox's lock (its lease row) for the rest of the current transaction.
+
+    For writers above inbox/ that decide from rows of their own before they store an event
+    (answer_approval): read after this, those rows include every write committed by the
+    others, who take the same lock first.
+    """
+    return current().lock(inbox_id)
+
+
+@contextmanager
+def bounded_write(inbox_id, wait: float | None):
+    """A transaction on one inbox whose wait for that inbox's lock is bounded: InboxBusy
+    after `wait` seconds (None: wait as long as the database's own timeouts allow).
+
+    Deliveries and people's answers use it: a worker frozen inside a transaction (SIGSTOP,
+    a debugger, a swap storm) holds its inbox's lease row until PostgreSQL ends its idle
+    session (idle_in_transaction_session_timeout), longer than a webhook sender waits. On
+    PostgreSQL the bound is the transaction's lock_timeout; on SQLite, whose IMMEDIATE
+    transaction takes the database's write lock at BEGIN, it is the busy timeout.
+    """
+    with current().bounded_write(inbox_id, wait):
+        yield
