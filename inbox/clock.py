@@ -8,6 +8,7 @@ or fire a timer early. SQLite is embedded: its clock is this host's.
 from datetime import UTC, datetime
 
 from .backends import current
+from .validation import require_now
 
 
 def database_now() -> datetime:
@@ -16,7 +17,7 @@ def database_now() -> datetime:
 
 def resolve(now: datetime | None) -> datetime:
     """`now` as given (an aware datetime), or the database's clock when it is None."""
-    return current().resolve(now)
+    return database_now() if now is None else require_now(now)
 
 
 def whole_seconds(moment: datetime) -> datetime:
