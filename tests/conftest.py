@@ -1,16 +1,11 @@
 """Shared fixtures. Time is always passed explicitly: no test sleeps to move the clock."""
 
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from django.db import connection
 
-T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
-
-
-def on_postgres():
-    return connection.vendor == "postgresql"
+from tests.support.clock import T0
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,57 +95,18 @@ def loop_command():
     options.update(saved_options)
 
 
-def wait_until_blocked(pids, timeout, what="backends"):
-    """Wait until every PostgreSQL backend in `pids` waits on a lock another session holds:
-    the way to know a race is really queued, not merely likely."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(
-                "SELECT count(*) FROM unnest(%s::int[]) AS p"
-                " WHERE cardinality(pg_blocking_pids(p)) > 0",
-                [list(pids)],
-            )
-            if cursor.fetchone()[0] == len(pids):
-                return
-            assert time.monotonic() < deadline, f"{what} {pids} never blocked on a lock"
-            time.sleep(0.005)
-
-
-def use_email_backend(settings, backend, **smtp):
-    """Point Django's email at `backend` (and SMTP options: host, port, username, password,
-    use_tls, use_ssl, timeout) through MAILERS on Django 6.1+, EMAIL_* before it."""
-    if hasattr(settings, "MAILERS"):
-        settings.MAILERS = {"default": {"BACKEND": backend, "OPTIONS": smtp}}
-        return
-    settings.EMAIL_BACKEND = backend
-    names = {
-        "host": "EMAIL_HOST",
-        "port": "EMAIL_PORT",
-        "username": "EMAIL_HOST_USER",
-        "password": "EMAIL_HOST_PASSWORD",
-        "use_tls": "EMAIL_USE_TLS",
-        "use_ssl": "EMAIL_USE_SSL",
-        "timeout": "EMAIL_TIMEOUT",
-    }
-    for option, value in smtp.items():
-        setattr(settings, names[option], value)
-
-
 @pytest.fixture
 def messages_api(settings):
-    """A loopback Messages API (tests/claude_api.py) that the Claude agent reaches, with the
+    """A loopback Messages API (support/claude_api.py) that the Claude agent reaches, with the
     test tools module registered and its call log emptied."""
     from alwayson.claude.client import _client
-    from tests import claude_tools
-    from tests.claude_api import MessagesAPI
+    from tests.support import claude_tools
+    from tests.support.claude_api import MessagesAPI
 
     api = MessagesAPI().start()
     settings.ANTHROPIC_API_KEY = api.api_key
     settings.ANTHROPIC_BASE_URL = api.url
-    settings.ALWAYSON_CLAUDE_TOOLS = ["tests.claude_tools"]
+    settings.ALWAYSON_CLAUDE_TOOLS = ["tests.support.claude_tools"]
     claude_tools.CALLS.clear()
     claude_tools.CRASH_AFTER_REFUND.clear()
     yield api
@@ -179,3 +135,80 @@ def claude_inbox(make_inbox):
         return inbox
 
     return make
+
+
+@pytest.fixture
+def side_tables(transactional_db):
+    """The recording agent's side tables (tests/support/agents.py), created and emptied."""
+    from django.db import connection
+
+    from tests.support.agents import PROCESS_TABLES
+
+    with connection.cursor() as cursor:
+        for ddl in PROCESS_TABLES:
+            cursor.execute(ddl)
+        cursor.execute("TRUNCATE test_worker_runs, test_worker_effects RESTART IDENTITY")
+
+
+@pytest.fixture
+def spawn(side_tables, tmp_path):
+    """Start `runworker` subprocesses; all are killed at teardown, before the db flush."""
+    from tests.support.processes import start_command, wait_for
+    from tests.support.workers import AGENT, START_TIMEOUT, WorkerProcess, _exited, listening
+
+    started = []
+
+    def start(worker_id, *args, env=None, wait_listening=True, pythonpath=None):
+        environment = {"ALWAYSON_AGENT": AGENT, "ALWAYSON_RETRY_BASE": "1", **(env or {})}
+        if pythonpath:
+            environment["PYTHONPATH"] = os.pathsep.join(
+                [str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])]
+            )
+        log_path = tmp_path / f"{worker_id}.log"
+        proc = start_command("runworker", ["--worker-id", worker_id, *args], log_path, environment)
+        worker = WorkerProcess(worker_id, proc, log_path)
+        started.append(worker)
+        if wait_listening:
+            wait_for(
+                lambda: listening(worker) or _exited(worker),
+                START_TIMEOUT,
+                f"{worker_id} to LISTEN",
+            )
+            assert worker.alive(), f"{worker_id} exited early:\n{worker.log()}"
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+@pytest.fixture
+def secrets(settings):
+    """The webhook secrets of tests/support/webhooks.py, configured for every scheme."""
+    from tests.support.webhooks import GITHUB_SECRET, STANDARD_SECRET, STRIPE_SECRET
+
+    settings.ALWAYSON_GITHUB_SECRETS = [GITHUB_SECRET]
+    settings.ALWAYSON_STRIPE_SECRETS = [STRIPE_SECRET]
+    settings.ALWAYSON_STANDARD_SECRETS = [STANDARD_SECRET]
+    settings.ALWAYSON_WEBHOOK_INBOX_SECRETS = {}
+    return settings
+
+
+@pytest.fixture(scope="module")
+def world(django_db_setup, django_db_blocker):
+    """One busy inbox with a long history, many idle inboxes, and a little live work: what a
+    worker's queries meet in production, in miniature (tests/support/plans.py builds it).
+    Returns the busy inbox.
+
+    Built once for the module inside a transaction that is rolled back at its end; each test
+    runs in a savepoint within it (pytest-django nests its per-test atomic block).
+    """
+    from django.db import transaction
+
+    from inbox.models import Inbox
+    from tests.support.plans import build_world
+
+    with django_db_blocker.unblock(), transaction.atomic():
+        build_world()
+        yield Inbox.objects.get(slug="busy")
+        transaction.set_rollback(True)

@@ -32,6 +32,7 @@ from approvals.models import Approval, AuditEntry
 from inbox.models import Event, Inbox, Lease, Membership, Role, Session
 from outbox.channels import SendFailed
 from outbox.models import Channel, Notice, OutboxMessage
+from tests.support.admin import messages_of, post_action, timer_form, url
 from timers.models import Timer
 
 pytestmark = pytest.mark.django_db
@@ -68,15 +69,6 @@ MACHINERY = [
 ]
 STATUSES = ["pending", "running", "done", "dead"]
 OUTBOX_STATUSES = ["held", "sent", "failed"]
-
-
-def url(model, view, *args):
-    opts = model._meta
-    return reverse(f"admin:{opts.app_label}_{opts.model_name}_{view}", args=args)
-
-
-def messages_of(response):
-    return [str(message) for message in response.context["messages"]]
 
 
 def grow(make_inbox, count):
@@ -202,11 +194,6 @@ def test_dead_event_page_shows_the_error_and_the_pretty_payload(admin_client, in
         '<pre style="white-space: pre-wrap">{\n  &quot;items&quot;: [\n    &quot;a&quot;,' in html
     )
     assert 'name="_save"' not in html
-
-
-def post_action(client, model, action, objs, **extra):
-    data = {"action": action, "_selected_action": [o.pk for o in objs], "index": 0, **extra}
-    return client.post(url(model, "changelist"), data, follow=True)
 
 
 def test_requeue_puts_back_only_dead_events_with_attempts_reset(admin_client, make_inbox, t0):
@@ -604,22 +591,6 @@ def test_admin_index_links_to_the_dashboard(admin_client):
 
 
 # --- timers: edited through the same Schedule as add_timer -------------------------------------
-
-
-def timer_form(inbox, **fields):
-    data = {
-        "inbox": inbox.pk,
-        "key": "digest",
-        "due": "",
-        "every": "",
-        "cron": "",
-        "timezone": "UTC",
-        "policy": "coalesce",
-        "catch_up_max": "10",
-        "payload": '{"task": "daily digest"}',
-    }
-    data.update(fields)
-    return data
 
 
 @pytest.mark.django_db

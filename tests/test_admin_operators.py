@@ -12,7 +12,7 @@ from alwayson.runtime.api import ingest
 from alwayson.web.admin_site import DEMO_SECTION, AlwaysonAdminSite
 from inbox.models import Event, Lease
 from outbox.models import Notice, OutboxMessage
-from tests.test_admin import messages_of, post_action, url
+from tests.support.admin import messages_of, post_action, url
 
 pytestmark = pytest.mark.django_db
 

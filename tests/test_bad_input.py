@@ -17,19 +17,12 @@ from alwayson.runtime.api import (
     request_approval,
     run_scheduler,
 )
-from approvals.models import Approval
 from inbox.exceptions import UnknownInbox
-from inbox.models import Event, Inbox, Lease
+from inbox.models import Event
 from outbox.models import OutboxMessage
-from timers.models import Timer
+from tests.support.tables import snapshot
 
 HOUR = timedelta(hours=1)
-MODELS = (Inbox, Lease, Event, Timer, Approval, OutboxMessage)
-
-
-def snapshot():
-    """Every table's rows, so a refused call can be shown to have changed nothing."""
-    return {model.__name__: list(model.objects.order_by("pk").values()) for model in MODELS}
 
 
 @pytest.fixture

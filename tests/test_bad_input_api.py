@@ -34,7 +34,7 @@ from inbox.services import (
 )
 from outbox.models import Channel, Notice, OutboxMessage
 from outbox.services import Say, dispatch, dispatch_inbox, dispatch_notices
-from tests.conftest import T0
+from tests.support.clock import T0
 from timers.models import Timer
 from timers.services import Schedule, add_timer, run_scheduler
 

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -19,12 +18,12 @@ from inbox.models import Event, Inbox, Lease
 from inbox.services import ingest
 from outbox.models import Notice, OutboxMessage
 from tests.chaos.command import Command as ChaosCommand
+from tests.support.paths import ROOT as BASE_DIR
 from timers.models import Timer
 
 pytestmark = pytest.mark.django_db
 
 MODELS = (Inbox, Lease, Event, Timer, Approval, OutboxMessage, Notice, Process)
-BASE_DIR = Path(__file__).resolve().parent.parent
 HUGE = "w" * 201
 
 

@@ -18,7 +18,7 @@ from inbox import webhooks
 from inbox.models import Event, Inbox, Lease, Membership, Role, Session
 from inbox.services import acquire, claim_batch, ingest
 from outbox.models import Notice, OutboxMessage
-from tests.test_webhooks import (
+from tests.support.webhooks import (
     GITHUB_SECRET,
     STANDARD_SECRET,
     STRIPE_SECRET,

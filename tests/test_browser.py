@@ -30,7 +30,7 @@ from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire, ingest, release
 from outbox.models import OutboxMessage
 from outbox.services import dispatch, dispatch_notices
-from tests.conftest import use_email_backend
+from tests.support.mail import use_email_backend
 from timers.models import Timer
 from timers.services import run_scheduler
 
@@ -547,7 +547,7 @@ def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
 ):
     from alwayson.demo.models import Refund
     from alwayson.runtime.models import AgentConfig
-    from tests.claude_api import message, tool_use
+    from tests.support.claude_api import message, tool_use
 
     AgentConfig.objects.create(
         inbox=desk,

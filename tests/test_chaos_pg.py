@@ -15,8 +15,7 @@ import pytest
 
 from tests.chaos.cluster import Cluster, _run
 from tests.chaos.plan import FAULT_KINDS
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.postgres_only
 

@@ -12,9 +12,9 @@ from django.apps import apps
 from alwayson.egress.channels import slack_text, telegram_html
 from alwayson.runtime.api import dispatch
 from outbox.models import Channel
-
-from .loopback import Loopback
-from .test_dispatch_channels import HOUR, MINUTE, SECOND, channel_for, hold, statuses
+from tests.support.clock import HOUR, MINUTE, SECOND
+from tests.support.loopback import Loopback
+from tests.support.outbox import channel_for, hold, statuses
 
 pytestmark = pytest.mark.django_db
 

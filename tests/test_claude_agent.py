@@ -1,4 +1,5 @@
-"""The Claude agent against a loopback Messages API (tests/claude_api.py), on both databases.
+"""The Claude agent against a loopback Messages API (tests/support/claude_api.py), on both
+databases.
 
 The worker runs for real (Worker.step: acquire, claim, the agent, the fenced finish); only
 "the model" is scripted. Each test counts the requests that reached it.
@@ -23,8 +24,8 @@ from inbox import clock
 from inbox.models import Event, Lease, Session
 from inbox.services import ingest
 from outbox.models import OutboxMessage
-from tests import claude_tools
-from tests.claude_api import (
+from tests.support import claude_tools
+from tests.support.claude_api import (
     bad_request,
     malformed,
     message,
@@ -34,7 +35,7 @@ from tests.claude_api import (
     tool_use,
     usage,
 )
-from tests.claude_tools import Crash
+from tests.support.claude_tools import Crash
 from timers.models import Timer
 from timers.services import run_scheduler
 

@@ -107,7 +107,7 @@ def test_a_malformed_default_policy_stops_start_up(monkeypatch):
 
 @pytest.fixture
 def tools_module(settings):
-    settings.ALWAYSON_CLAUDE_TOOLS = ["tests.claude_tools"]
+    settings.ALWAYSON_CLAUDE_TOOLS = ["tests.support.claude_tools"]
 
 
 def config_form(inbox, **fields):

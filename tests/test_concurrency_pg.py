@@ -41,7 +41,7 @@ from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire_next, release
 from inbox.signals import event_stored
 from outbox.models import OutboxMessage
-from tests import conftest
+from tests.support import postgres
 from timers.models import Timer
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -141,7 +141,7 @@ def together(*fns):
 
 
 def wait_until_blocked(pids, timeout=TIMEOUT):
-    conftest.wait_until_blocked(pids, timeout)
+    postgres.wait_until_blocked(pids, timeout)
 
 
 @contextmanager

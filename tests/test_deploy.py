@@ -16,26 +16,12 @@ import pytest
 import yaml
 
 from alwayson.ops.processes import PROCESSES, RELEASE
-from tests.test_production_settings import check_deploy, environment, strong_key
+from tests.support.deploy import DEPLOY, UNITS, normalized, unit_values
+from tests.support.env import check_deploy, environment, strong_key
+from tests.support.paths import ROOT as BASE_DIR
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-DEPLOY = BASE_DIR / "deploy"
-UNITS = DEPLOY / "systemd"
 # The paths the units install to; see the README's "Running in production".
 UNIT_VENV, UNIT_APP, UNIT_ENV = "/opt/alwayson/venv/bin/", "/opt/alwayson/app", "/etc/alwayson"
-
-
-def normalized(argv):
-    """A command as alwayson/production.py writes it: `python` for any Python interpreter,
-    `gunicorn` for its script wherever installed, `manage.py` wherever the checkout is."""
-    argv = list(argv)
-    script = len(argv) > 1 and Path(argv[1]).name == "gunicorn"  # as /proc shows it run
-    if script and re.fullmatch(r"python[\d.]*", Path(argv[0]).name):
-        argv = argv[1:]
-    program = Path(argv[0]).name
-    program = "python" if re.fullmatch(r"python[\d.]*", program) else program
-    rest = ["manage.py" if Path(arg).name == "manage.py" else arg for arg in argv[1:]]
-    return (program, *rest)
 
 
 # --- compose ---------------------------------------------------------------------------------
@@ -132,14 +118,6 @@ def test_the_image_holds_every_package_the_project_ships():
 
 
 # --- systemd ---------------------------------------------------------------------------------
-
-
-def unit_values(path, key):
-    return [
-        line.split("=", 1)[1]
-        for line in path.read_text().splitlines()
-        if line.startswith(f"{key}=")
-    ]
 
 
 @pytest.mark.parametrize("name", PROCESSES)

@@ -28,13 +28,11 @@ from alwayson.runtime.api import Say, dispatch, dispatch_inbox
 from inbox import clock
 from outbox.channels import SendFailed
 from outbox.models import Channel, OutboxMessage, send_key_for
-from tests.conftest import use_email_backend
-from tests.loopback import Loopback
-from tests.test_worker_processes_pg import start_command, wait_for
+from tests.support.clock import HOUR, MINUTE, SECOND
+from tests.support.mail import use_email_backend
+from tests.support.outbox import WebhookServer, channel_for, hold, statuses
+from tests.support.processes import free_port, start_command, wait_for
 
-SECOND = timedelta(seconds=1)
-MINUTE = timedelta(minutes=1)
-HOUR = timedelta(hours=1)
 HELD, SENT, FAILED = (
     OutboxMessage.Status.HELD,
     OutboxMessage.Status.SENT,
@@ -67,27 +65,12 @@ class Recorder:
         return [(slug, body) for slug, body, _, _ in self.sent]
 
 
-def hold(inbox, body, at, urgent=False):
-    return OutboxMessage.objects.create(inbox=inbox, body=body, created=at, urgent=urgent)
-
-
 def rows(inbox):
     return list(
         OutboxMessage.objects.filter(inbox=inbox)
         .order_by("id")
         .values_list("body", "status", "sent_at", "attempts")
     )
-
-
-def statuses(inbox):
-    return list(
-        OutboxMessage.objects.filter(inbox=inbox).order_by("id").values_list("status", flat=True)
-    )
-
-
-def channel_for(inbox, **fields):
-    channel, _ = Channel.objects.update_or_create(inbox=inbox, defaults=fields)
-    return channel
 
 
 def _call(*args):
@@ -122,38 +105,6 @@ def fast_parking(settings):
 # --- a real HTTP server -----------------------------------------------------------------------
 
 
-class WebhookServer(Loopback):
-    """A receiver on 127.0.0.1 answering `status` (after `delay` seconds) with `{}`."""
-
-    def __init__(self):
-        self.status = 200
-        self.delay = 0.0
-        self.release = threading.Event()  # set in teardown: a sleeping handler wakes up
-        super().__init__(self._answer)
-
-    def _answer(self, request):
-        if self.delay:
-            self.release.wait(self.delay)
-        headers = {"Content-Type": "application/json"}
-        status = self.status
-        if isinstance(status, tuple):  # (3xx, location) for the first answer only
-            (status, headers["Location"]), self.status = status, 200
-        return status, headers, b"{}"
-
-    def url(self, path="/hooks/alwayson"):
-        return super().url(path)
-
-    def posts(self):
-        return [r for r in self.requests if r["method"] == "POST"]
-
-    def start(self):
-        return self.__enter__()
-
-    def stop(self):
-        self.release.set()
-        self.__exit__()
-
-
 @pytest.fixture
 def webhook(monkeypatch):
     # Straight to 127.0.0.1, whatever proxy the environment names.
@@ -172,12 +123,6 @@ def webhook_inbox(make_inbox, webhook):
 
 
 # --- a real SMTP server -----------------------------------------------------------------------
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class SmtpRecorder:

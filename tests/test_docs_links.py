@@ -5,9 +5,9 @@ import os
 import re
 import unicodedata
 from collections import deque
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 README = ROOT / "README.md"
 
 # Code is not prose: `rows[0][23:]` or a Markdown sample inside a fence is not a link.

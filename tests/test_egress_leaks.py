@@ -16,9 +16,8 @@ from inbox.models import Session
 from inbox.services import ingest
 from outbox.models import Channel
 from outbox.services import dispatch
-
-from .loopback import Loopback
-from .test_egress import QUERY_SECRET, SECRET, answer, services_for
+from tests.support.egress import QUERY_SECRET, SECRET, answer, services_for
+from tests.support.loopback import Loopback
 
 pytestmark = pytest.mark.django_db
 

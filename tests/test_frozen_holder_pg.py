@@ -20,8 +20,7 @@ from django.test import Client
 from alwayson.runtime.api import answer_approval, ingest, request_approval
 from inbox.exceptions import InboxBusy
 from inbox.models import Event
-
-from .test_webhooks import BODY, GITHUB_SECRET, post, signed
+from tests.support.webhooks import BODY, GITHUB_SECRET, post, signed
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 

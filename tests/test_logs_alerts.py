@@ -14,7 +14,6 @@ import subprocess
 import sys
 from datetime import timedelta
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
@@ -27,35 +26,14 @@ from alwayson.ops.models import DeadAlert
 from alwayson.runtime.worker import Worker
 from inbox import services
 from inbox.models import Event
-from inbox.services import acquire, claim_batch, ingest, mark_dead, release
+from inbox.services import ingest, mark_dead
 from outbox.channels import SendFailed
 from outbox.models import Channel, OutboxMessage
 from outbox.services import dispatch_inbox
+from tests.support.events import claim, out_of_attempts
+from tests.support.paths import ROOT as BASE_DIR
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 MINUTE = timedelta(minutes=1)
-TRACEBACK = (
-    'Traceback (most recent call last):\n  File "agent.py", line 3\nValueError: refund 881 failed'
-)
-
-
-def out_of_attempts(inbox, *keys, now, error=TRACEBACK):
-    """Pending events that the next claim parks as dead."""
-    for key in keys:
-        ingest(inbox, "chat", key, {}, now=now)
-    Event.objects.filter(inbox=inbox, source_id__in=keys).update(
-        attempts=django_settings.ALWAYSON_MAX_ATTEMPTS, error=error
-    )
-
-
-def claim(inbox, now, holder="W"):
-    """One claim, as a worker's step makes it, lease released after."""
-    generation = acquire(inbox, holder, now=now)
-    assert generation is not None
-    try:
-        return claim_batch(inbox, holder, generation, now=now)
-    finally:
-        release(inbox, holder, generation)
 
 
 def alerts(inbox):

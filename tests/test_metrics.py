@@ -9,13 +9,10 @@ their counts and bucket shape are asserted.
 import subprocess
 import sys
 from datetime import timedelta
-from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from alwayson.ops import metrics
@@ -29,12 +26,13 @@ from inbox.services import acquire, claim_batch, finish, ingest
 from outbox.channels import SendFailed
 from outbox.models import Channel
 from outbox.services import Say, dispatch
+from tests.support.paths import ROOT
+from tests.support.processes import database_url
 from timers.services import add_timer, run_scheduler
 
 SECOND = timedelta(seconds=1)
 HOUR = timedelta(hours=1)
 TOKEN = "test-metrics-token-0123456789"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -473,21 +471,13 @@ def test_a_label_that_is_not_declared_is_refused():
         metrics.RUN_EVENTS.inc(outcome="done", inbox="desk")
 
 
-def database_url():
-    db = connection.settings_dict
-    auth = quote(db["USER"] or "postgres", safe="")
-    if db["PASSWORD"]:
-        auth += ":" + quote(db["PASSWORD"], safe="")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 def runworker(worker_id):
     import os
 
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
-        "ALWAYSON_AGENT": "tests.agents.worker_echo_agent",
+        "ALWAYSON_AGENT": "tests.support.agents.worker_echo_agent",
     }
     return subprocess.Popen(
         [sys.executable, "manage.py", "runworker", "--once", "--concurrency", "2"]

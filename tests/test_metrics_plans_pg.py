@@ -8,12 +8,12 @@ from django.test.utils import CaptureQueriesContext
 
 from alwayson.ops import metrics
 from inbox.services import acquire, claim_batch
-from tests.test_query_plans_pg import analyze, explain, world  # noqa: F401  (world: a fixture)
+from tests.support.plans import analyze, explain
 
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db
-def test_the_scrape_reads_state_through_the_workers_indexes(world, t0):  # noqa: F811
+def test_the_scrape_reads_state_through_the_workers_indexes(world, t0):
     gen = acquire(world, "A", now=t0)
     claim_batch(world, "A", gen, now=t0)
     analyze()

@@ -6,7 +6,7 @@ finishes (done, error, defer), crashes and stalls workers, finishes late under o
 generations, registers and replays timers, runs scheduler passes (again for the same
 moment, too), asks approvals inside a finish's effects the way Run.ask does, answers them
 (twice, differently) or lets them expire, and dispatches the outbox. Beside the database it
-keeps a model (tests/model_check.py) that predicts every call's result and every event's
+keeps a model (tests/support/model_check.py) that predicts every call's result and every event's
 row; after each step both the invariants and the model are compared with the tables.
 
 How it uses the database: pytest-django's `db` fixture wraps the test in one transaction,
@@ -30,7 +30,7 @@ from hypothesis import settings as hsettings
 from hypothesis.stateful import run_state_machine_as_test
 
 from inbox import services as inbox_services
-from tests.model_check import InboxMachine
+from tests.support.model_check import InboxMachine
 
 # The retry backoff's jitter: seeded per example, so a failing sequence replays exactly.
 register_random(inbox_services._jitter)

@@ -19,7 +19,7 @@ from inbox.services import acquire, claim_batch, ingest
 from outbox.channels import SendFailed
 from outbox.models import Notice, OutboxMessage
 from outbox.services import resend_notices
-from tests.conftest import use_email_backend
+from tests.support.mail import use_email_backend
 
 pytestmark = pytest.mark.django_db
 

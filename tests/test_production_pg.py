@@ -23,19 +23,12 @@ import pytest
 from alwayson.ops.models import Process
 from alwayson.ops.processes import PROCESSES
 from outbox.models import Channel
-from tests.test_deploy import normalized
-from tests.test_dispatch_channels import WebhookServer
-from tests.test_production_settings import strong_key
-from tests.test_runall import (
-    BASE_DIR,
-    START_TIMEOUT,
-    Browser,
-    Runall,
-    assert_all_stop,
-    child_pids,
-    command_of,
-    free_port,
-)
+from tests.support.deploy import normalized
+from tests.support.env import strong_key
+from tests.support.outbox import WebhookServer
+from tests.support.paths import ROOT as BASE_DIR
+from tests.support.processes import child_pids, command_of, free_port
+from tests.support.runall import START_TIMEOUT, Browser, Runall, assert_all_stop
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 

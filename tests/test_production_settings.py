@@ -7,35 +7,21 @@ environment each case needs; the parsing helpers are called in-process.
 """
 
 import json
-import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 from django.views.defaults import server_error
 
-from tests.test_runall import free_port
+from tests.support.env import check_deploy, environment, manage, strong_key
+from tests.support.paths import ROOT as BASE_DIR
+from tests.support.processes import free_port
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-# What this branch's settings read to pick the HTTPS behaviour: cleared for the default cases.
-SECURITY_VARIABLES = (
-    "DEBUG",
-    "SECRET_KEY",
-    "SECURE_SSL_REDIRECT",
-    "SECURE_HSTS_SECONDS",
-    "SECURE_HSTS_INCLUDE_SUBDOMAINS",
-    "SECURE_HSTS_PRELOAD",
-    "SESSION_COOKIE_SECURE",
-    "CSRF_COOKIE_SECURE",
-    "CSRF_TRUSTED_ORIGINS",
-    "SECURE_PROXY_SSL_HEADER",
-)
 SHOWN = (
     "DEBUG",
     "SECURE_SSL_REDIRECT",
@@ -47,34 +33,6 @@ SHOWN = (
     "CSRF_TRUSTED_ORIGINS",
     "SECURE_PROXY_SSL_HEADER",
 )
-
-
-def strong_key():
-    return secrets.token_urlsafe(50)
-
-
-def environment(**overrides):
-    env = {k: v for k, v in os.environ.items() if k not in SECURITY_VARIABLES}
-    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    env.update(DJANGO_SETTINGS_MODULE="alwayson.settings", **overrides)
-    return env
-
-
-def manage(*args, env, timeout=60):
-    return subprocess.run(
-        [sys.executable, str(BASE_DIR / "manage.py"), *args],
-        cwd=BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def check_deploy(env):
-    """`manage.py check --deploy` failing on any warning: (exit code, its output)."""
-    done = manage("check", "--deploy", "--fail-level", "WARNING", env=env)
-    return done.returncode, done.stdout + done.stderr
 
 
 def settings_with(**overrides):

@@ -13,9 +13,9 @@ from alwayson.runtime.api import add_timer, answer_approval, ingest, request_app
 from alwayson.runtime.worker import Worker
 from inbox import clock
 from inbox.models import Event
-from tests.test_admin import timer_form
-from tests.test_bad_input import snapshot
-from tests.test_runtime import finish_run, start_run
+from tests.support.admin import timer_form
+from tests.support.runs import finish_run, start_run
+from tests.support.tables import snapshot
 from timers.models import Timer
 from timers.services import Schedule
 

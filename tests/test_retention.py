@@ -32,7 +32,7 @@ from alwayson.web.models import PasswordResetRequest
 from approvals.models import Approval, AuditEntry
 from inbox.models import Event, Session
 from outbox.models import Notice, OutboxMessage
-from tests.test_production_settings import environment, manage
+from tests.support.env import environment, manage
 from timers.models import Timer
 
 pytestmark = pytest.mark.django_db
@@ -439,7 +439,7 @@ def test_the_systemd_timer_runs_the_prune_command_daily():
     import shlex
 
     from alwayson.ops.processes import SCHEDULED
-    from tests.test_deploy import UNITS, normalized, unit_values
+    from tests.support.deploy import UNITS, normalized, unit_values
 
     service, timer = UNITS / "alwayson-prune.service", UNITS / "alwayson-prune.timer"
     [exec_start] = unit_values(service, "ExecStart")

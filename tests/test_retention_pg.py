@@ -11,17 +11,10 @@ from inbox import clock
 from inbox.models import Event
 from inbox.services import ingest
 from outbox.models import OutboxMessage
-from tests.conftest import T0
-from tests.test_query_plans_pg import assert_uses, plan_of
-from tests.test_worker_processes_pg import (  # noqa: F401 (fixtures)
-    _exited,
-    effects,
-    make_inboxes,
-    runs,
-    side_tables,
-    spawn,
-    wait_for,
-)
+from tests.support.clock import T0
+from tests.support.plans import assert_uses, plan_of
+from tests.support.processes import wait_for
+from tests.support.workers import _exited, effects, make_inboxes, runs
 from timers.models import Timer
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -30,7 +23,7 @@ OLD = 2000  # done events past every retention, spread over the inboxes the work
 NEW = 120
 
 
-def test_prune_while_a_worker_drains_loses_nothing(spawn, django_user_model):  # noqa: F811
+def test_prune_while_a_worker_drains_loses_nothing(spawn, django_user_model):
     inboxes = make_inboxes(django_user_model, "prune", 6)
     long_ago = clock.database_now() - timedelta(days=400)
     Event.objects.bulk_create(

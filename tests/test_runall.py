@@ -6,204 +6,16 @@ uses, so these tests pass unchanged on both. Every wait is bounded; nothing slee
 clock, only to poll.
 """
 
-import contextlib
-import http.cookiejar
 import os
 import re
 import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-START_TIMEOUT = 90  # a fresh SQLite file is migrated first
-WORK_TIMEOUT = 60
-STOP_TIMEOUT = 20
+from tests.support.processes import child_pids, command_of, free_port
+from tests.support.runall import START_TIMEOUT, Browser, Runall, assert_all_stop
+
 CHILD_COMMANDS = {"runserver", "runworker", "runscheduler", "rundispatcher"}
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def child_pids(pid):
-    """Direct children of `pid`, from /proc."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            children.append(int(stat.parent.name))
-    return children
-
-
-def command_of(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
-def is_gone(pid):
-    """Exited and reaped, or at least exited (a zombie waiting for its new parent)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")
-
-
-class Runall:
-    """A `runall` subprocess in its own process group, its output collected as it comes.
-    `args` are runall's own, `env` overrides its environment (tests/test_production_pg.py)."""
-
-    def __init__(self, tmp_path, port, args=(), env=None):
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.db = tmp_path / "db.sqlite3"
-        environment = {
-            key: value
-            for key, value in os.environ.items()
-            if key not in ("DJANGO_ALLOW_ASYNC_UNSAFE", "ALWAYSON_AGENT")
-        }
-        environment.update(
-            DATABASE_URL=f"sqlite:///{self.db}",
-            ALWAYSON_SITE_URL=self.url,
-            DJANGO_SETTINGS_MODULE="alwayson.settings",
-            EMAIL_URL="consolemail://",
-            PYTHONUNBUFFERED="1",
-        )
-        environment.update(env or {})
-        self.lines = []
-        self.children = []
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                str(BASE_DIR / "manage.py"),
-                "runall",
-                "--addr",
-                f"127.0.0.1:{port}",
-                *args,
-            ],
-            cwd=BASE_DIR,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self):
-        return "".join(self.lines)
-
-    def emails(self):
-        """The output with quoted-printable soft line breaks undone: Django 6 encodes a long
-        line of a console email that way, splitting the link."""
-        return self.output.replace("=\n", "")
-
-    def tail(self, n=60):
-        return "".join(self.lines[-n:])
-
-    def fail(self, why):
-        pytest.fail(f"{why}\n--- runall output (last lines) ---\n{self.tail()}", pytrace=False)
-
-    def wait_for(self, what, check, timeout=WORK_TIMEOUT, interval=0.25):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                self.fail(f"runall exited ({self.process.returncode}) while waiting for {what}")
-            result = check()
-            if result:
-                return result
-            time.sleep(interval)
-        self.fail(f"timed out after {timeout}s waiting for {what}")
-
-    def demo_password(self):
-        match = re.search(r"Demo login: demo / (\S+)", self.output)
-        return match.group(1) if match else None
-
-    def stop(self):
-        """Kill whatever is left of what was started here (after a failed test)."""
-        if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        for pid in self.children:
-            if not is_gone(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.reader.join(timeout=5)
-
-
-class Browser:
-    """urllib with a cookie jar: the session and CSRF cookies, like a browser keeps them.
-
-    `behind_tls_proxy`: every request carries what a TLS-terminating proxy adds
-    (X-Forwarded-Proto: https, and the https Origin a browser sends with a form), and the jar
-    sends Secure cookies over the plain http hop, as the proxy would forward them.
-    """
-
-    def __init__(self, base, behind_tls_proxy=False):
-        self.base = base
-        self.headers = {}
-        policy = None
-        if behind_tls_proxy:
-            self.headers = {
-                "X-Forwarded-Proto": "https",
-                "Origin": base.replace("http://", "https://", 1),
-            }
-            policy = http.cookiejar.DefaultCookiePolicy(secure_protocols=("https", "http"))
-        self.opener = urllib.request.build_opener(
-            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar(policy))
-        )
-        self.last_headers = None
-
-    def request(self, path, data=None):
-        body = urllib.parse.urlencode(data).encode() if data is not None else None
-        request = urllib.request.Request(self.base + path, data=body, headers=self.headers)
-        try:
-            with self.opener.open(request, timeout=10) as response:
-                self.last_headers = response.headers
-                return response.status, response.geturl(), response.read().decode()
-        except urllib.error.HTTPError as exc:
-            self.last_headers = exc.headers
-            return exc.code, exc.geturl(), exc.read().decode()
-
-    def get(self, path):
-        return self.request(path)
-
-    def post_form(self, path, fields):
-        """GET the page, then POST its form with the page's CSRF token, as a browser does."""
-        status, _, html = self.get(path)
-        assert status == 200, (path, status)
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', html).group(1)
-        return self.request(path, {"csrfmiddlewaretoken": token, **fields})
-
-    def answers(self, path):
-        try:
-            return self.get(path)[0]
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            return None
 
 
 @pytest.fixture
@@ -223,19 +35,6 @@ def wait_until_up(runall):
     commands = {name for pid in children for name in CHILD_COMMANDS if name in command_of(pid)}
     assert commands == CHILD_COMMANDS, [command_of(pid) for pid in children]
     return browser, children
-
-
-def assert_all_stop(runall, children):
-    try:
-        status = runall.process.wait(timeout=STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        runall.fail(f"runall did not exit within {STOP_TIMEOUT}s of SIGINT")
-    runall.reader.join(timeout=5)
-    assert status == 0, runall.tail()
-    # runall waits for its children before it exits; give a reparented straggler no slack.
-    left = [(pid, command_of(pid)) for pid in children if not is_gone(pid)]
-    assert left == [], f"children still running after runall exited: {left}"
-    assert "alwayson stopped" in runall.output
 
 
 def test_runall_runs_the_refund_walkthrough_and_stops_on_ctrl_c(runall):

@@ -9,15 +9,16 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.runtime.api import acquire, claim_batch, finish, ingest
+from alwayson.runtime.api import acquire, ingest
 from alwayson.runtime.loading import load_agent
-from alwayson.runtime.run import LeaseLost, Run
+from alwayson.runtime.run import LeaseLost
 from alwayson.runtime.worker import Heartbeat, Worker
 from approvals.models import Approval
 from inbox.clock import database_now
 from inbox.models import Event, Lease, Session
 from inbox.services import SaveState
 from outbox.models import OutboxMessage
+from tests.support.runs import finish_run, session_state, start_run
 from timers.models import Timer
 
 SECOND = timedelta(seconds=1)
@@ -26,23 +27,6 @@ HOUR = timedelta(hours=1)
 
 def lease(inbox):
     return Lease.objects.get(inbox=inbox)
-
-
-def session_state(inbox):
-    return Session.objects.get(inbox=inbox).state
-
-
-def start_run(inbox, holder, now=None) -> Run:
-    """Acquire, claim and wrap the batch in a Run, as the worker does."""
-    gen = acquire(inbox, holder, now=now)
-    assert gen is not None
-    events = claim_batch(inbox, holder, gen, now=now)
-    return Run(inbox, holder, gen, events, session_state(inbox))
-
-
-def finish_run(run, now=None, error=None) -> bool:
-    ids = [e.pk for e in run.events]
-    return finish(run.inbox, run.holder, run.generation, ids, run.effects(), error=error, now=now)
 
 
 def nothing_written(inbox):
@@ -540,8 +524,8 @@ def test_load_agent_with_a_bad_path_raises_value_error(path):
 
 
 def test_load_agent_defaults_to_the_setting(settings):
-    settings.ALWAYSON_AGENT = "tests.agents.worker_echo_agent"
-    from tests.agents import worker_echo_agent
+    settings.ALWAYSON_AGENT = "tests.support.agents.worker_echo_agent"
+    from tests.support.agents import worker_echo_agent
 
     assert load_agent() is worker_echo_agent
     assert load_agent("alwayson.demo.refund_desk.agent").__name__ == "agent"

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from axes.models import AccessAttempt
@@ -18,8 +17,7 @@ from django.test import Client
 from django.urls import path
 
 from alwayson.web.models import PasswordResetRequest
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
 
 
 def manage(*args, **env):

@@ -1,16 +1,16 @@
 """The scenarios command reproduces the article's raw output, and cleans up after itself."""
 
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
 from inbox.models import Event, Inbox
 from outbox.models import OutboxMessage
+from tests.support.paths import DATA
 from timers.models import Timer
 
-ARTICLE_OUTPUT = Path(__file__).parent / "data" / "article_output.txt"
+ARTICLE_OUTPUT = DATA / "article_output.txt"
 
 
 def normalised(text):

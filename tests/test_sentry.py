@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import sentry_sdk
@@ -23,10 +22,10 @@ from django.urls import path
 from alwayson import urls as project_urls
 from alwayson.egress.gateway import check_services
 from alwayson.ops.sentry import FILTERED, init_sentry
-from tests.loopback import Loopback
-from tests.test_logs_alerts import claim, out_of_attempts
+from tests.support.events import claim, out_of_attempts
+from tests.support.loopback import Loopback
+from tests.support.paths import ROOT as BASE_DIR
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 # Under a secret-looking name: masked wherever its value appears.
 BOT_TOKEN = "xoxb-bot-token-value-4711"
 # Under an innocent name, which an egress service names as where its credential is.

@@ -19,7 +19,7 @@ from approvals.services import MayNotAnswer, answer_approval
 from approvals.views import REFUSED
 from inbox.models import Event, Inbox, Membership, Role
 from outbox.models import Channel
-from tests.test_views import ask, detail_url, message_id_of, snapshot, text_of
+from tests.support.pages import ask, detail_url, message_id_of, snapshot, text_of
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from approvals.models import Approval, AuditEntry
 from approvals.services import WAITING, Ask
 from inbox.models import Event, Membership, Role
 from inbox.services import acquire, claim_batch, ingest
-from tests.test_views import detail_url, text_of
+from tests.support.pages import detail_url, text_of
 from timers.models import Timer
 
 pytestmark = pytest.mark.django_db

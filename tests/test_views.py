@@ -14,28 +14,18 @@ from django.test import Client
 
 from alwayson.demo import refund_desk
 from alwayson.runtime.worker import Worker
-from approvals.models import Approval, AuditEntry
-from approvals.services import request_approval
+from approvals.models import Approval
 from inbox import clock
-from inbox.models import Event, Lease, Membership, Session
+from inbox.models import Event
 from inbox.services import ingest
-from outbox.models import Notice, OutboxMessage
-from timers.models import Timer
+from outbox.models import OutboxMessage
+from tests.support.pages import ask, detail_url, message_id_of, snapshot, text_of
 
-WINDOW = timedelta(hours=4)
 BUTTONS = ('value="yes"', 'value="no"', ">Approve<", ">Deny<")
 EXPIRED_WORDS = re.compile(r"This request expired at (\d\d:\d\d) UTC; nothing was done\.")
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def detail_url(inbox_slug, request_id):
-    return f"/approvals/{inbox_slug}/{request_id}/"
-
-
-def ask(inbox, request_id="refund-881", action="refund order 881"):
-    return request_approval(inbox, request_id, action, WINDOW)
 
 
 def expire(approval, ago=timedelta(minutes=5)):
@@ -44,34 +34,6 @@ def expire(approval, ago=timedelta(minutes=5)):
     Approval.objects.filter(pk=approval.pk).update(expires_at=past)
     approval.refresh_from_db()
     return approval
-
-
-def snapshot():
-    """Every row the pages could change, so "nothing changed" means exactly that."""
-    return {
-        model.__name__: list(model.objects.order_by("pk").values())
-        for model in (
-            Event,
-            Approval,
-            AuditEntry,
-            Timer,
-            OutboxMessage,
-            Notice,
-            Lease,
-            Session,
-            Membership,
-        )
-    }
-
-
-def text_of(response):
-    return response.content.decode()
-
-
-def message_id_of(response):
-    match = re.search(r'name="message_id" value="([0-9a-f-]{36})"', text_of(response))
-    assert match, "the chat form carries a generated message_id"
-    return match.group(1)
 
 
 def section(html, heading):

@@ -6,7 +6,6 @@ clock is pinned. No test sleeps.
 """
 
 import base64
-import hashlib
 import hmac
 import json
 import time
@@ -26,16 +25,28 @@ from standardwebhooks.webhooks import Webhook as StandardWebhook
 from inbox import webhooks
 from inbox.models import Event, Lease
 from inbox.webhooks import BadSignature, Malformed, Stale
+from tests.support.webhooks import (
+    BODY,
+    GITHUB_SECRET,
+    SCHEMES,
+    STANDARD_SECRET,
+    STRIPE_SECRET,
+    github_headers,
+    hex_hmac,
+    post,
+    signed,
+    standard_headers,
+    standard_sign,
+    stripe_event,
+    stripe_headers,
+)
 
-GITHUB_SECRET = "It's a Secret to Everybody"
 GITHUB_EXAMPLE_BODY = b"Hello, World!"
 GITHUB_EXAMPLE_SIGNATURE = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
 
-STRIPE_SECRET = "whsec_alwayson_test_0123456789abcdef"
 STRIPE_OLD_SECRET = "whsec_alwayson_test_rotated_away_000"
 
 # The Standard Webhooks spec's published vector (libraries/*/tests in the spec's repository).
-STANDARD_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 STANDARD_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
 STANDARD_TIMESTAMP = 1614265330
 STANDARD_BODY = b'{"test": 2432232314}'
@@ -43,27 +54,8 @@ STANDARD_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
 OTHER_STANDARD_SECRET = "whsec_" + base64.b64encode(b"another-secret-of-32-bytes-long!").decode()
 
 
-def hex_hmac(secret: str, message: bytes) -> str:
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
-
-
 def flip(data: bytes, index: int) -> bytes:
     return data[:index] + bytes([data[index] ^ 0x01]) + data[index + 1 :]
-
-
-def standard_sign(secret, msg_id, timestamp, body: bytes) -> str:
-    """Sign with the `standardwebhooks` package, the scheme's reference implementation."""
-    moment = datetime.fromtimestamp(int(timestamp), UTC)
-    return StandardWebhook(secret).sign(msg_id, moment, body.decode("utf-8"))
-
-
-@pytest.fixture
-def secrets(settings):
-    settings.ALWAYSON_GITHUB_SECRETS = [GITHUB_SECRET]
-    settings.ALWAYSON_STRIPE_SECRETS = [STRIPE_SECRET]
-    settings.ALWAYSON_STANDARD_SECRETS = [STANDARD_SECRET]
-    settings.ALWAYSON_WEBHOOK_INBOX_SECRETS = {}
-    return settings
 
 
 @pytest.fixture
@@ -72,59 +64,15 @@ def client():
     return Client(enforce_csrf_checks=True)
 
 
-def post(client, scheme, slug, body: bytes, headers, trailing_slash=True):
-    path = f"/hooks/{scheme}/{slug}/" if trailing_slash else f"/hooks/{scheme}/{slug}"
-    headers = {name: value for name, value in headers.items() if value is not None}
-    return client.post(path, data=body, content_type="application/json", headers=headers)
-
-
 # --- building signed deliveries -------------------------------------------------------------
 
 
-def github_headers(body, secret=GITHUB_SECRET, hook_id="4242", delivery="d-1", event="push"):
-    return {
-        "X-Hub-Signature-256": "sha256=" + hex_hmac(secret, body),
-        "X-GitHub-Hook-ID": hook_id,
-        "X-GitHub-Delivery": delivery,
-        "X-GitHub-Event": event,
-    }
-
-
-def stripe_event(event_id="evt_1", event_type="charge.succeeded", **extra):
-    return json.dumps({"id": event_id, "type": event_type, "object": "event", **extra}).encode()
-
-
-def stripe_headers(body, secret=STRIPE_SECRET, timestamp=None):
-    timestamp = int(time.time()) if timestamp is None else timestamp
-    header = stripe.WebhookSignature.generate_signature_header(
-        body.decode("utf-8"), secret, timestamp=timestamp
-    )
-    return {"Stripe-Signature": header}
-
-
-def standard_headers(body, secret=STANDARD_SECRET, msg_id="msg_1", timestamp=None):
-    timestamp = int(time.time()) if timestamp is None else timestamp
-    return {
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": standard_sign(secret, msg_id, timestamp, body),
-    }
-
-
-def signed(scheme, body, **kwargs):
-    return {"github": github_headers, "stripe": stripe_headers, "standard": standard_headers}[
-        scheme
-    ](body, **kwargs)
-
-
-SCHEMES = ["github", "stripe", "standard"]
 # A well-formed secret of each scheme that is not the configured one.
 OTHER_SECRETS = {
     "github": "not-the-secret",
     "stripe": STRIPE_OLD_SECRET,
     "standard": OTHER_STANDARD_SECRET,
 }
-BODY = stripe_event()  # a JSON object every scheme accepts
 
 
 # --- GitHub -----------------------------------------------------------------------------------

@@ -16,15 +16,8 @@ from django.db import connection, transaction
 from django.test import Client
 
 from inbox.models import Event, Lease
-from tests import conftest
-
-from .test_webhooks import (
-    BODY,
-    SCHEMES,
-    post,
-    secrets,  # noqa: F401 (a fixture, used by name below)
-    signed,
-)
+from tests.support import postgres
+from tests.support.webhooks import BODY, SCHEMES, post, signed
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -78,7 +71,7 @@ def post_together(n, scheme, slug, body, headers, hold_lease_of=None):
 
 
 def wait_until_blocked(pids):
-    conftest.wait_until_blocked(pids, TIMEOUT, what="requests")
+    postgres.wait_until_blocked(pids, TIMEOUT, what="requests")
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -29,7 +29,7 @@ from outbox.models import OutboxMessage
 from timers.models import Timer
 
 SECOND = timedelta(seconds=1)
-ECHO = "tests.agents.worker_echo_agent"
+ECHO = "tests.support.agents.worker_echo_agent"
 
 
 def lease(inbox):

@@ -2,178 +2,36 @@
 and a host clock that is off by minutes.
 
 The workers are `python manage.py runworker` subprocesses on the pytest test database (the
-tests commit their rows: `transaction=True`), running `tests.agents.recording_agent`, which
+tests commit their rows: `transaction=True`), running `tests.support.agents.recording_agent`, which
 writes each run's start and end (database clock) and each side-effect attempt to two side
 tables. Every wait is bounded by a deadline, and every subprocess is killed at teardown
 (after a SIGCONT, in case it was stopped), before the database is flushed.
 """
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter, defaultdict
 from datetime import timedelta
-from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.db import connection, transaction
 
 from alwayson.demo.models import Refund
 from inbox import clock
-from inbox.models import Event, Inbox, Lease
+from inbox.models import Event, Lease
 from inbox.services import WORK_CHANNEL, acquire, acquire_next, claim_batch, finish, ingest
 from outbox.models import OutboxMessage
-from tests.agents import PROCESS_TABLES
+from tests.support.processes import wait_for
+from tests.support.workers import START_TIMEOUT, _exited, effects, listening, make_inboxes, runs
 from timers.models import Timer
 from timers.services import add_timer, run_scheduler
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parent.parent
-AGENT = "tests.agents.recording_agent"
 SHORT_TTL = 2  # seconds: the lease in the crash and stall tests
-START_TIMEOUT = 20  # seconds for a worker to start and LISTEN
-STOP_TIMEOUT = 15  # seconds for a worker to exit after SIGTERM
 
 
 # --- harness ---------------------------------------------------------------------------------
-
-
-def wait_for(predicate, timeout, what, period=0.02):
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(period)
-
-
-def database_url():
-    db = connection.settings_dict
-    auth = quote(db["USER"] or "postgres", safe="")
-    if db["PASSWORD"]:
-        auth += ":" + quote(db["PASSWORD"], safe="")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
-def start_command(command, args, log_path, env=None):
-    """`manage.py <command> <args>` as a process on the test database, its output in
-    `log_path`; `env` adds to the environment."""
-    environment = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "PYTHONUNBUFFERED": "1",
-        **(env or {}),
-    }
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "manage.py", command, *args],
-            cwd=ROOT,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-
-class WorkerProcess:
-    def __init__(self, worker_id, proc, log_path):
-        self.worker_id = worker_id
-        self.proc = proc
-        self.log_path = log_path
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def log(self):
-        return self.log_path.read_text(errors="replace")
-
-    def send(self, signum):
-        self.proc.send_signal(signum)
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def wait(self, timeout=STOP_TIMEOUT):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{self.worker_id} still running after {timeout}s\n{self.log()}")
-
-    def stop(self, timeout=STOP_TIMEOUT):
-        """SIGTERM and the exit code."""
-        self.send(signal.SIGTERM)
-        return self.wait(timeout)
-
-    def runs_logged(self):
-        return [line for line in self.log().splitlines() if " run inbox=" in line]
-
-    def kill(self):
-        if self.alive():
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def side_tables(transactional_db):
-    with connection.cursor() as cursor:
-        for ddl in PROCESS_TABLES:
-            cursor.execute(ddl)
-        cursor.execute("TRUNCATE test_worker_runs, test_worker_effects RESTART IDENTITY")
-
-
-@pytest.fixture
-def spawn(side_tables, tmp_path):
-    """Start `runworker` subprocesses; all are killed at teardown, before the db flush."""
-    started = []
-
-    def start(worker_id, *args, env=None, wait_listening=True, pythonpath=None):
-        environment = {"ALWAYSON_AGENT": AGENT, "ALWAYSON_RETRY_BASE": "1", **(env or {})}
-        if pythonpath:
-            environment["PYTHONPATH"] = os.pathsep.join(
-                [str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])]
-            )
-        log_path = tmp_path / f"{worker_id}.log"
-        proc = start_command("runworker", ["--worker-id", worker_id, *args], log_path, environment)
-        worker = WorkerProcess(worker_id, proc, log_path)
-        started.append(worker)
-        if wait_listening:
-            wait_for(
-                lambda: listening(worker) or _exited(worker),
-                START_TIMEOUT,
-                f"{worker_id} to LISTEN",
-            )
-            assert worker.alive(), f"{worker_id} exited early:\n{worker.log()}"
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
-
-
-def _exited(worker):
-    return not worker.alive()
-
-
-def listening(worker):
-    """The worker's LISTEN connection is up (its slots were woken once it was)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = %s AND query = %s",
-            [f"alwayson-worker {worker.worker_id}"[:63], f"LISTEN {WORK_CHANNEL}"],
-        )
-        return cursor.fetchone()[0] == 1
 
 
 def wait_idle(worker, quiet=0.3):
@@ -201,34 +59,6 @@ def wait_idle(worker, quiet=0.3):
         )
 
     wait_for(idle, START_TIMEOUT, f"{worker.worker_id} to go idle")
-
-
-def make_inboxes(django_user_model, prefix, count):
-    owner = django_user_model.objects.create_user(username=f"{prefix}-owner")
-    return [Inbox.objects.create(owner=owner, slug=f"{prefix}-{n:03d}") for n in range(count)]
-
-
-def runs(inbox=None):
-    """The recorded runs, oldest first, as dicts."""
-    sql = (
-        "SELECT id, inbox_id, holder, generation, pid, event_ids, host_now, started, ended"
-        " FROM test_worker_runs"
-    )
-    params = []
-    if inbox is not None:
-        sql += " WHERE inbox_id = %s"
-        params.append(inbox.pk)
-    with connection.cursor() as cursor:
-        cursor.execute(sql + " ORDER BY started, id", params)
-        columns = [c.name for c in cursor.description]
-        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-
-
-def effects():
-    """(run id, event id, fresh) per side-effect attempt, in order."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT run_id, event_id, fresh FROM test_worker_effects ORDER BY id")
-        return cursor.fetchall()
 
 
 def blocking_payload(tmp_path, holder, **extra):

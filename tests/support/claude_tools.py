@@ -1,4 +1,5 @@
-"""Application tools for the Claude agent tests (ALWAYSON_CLAUDE_TOOLS = ["tests.claude_tools"]).
+"""Application tools for the Claude agent tests
+(ALWAYSON_CLAUDE_TOOLS = ["tests.support.claude_tools"]).
 
 Each records its calls in CALLS (name, arguments, idempotency key, approved), so a test sees
 what ran and under which key; `refund` also goes through the stand-in payments ledger, which
