@@ -137,63 +137,6 @@ def claude_inbox(make_inbox):
     return make
 
 
-@pytest.fixture
-def side_tables(transactional_db):
-    """The recording agent's side tables (tests/support/agents.py), created and emptied."""
-    from django.db import connection
-
-    from tests.support.agents import PROCESS_TABLES
-
-    with connection.cursor() as cursor:
-        for ddl in PROCESS_TABLES:
-            cursor.execute(ddl)
-        cursor.execute("TRUNCATE test_worker_runs, test_worker_effects RESTART IDENTITY")
-
-
-@pytest.fixture
-def spawn(side_tables, tmp_path):
-    """Start `runworker` subprocesses; all are killed at teardown, before the db flush."""
-    from tests.support.processes import start_command, wait_for
-    from tests.support.workers import AGENT, START_TIMEOUT, WorkerProcess, _exited, listening
-
-    started = []
-
-    def start(worker_id, *args, env=None, wait_listening=True, pythonpath=None):
-        environment = {"ALWAYSON_AGENT": AGENT, "ALWAYSON_RETRY_BASE": "1", **(env or {})}
-        if pythonpath:
-            environment["PYTHONPATH"] = os.pathsep.join(
-                [str(pythonpath), *filter(None, [os.environ.get("PYTHONPATH")])]
-            )
-        log_path = tmp_path / f"{worker_id}.log"
-        proc = start_command("runworker", ["--worker-id", worker_id, *args], log_path, environment)
-        worker = WorkerProcess(worker_id, proc, log_path)
-        started.append(worker)
-        if wait_listening:
-            wait_for(
-                lambda: listening(worker) or _exited(worker),
-                START_TIMEOUT,
-                f"{worker_id} to LISTEN",
-            )
-            assert worker.alive(), f"{worker_id} exited early:\n{worker.log()}"
-        return worker
-
-    yield start
-    for worker in started:
-        worker.kill()
-
-
-@pytest.fixture
-def secrets(settings):
-    """The webhook secrets of tests/support/webhooks.py, configured for every scheme."""
-    from tests.support.webhooks import GITHUB_SECRET, STANDARD_SECRET, STRIPE_SECRET
-
-    settings.ALWAYSON_GITHUB_SECRETS = [GITHUB_SECRET]
-    settings.ALWAYSON_STRIPE_SECRETS = [STRIPE_SECRET]
-    settings.ALWAYSON_STANDARD_SECRETS = [STANDARD_SECRET]
-    settings.ALWAYSON_WEBHOOK_INBOX_SECRETS = {}
-    return settings
-
-
 @pytest.fixture(scope="module")
 def world(django_db_setup, django_db_blocker):
     """One busy inbox with a long history, many idle inboxes, and a little live work: what a

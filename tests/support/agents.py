@@ -1,7 +1,7 @@
 """Test agents: callables a worker runs, named by ALWAYSON_AGENT or passed to Worker."""
 
 
-# --- process agents (tests/test_worker_processes_pg.py) -------------------------------------
+# --- process agents (tests/processes/test_worker_processes_pg.py) ---------------------------------
 # Loaded by real `runworker` subprocesses through ALWAYSON_AGENT. They write what each run did
 # to two side tables (PROCESS_TABLES, created by the test), on the database's clock, outside
 # the run's transaction: a record of what happened even for a run whose finish is refused.
@@ -98,7 +98,7 @@ def recording_agent(run):
         )
 
 
-# --- in-process agents (tests/test_worker.py) -----------------------------------------------
+# --- in-process agents (tests/runtime/test_worker.py) ---------------------------------------------
 # Named by `runworker --agent` in tests that call the command in-process.
 
 

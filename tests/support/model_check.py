@@ -1,4 +1,4 @@
-"""The state machine behind tests/test_model_check.py, and the model it checks against.
+"""The state machine behind tests/contracts/test_model_check.py, and the model it checks against.
 
 The model is a second, plain-Python implementation of the article's rules: the lease and its
 generations, claims (orphans back to pending, out-of-attempts parked as dead, a retry claimed
@@ -104,7 +104,7 @@ def snapshot():
 class InboxMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        # The example's savepoint; teardown() rolls it back (see tests/test_model_check.py).
+        # The example's savepoint; teardown() rolls it back (tests/contracts/test_model_check.py).
         self._example = transaction.atomic()
         self._example.__enter__()
         from django.contrib.auth import get_user_model

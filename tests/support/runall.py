@@ -25,7 +25,8 @@ STOP_TIMEOUT = 20
 
 class Runall:
     """A `runall` subprocess in its own process group, its output collected as it comes.
-    `args` are runall's own, `env` overrides its environment (tests/test_production_pg.py)."""
+    `args` are runall's own, `env` overrides its environment
+    (tests/processes/test_production_pg.py)."""
 
     def __init__(self, tmp_path, port, args=(), env=None):
         self.port = port

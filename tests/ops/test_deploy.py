@@ -1,8 +1,8 @@
 """The deployment files in deploy/ run the commands of alwayson/production.py, and only those.
 
 Docker cannot run here, so the Dockerfile and the compose file are read and checked; the
-systemd units are checked by `systemd-analyze verify` too. tests/test_production_pg.py starts
-the same commands (through `runall --production`) and drives an event through them.
+systemd units are checked by `systemd-analyze verify` too. tests/processes/test_production_pg.py
+starts the same commands (through `runall --production`) and drives an event through them.
 """
 
 import importlib

@@ -3,7 +3,7 @@
 The first "yes" records a pending first approval; the request resolves "yes" only when a
 second, different approver says yes before the deadline; one "no" denies it; the deadline
 expires it. One answer event per request, as for every approval; every answer is audited.
-(The same rules under real parallel connections: tests/test_concurrency_pg.py.)
+(The same rules under real parallel connections: tests/contracts/test_concurrency_pg.py.)
 """
 
 from datetime import timedelta

@@ -1,5 +1,5 @@
 """The chaos run's checker and plan, without a cluster: each invariant fails on records that
-break it, and passes on records that keep it. (tests/test_chaos_pg.py runs the real thing.)"""
+break it, and passes on records that keep it. (tests/chaos/test_chaos_pg.py runs the real thing.)"""
 
 import copy
 from collections import Counter

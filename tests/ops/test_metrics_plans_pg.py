@@ -1,6 +1,6 @@
 """The /metrics scrape reads state through the indexes the workers already use: the plans
-on PostgreSQL, on the data of tests/test_query_plans_pg.py (its module-scoped `world`, in a
-module of its own so that its open transaction ends with this module)."""
+on PostgreSQL, on the data of tests/contracts/test_query_plans_pg.py (its module-scoped
+`world`, in a module of its own so that its open transaction ends with this module)."""
 
 import pytest
 from django.db import connection

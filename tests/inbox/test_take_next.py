@@ -127,7 +127,7 @@ def test_take_next_reads_the_inboxs_agent_with_the_claim(make_inbox, t0):
     assert (second.inbox, second.extras) == (plain, {"agent": None})
 
 
-CONFIGURED = "tests.test_take_next.configured_agent"
+CONFIGURED = "tests.inbox.test_take_next.configured_agent"
 
 
 def configured_agent(run):

@@ -1,7 +1,7 @@
 """The worker's finish on PostgreSQL when the run ended well with nothing else to commit:
 BEGIN, the lease row's lock, the fenced finish and COMMIT sent as one pipeline. The rules
-are finish's own (tests/test_take_next.py, tests/test_inbox_rules.py); these tests run
-outside a transaction, where the pipeline is used, and check that a refusal or an error
+are finish's own (tests/inbox/test_take_next.py, tests/inbox/test_inbox_rules.py); these
+tests run outside a transaction, where the pipeline is used, and check that a refusal or an error
 leaves nothing written and no transaction open.
 """
 

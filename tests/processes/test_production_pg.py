@@ -1,6 +1,6 @@
 """The production process set, for real: `runall --production` on PostgreSQL starts gunicorn,
 runworker, runscheduler and rundispatcher from alwayson/production.py (the commands the
-Dockerfile, the compose file and the systemd units run: tests/test_deploy.py), with DEBUG off
+Dockerfile, the compose file and the systemd units run: tests/ops/test_deploy.py), with DEBUG off
 and the production HTTPS defaults, behind what a TLS-terminating proxy would add.
 
 One chat message goes through it: log in, post "refund order 881", the refund desk asks, the

@@ -3,7 +3,7 @@ in the transaction that parks it; a parked outbox send is logged at ERROR; JSON 
 carry the run id; bad settings stop start-up.
 
 Events are put out of attempts directly (attempts = ALWAYSON_MAX_ATTEMPTS, pending): the
-next claim parks them, which is the path under test. Sentry is in tests/test_sentry.py.
+next claim parks them, which is the path under test. Sentry is in tests/ops/test_sentry.py.
 """
 
 import json
