@@ -6,7 +6,7 @@ inbox's lease lock. Operators change events through actions that call the same s
 `manage.py deadletters`, which lock the lease row and keep its work flag right.
 
 Every list is meant to be usable at 100,000 rows: the related inbox is joined in the same
-query (list_select_related; tests/test_admin.py checks the query count does not grow with
+query (list_select_related; tests/web/test_admin.py checks the query count does not grow with
 the rows), the unfiltered total is not counted twice, and the newest rows come first by
 primary key, so page one needs no sort of the whole table.
 """

@@ -1,16 +1,11 @@
 """Shared fixtures. Time is always passed explicitly: no test sleeps to move the clock."""
 
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from django.db import connection
 
-T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
-
-
-def on_postgres():
-    return connection.vendor == "postgresql"
+from tests.support.clock import T0
 
 
 def pytest_collection_modifyitems(config, items):
@@ -100,57 +95,18 @@ def loop_command():
     options.update(saved_options)
 
 
-def wait_until_blocked(pids, timeout, what="backends"):
-    """Wait until every PostgreSQL backend in `pids` waits on a lock another session holds:
-    the way to know a race is really queued, not merely likely."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
-        while True:
-            cursor.execute(
-                "SELECT count(*) FROM unnest(%s::int[]) AS p"
-                " WHERE cardinality(pg_blocking_pids(p)) > 0",
-                [list(pids)],
-            )
-            if cursor.fetchone()[0] == len(pids):
-                return
-            assert time.monotonic() < deadline, f"{what} {pids} never blocked on a lock"
-            time.sleep(0.005)
-
-
-def use_email_backend(settings, backend, **smtp):
-    """Point Django's email at `backend` (and SMTP options: host, port, username, password,
-    use_tls, use_ssl, timeout) through MAILERS on Django 6.1+, EMAIL_* before it."""
-    if hasattr(settings, "MAILERS"):
-        settings.MAILERS = {"default": {"BACKEND": backend, "OPTIONS": smtp}}
-        return
-    settings.EMAIL_BACKEND = backend
-    names = {
-        "host": "EMAIL_HOST",
-        "port": "EMAIL_PORT",
-        "username": "EMAIL_HOST_USER",
-        "password": "EMAIL_HOST_PASSWORD",
-        "use_tls": "EMAIL_USE_TLS",
-        "use_ssl": "EMAIL_USE_SSL",
-        "timeout": "EMAIL_TIMEOUT",
-    }
-    for option, value in smtp.items():
-        setattr(settings, names[option], value)
-
-
 @pytest.fixture
 def messages_api(settings):
-    """A loopback Messages API (tests/claude_api.py) that the Claude agent reaches, with the
+    """A loopback Messages API (support/claude_api.py) that the Claude agent reaches, with the
     test tools module registered and its call log emptied."""
     from alwayson.claude.client import _client
-    from tests import claude_tools
-    from tests.claude_api import MessagesAPI
+    from tests.support import claude_tools
+    from tests.support.claude_api import MessagesAPI
 
     api = MessagesAPI().start()
     settings.ANTHROPIC_API_KEY = api.api_key
     settings.ANTHROPIC_BASE_URL = api.url
-    settings.ALWAYSON_CLAUDE_TOOLS = ["tests.claude_tools"]
+    settings.ALWAYSON_CLAUDE_TOOLS = ["tests.support.claude_tools"]
     claude_tools.CALLS.clear()
     claude_tools.CRASH_AFTER_REFUND.clear()
     yield api
@@ -179,3 +135,23 @@ def claude_inbox(make_inbox):
         return inbox
 
     return make
+
+
+@pytest.fixture(scope="module")
+def world(django_db_setup, django_db_blocker):
+    """One busy inbox with a long history, many idle inboxes, and a little live work: what a
+    worker's queries meet in production, in miniature (tests/support/plans.py builds it).
+    Returns the busy inbox.
+
+    Built once for the module inside a transaction that is rolled back at its end; each test
+    runs in a savepoint within it (pytest-django nests its per-test atomic block).
+    """
+    from django.db import transaction
+
+    from inbox.models import Inbox
+    from tests.support.plans import build_world
+
+    with django_db_blocker.unblock(), transaction.atomic():
+        build_world()
+        yield Inbox.objects.get(slug="busy")
+        transaction.set_rollback(True)

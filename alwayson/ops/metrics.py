@@ -4,7 +4,7 @@ Two sources, both read from the database at scrape, so any web process answers f
 whole deployment and every process's counts add up:
 
 - **State** (gauges): counted at scrape by `DatabaseCollector`, each with one cheap query on
-  an index the workers already use (tests/test_metrics.py asserts the plans on PostgreSQL).
+  an index the workers already use (tests/ops/test_metrics.py asserts the plans on PostgreSQL).
 - **Happenings** (counters, histograms): counted in memory by the process where they happen
   (runs in a worker, timer fires in a scheduler, sends in a dispatcher, lease takeovers) and
   added to `MetricTotal` rows by an upsert that adds (`value = value + excluded.value`):

@@ -1,10 +1,10 @@
 """The production process set: one source for `runall --production`, `deploy/` and the tests.
 
 Commands are written as the deployment files write them, run from the project directory:
-`python manage.py ...`, and `gunicorn ...` from the same environment. tests/test_deploy.py
+`python manage.py ...`, and `gunicorn ...` from the same environment. tests/ops/test_deploy.py
 checks that the Dockerfile, the compose file and the systemd units run exactly these, and
-tests/test_production_pg.py starts them (through `runall --production`) and drives an event
-through.
+tests/processes/test_production_pg.py starts them (through `runall --production`) and drives
+an event through.
 """
 
 import shutil

@@ -1,0 +1,1 @@
+"""The approvals app: answers, two-person approvals, the audit."""

@@ -1,0 +1,1 @@
+"""Playwright driving Chromium against a live server."""

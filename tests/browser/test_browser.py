@@ -1,0 +1,679 @@
+"""Browser tests: Playwright driving Debian's Chromium, headless, against a live server.
+
+The worker, scheduler and dispatcher steps run for real in this process between browser
+actions (Worker.step, run_scheduler, dispatch); email goes to Django's locmem outbox, the test
+stand-in for the console email. Screenshots go to artifacts/screenshots/ (git-ignored).
+
+Chromium is required, not optional: without it these tests fail with a message saying how to
+install it (`make install` does). They are never skipped, so CI cannot pass without them.
+
+Playwright's sync API keeps an asyncio loop running in this thread, and Django refuses ORM
+calls from a thread with a running loop; DJANGO_ALLOW_ASYNC_UNSAFE lifts that for this
+module only (the ORM calls here are plain synchronous code).
+"""
+
+import os
+import re
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.core import mail
+
+from alwayson.demo import refund_desk
+from alwayson.runtime.worker import Worker
+from approvals.models import Approval
+from approvals.services import request_approval
+from inbox import clock
+from inbox.models import Event, Inbox, Lease
+from inbox.services import acquire, ingest, release
+from outbox.models import OutboxMessage
+from outbox.services import dispatch, dispatch_notices
+from tests.support.mail import use_email_backend
+from timers.models import Timer
+from timers.services import run_scheduler
+
+try:
+    from playwright.sync_api import expect, sync_playwright
+except ImportError:  # reported by the browser fixture, as a failure
+    expect = sync_playwright = None
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("ALWAYSON_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = django_settings.BASE_DIR / "artifacts" / "screenshots"
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+PASSWORD = "pw-browser-123"
+TIMEOUT_MS = 15_000
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def allow_orm_beside_playwrights_loop():
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if previous is None:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture(scope="module")
+def browser(allow_orm_beside_playwrights_loop):
+    if sync_playwright is None:
+        pytest.fail(
+            "Playwright is not installed: pip install -e '.[test]' (make install does).",
+            pytrace=False,
+        )
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"Chromium not found at {CHROMIUM}: the browser tests need Debian's Chromium. "
+            "Install it with `apt-get install -y chromium` (make install does), or point "
+            "ALWAYSON_TEST_CHROMIUM at a Chromium binary. These tests are never skipped.",
+            pytrace=False,
+        )
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def new_page(browser):
+    """Pages in fresh contexts (no shared cookies), closed after the test."""
+    contexts = []
+
+    def make(viewport=DESKTOP):
+        context = browser.new_context(viewport=viewport)
+        context.set_default_timeout(TIMEOUT_MS)
+        contexts.append(context)
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+@pytest.fixture
+def site(live_server, settings):
+    """The live server's URL; the agent's links point at it, and email stays in memory."""
+    settings.ALWAYSON_SITE_URL = live_server.url
+    use_email_backend(settings, "django.core.mail.backends.locmem.EmailBackend")
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    mail.outbox = []
+    return live_server.url
+
+
+@pytest.fixture
+def owner_user(django_user_model, site):
+    return django_user_model.objects.create_user(
+        username="owner", password=PASSWORD, email="owner@example.com"
+    )
+
+
+@pytest.fixture
+def desk(owner_user):
+    return Inbox.objects.create(owner=owner_user, slug="desk", name="Refund desk")
+
+
+@pytest.fixture
+def staff_user(django_user_model, site):
+    return django_user_model.objects.create_superuser(
+        username="operator", password=PASSWORD, email="operator@example.com"
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def screenshot(page, name):
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def assert_fits_a_phone(page):
+    """No sideways scrolling at phone width."""
+    width = page.evaluate("document.documentElement.scrollWidth")
+    viewport = page.viewport_size["width"]
+    assert width <= viewport, f"{page.url} is {width}px wide in a {viewport}px viewport"
+
+
+def log_in(page, site, username, next_path="/"):
+    page.goto(f"{site}/accounts/login/?next={next_path}")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(f"{site}{next_path}")
+
+
+def log_in_to_admin(page, site, username, next_path="/admin/"):
+    page.goto(f"{site}/admin/login/?next={next_path}")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.locator("input[type=submit]").click()
+    expect(page).to_have_url(f"{site}{next_path}")
+
+
+def step_worker():
+    # The refund desk by default; an inbox with an AgentConfig runs its own agent.
+    return Worker(worker_id="browser-test", agent=refund_desk.agent).step()
+
+
+def run_background_once():
+    """One pass of what runall's processes do: the scheduler, the worker, the dispatcher."""
+    run_scheduler()
+    result = step_worker()
+    dispatch()
+    dispatch_notices()
+    return result
+
+
+# --- the walkthrough ---------------------------------------------------------------------------
+
+
+def test_the_refund_walkthrough(new_page, site, desk, staff_user):
+    page = new_page()
+
+    # Log in: the inbox page sends an anonymous visitor to the login page and back.
+    page.goto(f"{site}/inbox/desk/")
+    expect(page).to_have_url(re.compile(r"/accounts/login/\?next=/inbox/desk/$"))
+    page.get_by_label("Username").fill("owner")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(f"{site}/inbox/desk/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("Refund desk")
+
+    # Post "refund order 881".
+    page.get_by_label("Message to your agent").fill("refund order 881")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("status")).to_have_text("Sent.")
+    chat = Event.objects.get(inbox=desk, source="chat")
+    assert chat.payload["text"] == "refund order 881"
+
+    # The worker runs the agent: it asks for approval and says so, with the link.
+    result = run_background_once()
+    assert result is not None and result.events == 1
+    chat.refresh_from_db()
+    assert chat.status == "done"
+    link = f"{site}/approvals/desk/refund-881/"
+    assert len(mail.outbox) == 1
+    assert mail.outbox[0].to == ["owner@example.com"]
+    assert link in mail.outbox[0].body
+
+    # No reload: the conversation polls, and the reply and its approval card appear.
+    expect(page.locator(".entry.agent").last).to_contain_text("Refund order 881?")
+    expect(page.get_by_role("link", name=link)).to_have_attribute("href", link)
+    expect(page.locator(".approval-card")).to_contain_text("Refund order 881")
+
+    # The approvals page lists it; its own page has the buttons.
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Approvals").click()
+    expect(page).to_have_url(f"{site}/approvals/")
+    waiting = page.locator("section", has=page.locator("#waiting-heading"))
+    expect(waiting).to_contain_text("Refund order 881")
+    expect(waiting).to_contain_text(re.compile(r"\d+ h \d+ min left"))
+    waiting.get_by_role("link", name="Refund order 881").click()
+    expect(page).to_have_url(link)
+    expect(page.get_by_role("heading", level=1)).to_have_text("Refund order 881?")
+    expect(page.get_by_role("button", name="Approve")).to_be_visible()
+    expect(page.get_by_role("button", name="Deny")).to_be_visible()
+    screenshot(page, "approval-page")
+    page.set_viewport_size(PHONE)
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-page-phone")
+    page.set_viewport_size(DESKTOP)
+
+    # Approve.
+    page.get_by_role("button", name="Approve").click()
+    expect(page).to_have_url(link)
+    expect(page.locator(".outcome")).to_have_text("Approved.")
+    expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(page.get_by_role("button", name="Deny")).to_have_count(0)
+    screenshot(page, "approval-approved")
+    assert Approval.objects.get(inbox=desk, request_id="refund-881").answer == "yes"
+
+    # The worker runs the answer: the refund, and the message saying so.
+    result = run_background_once()
+    assert result is not None and result.events == 1
+    assert len(mail.outbox) == 2
+    assert "Refunded order 881" in mail.outbox[1].body
+    assert mail.outbox[1].subject == "[desk] Refunded order 881, approved by owner"
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Inboxes").click()
+    page.get_by_role("link", name="Refund desk").click()
+    expect(page).to_have_url(f"{site}/inbox/desk/")
+    newest = page.locator(".entry.agent").last
+    expect(newest).to_contain_text("Refunded order 881")
+    expect(page.locator(".entry.agent")).to_have_count(2)
+    expect(page.locator(".approval-card .outcome")).to_have_text("Approved.")
+    page.set_viewport_size(PHONE)
+    assert_fits_a_phone(page)
+    screenshot(page, "inbox-page-phone")
+
+    # Nothing is left to do.
+    assert run_background_once() is None
+    assert len(mail.outbox) == 2
+
+    # Log out; the operator finds the same events in the admin.
+    page.get_by_role("button", name="Log out owner").click()
+    expect(page).to_have_url(re.compile(r"/accounts/login/$"))
+    page.set_viewport_size(DESKTOP)
+    log_in_to_admin(page, site, "operator", "/admin/inbox/event/")
+    rows = page.locator("#result_list tbody tr")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#result_list")).to_contain_text(chat.source_id)
+    expect(page.locator("#result_list")).to_contain_text("refund-881")
+    page.locator("#searchbar").fill("refund-881")
+    page.locator("#changelist-search input[type=submit]").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("refund-881")
+
+
+# --- the live conversation ---------------------------------------------------------------------
+
+REPLY_TIMES = SCREENSHOTS.parent / "reply-times.txt"
+
+
+def mark_page(page):
+    """A marker a reload would wipe: proof that what appears came without one."""
+    page.evaluate("window.__noReload = true")
+
+
+def assert_not_reloaded(page):
+    assert page.evaluate("window.__noReload === true"), "the page reloaded"
+
+
+def test_a_message_and_its_reply_appear_without_reload(new_page, site, desk):
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/inbox/desk/")
+    page.get_by_label("Message to your agent").fill("hello?")
+    page.get_by_role("button", name="Send").click()
+    person = page.locator(".entry.person").last
+    expect(person).to_contain_text("hello?")
+    expect(person.locator(".state")).to_have_text("received")
+    mark_page(page)
+
+    assert step_worker().outcome == "said 1"  # committed when step() returns
+    committed = time.monotonic()
+    expect(page.locator(".entry.agent").last).to_contain_text("I'm the refund desk")
+    seconds = time.monotonic() - committed
+    expect(person.locator(".state")).to_have_text("answered")
+    assert_not_reloaded(page)
+    REPLY_TIMES.parent.mkdir(parents=True, exist_ok=True)
+    with REPLY_TIMES.open("a") as times:
+        times.write(f"reply visible {seconds:.3f}s after its commit\n")
+    print(f"reply visible {seconds:.3f}s after its commit")
+    assert_fits_a_phone(page)
+    screenshot(page, "conversation-phone")
+
+
+def test_the_page_says_the_agent_is_working_while_a_run_holds_the_lease(new_page, site, desk):
+    page = new_page()
+    log_in(page, site, "owner", "/inbox/desk/")
+    mark_page(page)
+    working = page.locator(".working")
+    expect(working).to_have_text("")
+
+    generation = acquire(desk, "worker-7")  # a run holds the lease
+    expect(working).to_contain_text("Your agent is working…")
+    screenshot(page, "conversation-working")
+    release(desk, "worker-7", generation)
+    expect(working).to_have_text("")
+    assert_not_reloaded(page)
+
+
+def test_approving_inline_with_the_keyboard_comes_back_to_the_conversation(new_page, site, desk):
+    request_approval(desk, "refund-881", "refund order 881", timedelta(hours=4))
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/inbox/desk/")
+    card = page.locator(".approval-card")
+    expect(card).to_contain_text("Refund order 881")
+    expect(card).to_contain_text(re.compile(r"3 h 59 min left to answer"))
+    assert_fits_a_phone(page)
+    screenshot(page, "conversation-approval-phone")
+
+    card.get_by_role("button", name="Approve").focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{site}/inbox/desk/")
+    expect(card.locator(".outcome")).to_have_text("Approved.")
+    assert Approval.objects.get(request_id="refund-881").answer == "yes"
+
+
+def test_every_page_fits_a_phone(new_page, site, desk, django_user_model):
+    request_approval(desk, "refund-881", "refund order 881", timedelta(hours=4))
+    django_user_model.objects.create_user(username="newcomer", password=PASSWORD)
+    page = new_page(PHONE)
+    page.goto(f"{site}/accounts/login/")
+    assert_fits_a_phone(page)
+    screenshot(page, "login-phone")
+    log_in(page, site, "owner")
+    for name, path in (
+        ("home-phone", "/"),
+        ("approvals-phone", "/approvals/"),
+        ("approval-detail-phone", "/approvals/desk/refund-881/"),
+    ):
+        page.goto(f"{site}{path}")
+        assert_fits_a_phone(page)
+        screenshot(page, name)
+    newcomer = new_page(PHONE)
+    log_in(newcomer, site, "newcomer")
+    expect(newcomer.locator(".empty")).to_contain_text("Ask your administrator")
+    assert_fits_a_phone(newcomer)
+    screenshot(newcomer, "home-empty-phone")
+
+
+# --- an expired request --------------------------------------------------------------------
+
+
+def test_an_expired_request_shows_the_expired_words_and_no_buttons(new_page, site, desk):
+    approval = request_approval(desk, "refund-882", "refund order 882", timedelta(hours=4))
+    past = clock.whole_seconds(clock.database_now() - timedelta(minutes=3))
+    Approval.objects.filter(pk=approval.pk).update(expires_at=past)
+    Timer.objects.filter(inbox=desk, key=approval.expiry_timer_key).update(due=past)
+    words = f"This request expired at {past:%H:%M} UTC; nothing was done."
+
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/approvals/desk/refund-882/")
+
+    expect(page.locator(".outcome")).to_have_text(words)
+    expect(page.get_by_role("button")).to_have_count(1)  # "Log out owner", nothing else
+    expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+    expect(page.get_by_role("button", name="Deny")).to_have_count(0)
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-expired-phone")
+    assert not Event.objects.exists()  # looking stored nothing
+
+    page.goto(f"{site}/approvals/")
+    settled = page.locator("section", has=page.locator("#settled-heading"))
+    expect(settled).to_contain_text("Refund order 882")
+    expect(settled).to_contain_text(words)
+    expect(page.locator("section", has=page.locator("#waiting-heading"))).to_contain_text(
+        "Nothing is waiting for you."
+    )
+
+    # The expiry timer fires; the agent tells the owner nothing was refunded.
+    assert run_scheduler() == 1
+    assert step_worker() is not None
+    dispatch()
+    assert Approval.objects.get(pk=approval.pk).answer == "expired"
+    assert "Did not refund order 882: nobody approved it in time." in mail.outbox[-1].body
+
+
+# --- another user ----------------------------------------------------------------------------
+
+
+def test_a_second_user_cannot_see_the_first_users_approvals(
+    new_page, site, desk, django_user_model
+):
+    request_approval(desk, "refund-881", "refund order 881", timedelta(hours=4))
+    django_user_model.objects.create_user(username="second", password=PASSWORD)
+
+    page = new_page()
+    log_in(page, site, "second", "/approvals/")
+    expect(page.get_by_text("Nothing is waiting for you.")).to_be_visible()
+    expect(page.get_by_text("No answers yet.")).to_be_visible()
+    expect(page.locator("main")).not_to_contain_text("881")
+
+    unknown = page.goto(f"{site}/approvals/desk/refund-404/")
+    unknown_body = unknown.body()
+    theirs = page.goto(f"{site}/approvals/desk/refund-881/")
+    assert theirs.status == unknown.status == 404
+    assert theirs.body() == unknown_body
+    inbox = page.goto(f"{site}/inbox/desk/")
+    assert inbox.status == 404
+
+    # The owner, in another browser, still sees it waiting.
+    owners = new_page()
+    log_in(owners, site, "owner", "/approvals/")
+    expect(owners.get_by_role("link", name="Refund order 881")).to_be_visible()
+    assert Approval.objects.get().answer == ""
+
+
+# --- the admin -------------------------------------------------------------------------------
+
+
+def dead_event(inbox, source_id="delivery-7f3a", error="agent failed: KeyError 'order'"):
+    assert ingest(inbox, "github", source_id, {"pr": 12})
+    Event.objects.filter(inbox=inbox, source_id=source_id).update(
+        status=Event.Status.DEAD, attempts=3, error=error
+    )
+    Lease.objects.filter(inbox=inbox).update(work_at=None)
+    return Event.objects.get(inbox=inbox, source_id=source_id)
+
+
+def test_the_admin_requeues_a_dead_event(new_page, site, desk, staff_user):
+    event = dead_event(desk)
+    ingest(desk, "chat", "still-pending", {"text": "hello"})
+
+    page = new_page()
+    log_in_to_admin(page, site, "operator", "/admin/inbox/event/")
+    row = page.locator("#result_list tbody tr", has_text="delivery-7f3a")
+    expect(row).to_have_count(1)
+    row.locator('input[name="_selected_action"]').check()
+
+    actions = page.locator('select[name="action"] option').evaluate_all(
+        "options => options.map(o => [o.value, o.textContent.trim()])"
+    )
+    requeue = [value for value, label in actions if "requeue" in f"{value} {label}".lower()]
+    assert requeue, f"no requeue action in the Event changelist; actions: {actions}"
+    page.locator('select[name="action"]').select_option(requeue[0])
+    page.locator('.actions button[name="index"]').click()  # "Go" (Django 5), "Run" (6)
+
+    expect(page.locator(".messagelist")).to_contain_text(re.compile(r"\b1\b"))
+    event.refresh_from_db()
+    assert (event.status, event.attempts, event.error) == ("pending", 0, "")
+    assert Event.objects.get(source_id="still-pending").attempts == 0
+    # Back in the worker's hands: the requeued event runs again.
+    assert step_worker() is not None
+    event.refresh_from_db()
+    assert event.status == "done"
+
+
+def test_a_dead_events_page_shows_its_error_as_written_and_requeues_it(
+    new_page, site, desk, staff_user
+):
+    error = "Traceback (most recent call last):\n  File \"agent.py\", line 3\nKeyError: 'order'"
+    event = dead_event(desk, error=error)
+
+    for name, viewport in (("admin-dead-event", DESKTOP), ("admin-dead-event-phone", PHONE)):
+        page = new_page(viewport)
+        log_in_to_admin(page, site, "operator", f"/admin/inbox/event/{event.pk}/change/")
+        block = page.locator(".field-error_block pre")
+        expect(block).to_have_text(error)
+        # The indentation is kept on screen: the "File" line starts two spaces in.
+        assert block.evaluate("e => getComputedStyle(e).whiteSpace") == "pre-wrap"
+        expect(page.get_by_role("button", name="Requeue")).to_be_visible()
+        screenshot(page, name)
+
+    page.get_by_role("button", name="Requeue").click()
+    expect(page.locator(".messagelist")).to_contain_text("1 event(s) requeued")
+    expect(page.get_by_role("button", name="Requeue")).to_have_count(0)
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("pending", 0)
+    page.get_by_role("link", name="History").click()
+    expect(page.locator("#content")).to_contain_text("Requeued: back to pending")
+
+
+def test_the_admin_index_keeps_the_demo_apart_and_links_the_dashboard(new_page, site, staff_user):
+    page = new_page()
+    log_in_to_admin(page, site, "operator")
+    expect(page.locator("#alwayson-dashboard-link a", has_text="Dashboard")).to_be_visible()
+    sections = page.locator("#content-main .module caption").all_inner_texts()
+    assert sections[-1].upper().startswith("DEMO"), sections
+    screenshot(page, "admin-index")
+
+
+def test_the_admin_dashboard(new_page, site, desk, staff_user, make_inbox):
+    # Something to show: done, pending and dead events, a held message, a held lease.
+    other = make_inbox("ops-desk", owner=staff_user)
+    ingest(desk, "chat", "m-1", {"text": "refund order 881"})
+    step_worker()
+    ingest(desk, "chat", "m-2", {"text": "hello"})
+    dead_event(other)
+    OutboxMessage.objects.create(inbox=other, body="daily digest", created=clock.database_now())
+    assert acquire(other, "worker-7") is not None
+
+    for name, viewport in (("admin-dashboard", DESKTOP), ("admin-dashboard-phone", PHONE)):
+        page = new_page(viewport)
+        log_in_to_admin(page, site, "operator")
+        response = page.goto(f"{site}/admin/dashboard/")
+        assert response.status == 200, f"/admin/dashboard/ answered {response.status}"
+        expect(page.locator("#content")).to_contain_text("desk")
+        expect(page.locator("#content")).to_contain_text("ops-desk")
+        screenshot(page, name)
+
+
+# --- a Claude agent's tool call, approved in the browser ---------------------------------------
+
+
+def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
+    new_page, site, desk, messages_api
+):
+    from alwayson.demo.models import Refund
+    from alwayson.runtime.models import AgentConfig
+    from tests.support.claude_api import message, tool_use
+
+    AgentConfig.objects.create(
+        inbox=desk,
+        agent="alwayson.claude.agent",
+        policy={"refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}]},
+    )
+    page = new_page()
+    log_in(page, site, "owner", "/inbox/desk/")
+    page.get_by_label("Message to your agent").fill("Please refund order 881, 120 EUR")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("status")).to_have_text("Sent.")
+
+    # The model wants a refund over the policy's limit: the run ends asking the owner.
+    call = tool_use("refund", {"order": "881", "amount": 120})
+    messages_api.reply(message("This refund needs approval.", call))
+    assert run_background_once().outcome == "asked 1, said 1"
+    notice = page.locator(".entry.agent").last  # the conversation updates itself
+    expect(notice).to_contain_text("Approval needed: refund order 881 (120 EUR)")
+
+    # The approval page shows the tool, its arguments and who asked.
+    notice.get_by_role("link").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Refund order 881 (120 EUR)?")
+    details = page.get_by_label("What you are asked to approve")
+    expect(details).to_contain_text("refund")
+    arguments = details.locator("table.arguments")
+    expect(arguments.locator("tr", has_text="order")).to_contain_text("881")
+    expect(arguments.locator("tr", has_text="amount")).to_contain_text("120")
+    expect(details).to_contain_text("the Claude agent of desk (claude-sonnet-5-5)")
+    expect(details).to_contain_text("a chat message from owner: “Please refund order 881, 120 EUR”")
+    screenshot(page, "claude-approval-page")
+    page.set_viewport_size(PHONE)
+    assert_fits_a_phone(page)
+    screenshot(page, "claude-approval-page-phone")
+    page.set_viewport_size(DESKTOP)
+    page.get_by_role("button", name="Approve").click()
+    expect(page.locator(".outcome")).to_have_text("Approved.")
+
+    # The next run resumes the call: the refund runs, the model reads its result and says so.
+    follow_up = tool_use("send_message", {"text": "Refunded 120 EUR on order 881.", "urgent": True})
+    messages_api.reply(message(follow_up), message("Done."))
+    assert run_background_once().outcome == "said 1"
+    assert Refund.objects.get().order == "881"
+    resumed = messages_api.messages_requests[1].body["messages"][-1]["content"][0]
+    assert (resumed["type"], resumed["tool_use_id"]) == ("tool_result", call["id"])
+
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Inboxes").click()
+    page.get_by_role("link", name="Refund desk").click()
+    expect(page.locator(".entry.agent").last).to_contain_text("Refunded 120 EUR on order 881.")
+    screenshot(page, "claude-follow-up")
+    assert run_background_once() is None
+    assert len(messages_api.messages_requests) == 3
+
+
+# --- a team: two approvers for a refund above the threshold ------------------------------------
+
+
+def test_two_approvers_in_two_browsers_approve_a_big_refund(
+    new_page, site, desk, django_user_model
+):
+    from django.contrib.auth.models import Group
+
+    from inbox.models import Membership, Role
+
+    finance = Group.objects.create(name="finance")
+    Membership.objects.create(inbox=desk, group=finance, role=Role.APPROVER)
+    for name in ("dana", "lee"):
+        user = django_user_model.objects.create_user(
+            username=name,
+            password=PASSWORD,
+            first_name=name.capitalize(),
+            email=f"{name}@example.com",
+        )
+        user.groups.add(finance)
+
+    # Dana asks the desk for a refund above the threshold (500).
+    dana = new_page()
+    log_in(dana, site, "dana", "/inbox/desk/")
+    dana.get_by_label("Message to your agent").fill("refund order 881 for 750")
+    dana.get_by_role("button", name="Send").click()
+    expect(dana.get_by_role("status")).to_have_text("Sent.")
+    mark_page(dana)
+
+    # The agent asks for two approvers; each approver gets an email with the link.
+    assert run_background_once().outcome == "asked 1, said 1"
+    link = f"{site}/approvals/desk/refund-881/"
+    notices = {m.to[0]: m for m in mail.outbox if m.to[0] != "owner@example.com"}
+    assert sorted(notices) == ["dana@example.com", "lee@example.com"]
+    for message in notices.values():
+        assert link in message.body
+        assert message.subject == "[desk] Approval needed: Refund order 881 for 750"
+        assert re.fullmatch(r"<[0-9a-f]{32}@alwayson>", message.extra_headers["Message-ID"])
+    card = dana.locator(".approval-card")
+    expect(card).to_contain_text("Refund order 881 for 750")
+    expect(card).to_contain_text("Needs two different approvers")
+    expect(dana.locator(".entry.agent").last).to_contain_text("two different approvers")
+
+    # Dana approves on the card: a first approval, waiting for a second approver.
+    card.get_by_role("button", name="Approve").click()
+    expect(dana).to_have_url(f"{site}/inbox/desk/")
+    expect(card.locator(".waiting-second")).to_have_text(
+        "You approved; waiting for a second, different approver."
+    )
+    expect(card.get_by_role("button", name="Approve")).to_have_count(0)
+    assert Approval.objects.get().answer == ""
+    assert run_background_once() is None  # nothing for the agent yet
+    mark_page(dana)
+
+    # Lee, in another browser, follows the link in his email.
+    lee = new_page()
+    log_in(lee, site, "lee", "/approvals/desk/refund-881/")
+    expect(lee.locator(".waiting-second")).to_contain_text(
+        "Dana approved. It needs your approval as the second, different approver."
+    )
+    screenshot(lee, "two-person-second-approver")
+    lee.get_by_role("button", name="Approve").click()
+    expect(lee.locator(".outcome")).to_have_text("Approved.")
+    expect(lee.locator(".answered-by")).to_have_text("Dana and Lee")
+
+    # The agent refunds and names both; Dana sees it without reloading.
+    assert run_background_once().outcome == "said 1"
+    reply = "Refunded order 881, approved by Dana and Lee"
+    expect(dana.locator(".entry.agent").last).to_contain_text(reply)
+    expect(card.locator(".outcome")).to_have_text("Approved.")
+    expect(card.locator(".answered-by")).to_have_text("Answered by Dana and Lee")
+    assert_not_reloaded(dana)
+    screenshot(dana, "two-person-approved")
+    assert reply in mail.outbox[-1].body  # and the owner's email says so
+    approval = Approval.objects.get()
+    assert (approval.first_approved_by.username, approval.answered_by.username) == ("dana", "lee")

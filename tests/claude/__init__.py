@@ -1,0 +1,1 @@
+"""The Claude agent: the agent against a loopback Messages API, its configuration."""

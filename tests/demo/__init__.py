@@ -1,0 +1,1 @@
+"""The demo: the refund desk end to end."""

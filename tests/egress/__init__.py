@@ -1,0 +1,1 @@
+"""Egress: the gateway, credentials that never leak, the Slack and Telegram channels."""

@@ -1,0 +1,1 @@
+"""The inbox app: events, dedupe, the lease, claims, finish, retries, webhooks."""

@@ -1,0 +1,240 @@
+"""The worker's finish on PostgreSQL when the run ended well with nothing else to commit:
+BEGIN, the lease row's lock, the fenced finish and COMMIT sent as one pipeline. The rules
+are finish's own (tests/inbox/test_take_next.py, tests/inbox/test_inbox_rules.py); these
+tests run outside a transaction, where the pipeline is used, and check that a refusal or an error
+leaves nothing written and no transaction open.
+"""
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import OperationalError, connection
+
+from alwayson.runtime.api import acquire, finish, ingest
+from inbox.exceptions import UnknownInbox
+from inbox.models import Event, Inbox, Lease
+from inbox.services import finish_and_take, take_next
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+
+SECOND = timedelta(seconds=1)
+
+
+@pytest.fixture
+def pipelines(monkeypatch):
+    """Counts the pipelines the connection opens."""
+    opened = []
+    original = psycopg.Connection.pipeline
+
+    def counting(self):
+        opened.append(self)
+        return original(self)
+
+    monkeypatch.setattr(psycopg.Connection, "pipeline", counting)
+    return opened
+
+
+def other_session(**options):
+    """A psycopg connection of its own to the test database."""
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "password", "host", "port")
+    return psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, **options)
+
+
+def lease_row(inbox):
+    return Lease.objects.filter(inbox=inbox).values_list("holder", "generation", "until").get()
+
+
+def states(inbox):
+    return sorted(Event.objects.filter(inbox=inbox).values_list("status", "claim_gen"))
+
+
+def no_transaction_open():
+    return connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_good_finish_commits_in_one_pipeline(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    ingest(inbox, "chat", "m-2", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    ingest(inbox, "chat", "m-3", {}, now=t0 + SECOND)  # arrived during the run
+
+    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is True
+    assert len(pipelines) == 1
+    assert no_transaction_open()
+    assert lease_row(inbox) == ("W", claim.generation, None)
+    assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND  # m-3, recounted
+    assert states(inbox) == [("done", 1), ("done", 1), ("pending", None)]
+
+
+def test_a_finish_after_the_lease_was_taken_over_writes_nothing(inbox, t0, ttl, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    old = take_next("A", now=t0)
+    later = t0 + ttl + SECOND
+    new = acquire(inbox, "B", now=later)
+    ids = [e.pk for e in old.events]
+
+    assert finish(inbox, "A", old.generation, ids, now=later, release=True) is False
+    assert len(pipelines) == 1
+    assert no_transaction_open()
+    assert lease_row(inbox) == ("B", new, later + ttl)
+    assert states(inbox) == [("running", old.generation)]
+
+
+def test_a_second_finish_of_one_claim_is_refused(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    # Without release, so the lease is still held by the same generation the second time.
+    assert finish(inbox, "W", claim.generation, ids, now=t0) is True
+    ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
+    held = lease_row(inbox)
+
+    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is False
+    assert len(pipelines) == 2
+    assert no_transaction_open()
+    assert lease_row(inbox) == held  # not released by the refusal
+    assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND
+    assert states(inbox) == [("done", claim.generation), ("pending", None)]
+
+
+def test_a_finish_naming_an_event_it_did_not_claim_writes_nothing(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
+    stranger = Event.objects.get(source_id="m-2").pk
+    ids = [e.pk for e in claim.events] + [stranger]
+    held = lease_row(inbox)
+
+    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is False
+    assert no_transaction_open()
+    assert lease_row(inbox) == held  # still held: a refused finish gives nothing back
+    assert states(inbox) == [("pending", None), ("running", claim.generation)]
+
+
+def test_a_finish_for_an_inbox_that_is_gone_raises_unknown_inbox(inbox, t0, pipelines):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    inbox_id = inbox.pk
+    Inbox.objects.filter(pk=inbox_id).delete()
+
+    with pytest.raises(UnknownInbox):
+        finish(inbox_id, "W", claim.generation, ids, now=t0, release=True)
+    assert no_transaction_open()
+    assert not Event.objects.exists()
+
+
+def test_a_lock_timeout_mid_pipeline_rolls_back_and_leaves_the_connection_usable(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    other = other_session()
+    try:
+        # Another session holds the lease row (a frozen delivery, say).
+        other.execute("SELECT 1 FROM inbox_lease WHERE inbox_id = %s FOR UPDATE", [inbox.pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '100ms'")
+        with pytest.raises(OperationalError):
+            finish(inbox, "W", claim.generation, ids, now=t0, release=True)
+        assert no_transaction_open()
+    finally:
+        other.rollback()
+        other.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert states(inbox) == [("running", claim.generation)]
+    assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
+    assert states(inbox) == [("done", claim.generation)]
+
+
+def test_a_finish_on_a_severed_connection_raises_and_writes_nothing(inbox, t0):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ids = [e.pk for e in claim.events]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [pid] = cursor.fetchone()
+    with other_session(autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    with pytest.raises(OperationalError):
+        finish(inbox, "W", claim.generation, ids, now=t0, release=True)
+    connection.close()  # as the worker's slot does after a database error
+    assert states(inbox) == [("running", claim.generation)]
+    assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
+
+
+def test_a_finish_and_the_next_take_commit_in_one_pipeline(make_inbox, t0, pipelines):
+    first, second = make_inbox(), make_inbox()
+    ingest(first, "chat", "a-1", {}, now=t0)
+    ingest(second, "chat", "b-1", {}, now=t0 + SECOND)
+    claim = take_next("W", now=t0 + SECOND)
+
+    finished, following = finish_and_take(
+        first, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+    )
+    assert finished is True and len(pipelines) == 1
+    assert no_transaction_open()
+    assert following.inbox == second and [e.source_id for e in following.events] == ["b-1"]
+    assert states(first) == [("done", claim.generation)]
+    assert states(second) == [("running", following.generation)]
+
+
+def test_a_refused_finish_still_hands_over_the_claim_its_take_committed(make_inbox, t0, ttl):
+    mine, other = make_inbox(), make_inbox()
+    ingest(mine, "chat", "m-1", {}, now=t0)
+    old = take_next("A", now=t0)
+    later = t0 + ttl + SECOND
+    acquire(mine, "B", now=later)
+    ingest(other, "chat", "o-1", {}, now=later)
+
+    finished, following = finish_and_take(
+        mine, "A", old.generation, [e.pk for e in old.events], now=later
+    )
+    assert finished is False
+    assert following.inbox == other
+    assert states(other) == [("running", following.generation)]
+    assert states(mine) == [("running", old.generation)]
+
+
+def prepared_statements():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_pipelined_runs_prepare_each_statement_once_per_connection(make_inbox, t0):
+    connection.close()  # a session of its own: nothing prepared yet
+    inboxes = [make_inbox() for _ in range(4)]
+    for n, inbox in enumerate(inboxes):
+        ingest(inbox, "chat", f"m-{n}", {}, now=t0)
+    claim = take_next("W", now=t0)
+    while claim is not None:
+        ids = [e.pk for e in claim.events]
+        finished, claim = finish_and_take(claim.inbox, "W", claim.generation, ids, now=t0)
+        assert finished
+    prepared = prepared_statements()
+    # The take, the finish's lock and the finish; an ingest's first try and, for an inbox
+    # with no marker yet, its locking statement.
+    for marker in (
+        "FOR UPDATE OF inbox_lease SKIP LOCKED",
+        "inbox_id = $1::bigint FOR UPDATE",
+        "held AS",
+        "FOR SHARE OF l SKIP LOCKED",
+        "exclusive AS",
+    ):
+        assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
+    assert len(prepared) == 5, prepared
+
+
+def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):
+    settings.ALWAYSON_DB_PREPARE = False
+    connection.close()
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    finished, _ = finish_and_take(inbox, "W", claim.generation, [claim.events[0].pk], now=t0)
+    assert finished
+    assert prepared_statements() == []

@@ -1,0 +1,1 @@
+"""Operations: health, metrics, logs and alerts, Sentry, retention, the deployment files."""

@@ -1,0 +1,229 @@
+"""The deployment files in deploy/ run the commands of alwayson/production.py, and only those.
+
+Docker cannot run here, so the Dockerfile and the compose file are read and checked; the
+systemd units are checked by `systemd-analyze verify` too. tests/processes/test_production_pg.py
+starts the same commands (through `runall --production`) and drives an event through them.
+"""
+
+import importlib
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alwayson.ops.processes import PROCESSES, RELEASE
+from tests.support.deploy import DEPLOY, UNITS, normalized, unit_values
+from tests.support.env import check_deploy, environment, strong_key
+from tests.support.paths import ROOT as BASE_DIR
+
+# The paths the units install to; see the README's "Running in production".
+UNIT_VENV, UNIT_APP, UNIT_ENV = "/opt/alwayson/venv/bin/", "/opt/alwayson/app", "/etc/alwayson"
+
+
+# --- compose ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+def test_compose_has_the_database_the_migrate_step_and_the_four_processes(compose):
+    assert set(compose["services"]) == {"db", *RELEASE.keys() - {"collectstatic"}, *PROCESSES}
+    assert compose["services"]["db"]["image"].startswith("postgres:")
+
+
+def test_compose_runs_the_production_commands(compose):
+    services = compose["services"]
+    assert {name: tuple(services[name]["command"]) for name in PROCESSES} == PROCESSES
+    assert tuple(services["migrate"]["command"]) == RELEASE["migrate"]
+
+
+def test_compose_migrates_once_before_the_processes_and_after_the_database(compose):
+    services = compose["services"]
+    migrate = services["migrate"]
+    assert migrate["restart"] == "no"
+    assert migrate["depends_on"] == {"db": {"condition": "service_healthy"}}
+    assert "healthcheck" in services["db"]
+    for name in PROCESSES:
+        assert services[name]["depends_on"] == {
+            "migrate": {"condition": "service_completed_successfully"}
+        }
+        assert services[name]["restart"] == "unless-stopped"
+        assert services[name]["env_file"] == "alwayson.env"
+        url = services[name]["environment"]["DATABASE_URL"]
+        assert url.startswith("postgres://") and url.endswith("@db:5432/alwayson")
+
+
+def test_compose_checks_the_web_process_through_healthz(compose):
+    web = compose["services"]["web"]
+    assert "/healthz" in " ".join(web["healthcheck"]["test"])
+    assert web["environment"]["ALWAYSON_WEB_BIND"] == "0.0.0.0:8000"
+    assert web["ports"] == ["8000:8000"]
+
+
+# --- Dockerfile ------------------------------------------------------------------------------
+
+
+def dockerfile_instructions():
+    """(instruction, arguments) pairs, with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
+    lines = [line.strip() for line in text.splitlines()]
+    return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]
+
+
+def test_the_dockerfile_builds_in_stages_and_runs_as_a_user_without_privileges():
+    instructions = dockerfile_instructions()
+    stages = [args for op, args in instructions if op == "FROM"]
+    assert len(stages) >= 2, stages
+    runtime = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
+    assert any(op == "COPY" and args.startswith("--from=") for op, args in runtime)
+    [user] = [args for op, args in runtime if op == "USER"]
+    assert user.split(":")[0] not in ("root", "0")
+    # The user is the last thing set before the command: nothing after it runs as root.
+    assert [op for op, _ in runtime][-3:] == ["USER", "EXPOSE", "CMD"]
+
+
+def test_the_dockerfile_runs_the_web_command_and_collects_static_files_at_build():
+    instructions = dockerfile_instructions()
+    [cmd] = [args for op, args in instructions if op == "CMD"]
+    assert tuple(yaml.safe_load(cmd)) == PROCESSES["web"]  # the JSON form
+    runs = [shlex.split(args) for op, args in instructions if op == "RUN"]
+    collect = [
+        run[next(i for i, word in enumerate(run) if "=" not in word) :]
+        for run in runs
+        if "collectstatic" in run
+    ]
+    assert [tuple(command) for command in collect] == [RELEASE["collectstatic"]]
+
+
+def test_the_image_holds_every_package_the_project_ships():
+    project = tomllib.loads((BASE_DIR / "pyproject.toml").read_text())
+    packages = {
+        name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]
+    }
+    instructions = dockerfile_instructions()
+    runtime = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
+    copied = {
+        word.rstrip("/")
+        for op, args in runtime
+        if op == "COPY" and not args.startswith("--from=")
+        for word in args.split()[:-1]
+    }
+    assert packages | {"manage.py", "templates"} <= copied
+
+
+# --- systemd ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PROCESSES)
+def test_each_unit_runs_its_production_command(name):
+    unit = UNITS / f"alwayson-{name}.service"
+
+    [exec_start] = unit_values(unit, "ExecStart")
+
+    assert normalized(shlex.split(exec_start)) == PROCESSES[name]
+    assert unit_values(unit, "User") == ["alwayson"]
+    assert unit_values(unit, "WorkingDirectory") == [UNIT_APP]
+    assert unit_values(unit, "Requires") == ["alwayson-migrate.service"]
+    assert unit_values(unit, "WantedBy") == ["alwayson.target"]
+
+
+def test_the_release_steps_run_before_the_processes():
+    [migrate] = unit_values(UNITS / "alwayson-migrate.service", "ExecStart")
+    assert normalized(shlex.split(migrate)) == RELEASE["migrate"]
+    assert unit_values(UNITS / "alwayson-migrate.service", "Type") == ["oneshot"]
+    [collect] = unit_values(UNITS / "alwayson-web.service", "ExecStartPre")
+    assert normalized(shlex.split(collect)) == RELEASE["collectstatic"]
+
+
+def test_the_target_starts_the_four_processes():
+    [wants] = unit_values(UNITS / "alwayson.target", "Wants")
+    assert sorted(wants.split()) == sorted(f"alwayson-{name}.service" for name in PROCESSES)
+
+
+def test_systemd_accepts_the_units(tmp_path):
+    """`systemd-analyze verify` on the units, pointed at this checkout's virtualenv (it checks
+    that each command exists): any unknown key or bad value is printed, and fails this."""
+    venv_bin = Path(__import__("sys").executable).parent
+    for unit in UNITS.iterdir():
+        text = (
+            unit.read_text()
+            .replace(UNIT_VENV, f"{venv_bin}/")
+            .replace(UNIT_APP, str(BASE_DIR))
+            .replace(f"{UNIT_ENV}/alwayson.env", str(DEPLOY / "alwayson.env.example"))
+        )
+        (tmp_path / unit.name).write_text(text)
+
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *sorted(str(p) for p in tmp_path.iterdir())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")
+
+
+# --- the environment file --------------------------------------------------------------------
+
+
+def template():
+    pairs = [
+        line.split("=", 1)
+        for line in (DEPLOY / "alwayson.env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    return dict(pairs)
+
+
+def test_the_env_template_sets_only_variables_something_reads():
+    readers = "\n".join(
+        path.read_text()
+        for path in (
+            *(BASE_DIR / "alwayson/settings").glob("*.py"),
+            BASE_DIR / "alwayson/gunicorn_conf.py",
+            DEPLOY / "compose.yaml",
+        )
+    )
+    unread = [
+        name for name in template() if f'"{name}"' not in readers and f"${{{name}" not in readers
+    ]
+    assert unread == []
+
+
+def test_the_env_template_filled_with_a_key_passes_check_deploy():
+    values = template()
+    assert values["SECRET_KEY"] == ""  # start-up refuses until it is filled in
+    values["SECRET_KEY"] = strong_key()
+
+    code, output = check_deploy(environment(**values))
+
+    assert code == 0, output
+    assert "System check identified no issues" in output
+
+
+# --- gunicorn's settings ---------------------------------------------------------------------
+
+
+def test_gunicorn_reads_where_to_listen_and_how_many_workers(monkeypatch):
+    from alwayson import gunicorn_conf
+
+    monkeypatch.setenv("ALWAYSON_WEB_BIND", "0.0.0.0:8000")
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    importlib.reload(gunicorn_conf)
+
+    assert (gunicorn_conf.bind, gunicorn_conf.workers) == (["0.0.0.0:8000"], 3)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", ""])
+def test_a_malformed_web_concurrency_stops_gunicorn(monkeypatch, value):
+    from alwayson import gunicorn_conf
+
+    monkeypatch.setenv("WEB_CONCURRENCY", value)
+    with pytest.raises(SystemExit, match="WEB_CONCURRENCY must be a positive integer"):
+        importlib.reload(gunicorn_conf)

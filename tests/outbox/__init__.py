@@ -1,0 +1,1 @@
+"""The outbox app: pacing, merging, dispatch, the email and webhook channels, notices."""

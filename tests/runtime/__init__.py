@@ -1,0 +1,1 @@
+"""The runtime: Run and its verbs, the worker, runworker, the scenarios command."""

@@ -1,0 +1,1 @@
+"""The project's settings: production defaults, safe defaults, throttles."""

@@ -1,0 +1,48 @@
+"""The egress gateway's services as the tests configure them, planted credentials to search
+for afterwards, and a loopback service's answers."""
+
+import json
+import time
+
+from alwayson.egress.gateway import check_services
+
+SECRET = "sk_live_PLANTED-7c1f9e3a5b"  # distinctive: searched for everywhere afterwards
+QUERY_SECRET = "qk_PLANTED-44d0b2"
+
+
+def services_for(service_url, **overrides):
+    config = {
+        "payments": {
+            "base_url": service_url,
+            "methods": ["GET", "POST"],
+            "paths": ["/v1/refunds", "/v1/redirect", "/v1/echo", "/v1/big", "/v1/slow"],
+            "secret_env": "PAYMENTS_TOKEN",
+            "timeout": 1,
+            "max_bytes": 1000,
+        },
+        "maps": {
+            "base_url": service_url + "/maps",
+            "paths": ["/geocode"],
+            "secret_env": "MAPS_KEY",
+            "query": "key",
+        },
+        "desk-only": {"base_url": service_url, "paths": ["/v1/refunds"], "inboxes": ["desk"]},
+    }
+    config.update(overrides)
+    return check_services(config)
+
+
+def answer(request):
+    path = request["path"]
+    if path.startswith("/v1/redirect"):
+        return 302, {"Location": request["headers"]["X-Evil"]}, b""
+    if path.startswith("/v1/echo"):
+        # A service that reflects what it received: the credential must not come back.
+        seen = request["headers"].get("Authorization", "")
+        return 200, {"X-Seen": seen, "Set-Cookie": "sid=1"}, json.dumps({"seen": seen}).encode()
+    if path.startswith("/v1/big"):
+        return 200, {}, b"x" * 5000
+    if path.startswith("/v1/slow"):
+        time.sleep(1.5)
+        return 200, {}, b"{}"
+    return 200, {"Content-Type": "application/json"}, b'{"refund": "re_1"}'

@@ -1,0 +1,1 @@
+"""The timers app: one-off, recurring and cron timers, runscheduler."""

@@ -1,0 +1,1 @@
+"""People's pages: approvals, the inbox page, teams, the admin and its dashboard, middleware."""
