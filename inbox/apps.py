@@ -1,26 +1,21 @@
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 
 from . import webhooks
+from .validation import checked_setting
 
 
 def checked_secrets(name, scheme, secrets):
-    """The `scheme` secrets of setting `name`; ImproperlyConfigured naming it otherwise."""
-    try:
-        return [webhooks.check_secret(scheme, secret) for secret in secrets]
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    """The `scheme` secrets of setting `name`."""
+    return checked_setting(
+        name, lambda value: [webhooks.check_secret(scheme, s) for s in value], secrets
+    )
 
 
 def checked_inbox_secrets(name, value):
-    """Setting `name`'s per-inbox secrets, each list whole; ImproperlyConfigured otherwise."""
-    try:
-        return webhooks.check_inbox_secrets(value)
-    except ValueError as exc:
-        raise ImproperlyConfigured(
-            f'{name} must be JSON like {{"slug": {{"github": ["secret"]}}}}: {exc}'
-        ) from None
+    """Setting `name`'s per-inbox secrets, each list whole."""
+    expected = ' must be JSON like {"slug": {"github": ["secret"]}}'
+    return checked_setting(name, webhooks.check_inbox_secrets, value, expected)
 
 
 class InboxConfig(AppConfig):

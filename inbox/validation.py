@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 MAX_KEY_LENGTH = 255
@@ -191,3 +192,13 @@ def require_now(now) -> datetime:
     if not isinstance(now, datetime) or timezone.is_naive(now):
         raise ValueError(f"now must be an aware datetime, not {now!r}")
     return now
+
+
+def checked_setting(name: str, check, value, expected: str = ""):
+    """`check(value)` for setting `name`, its ValueError raised as ImproperlyConfigured naming
+    the setting (and what it `expected`). Each app checks its own settings in ready() with
+    it: the settings import no app."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}{expected}: {exc}") from None

@@ -1,20 +1,20 @@
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 
+from inbox.validation import checked_setting
 from inbox.webhooks import check_secret
 
 
 def checked_signing_secrets(name, secrets_by_slug):
-    """Setting `name`'s signing secrets by inbox slug, each a Standard Webhooks secret;
-    ImproperlyConfigured naming the setting otherwise."""
-    try:
-        return {
+    """Setting `name`'s signing secrets by inbox slug, each a Standard Webhooks secret."""
+    return checked_setting(
+        name,
+        lambda value: {
             slug: [check_secret("standard", secret) for secret in secrets]
-            for slug, secrets in secrets_by_slug.items()
-        }
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name}: {exc}") from None
+            for slug, secrets in value.items()
+        },
+        secrets_by_slug,
+    )
 
 
 class OutboxConfig(AppConfig):

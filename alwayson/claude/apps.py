@@ -1,16 +1,13 @@
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 
 from alwayson.runtime.policy import check_policy_syntax
+from inbox.validation import checked_setting
 
 
 def checked_policy(name, policy):
-    """Setting `name`'s permission policy; ImproperlyConfigured naming the place otherwise."""
-    try:
-        return check_policy_syntax(policy)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    """Setting `name`'s permission policy."""
+    return checked_setting(name, check_policy_syntax, policy)
 
 
 class ClaudeConfig(AppConfig):

@@ -1,18 +1,15 @@
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
+
+from inbox.validation import checked_setting
 
 
 def checked_services(name, config):
-    """The services of setting `name` as {name: Service}; ImproperlyConfigured naming the
-    setting and the field otherwise."""
+    """The services of setting `name` as {name: Service}."""
     # Not at the top: the gateway imports the models, which load after this module.
     from .gateway import check_services
 
-    try:
-        return check_services(config)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    return checked_setting(name, check_services, config)
 
 
 class EgressConfig(AppConfig):
