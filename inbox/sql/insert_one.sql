@@ -9,7 +9,8 @@
 --
 -- `lock_timeout` (NULL: none set) bounds the wait for the row: `bound` joins the locking
 -- CTEs, so it is in force before the lock is requested, and lasts until the transaction
--- ends. The inbox is named by `inbox_id` or, when that is NULL, by `slug`.
+-- ends. The inbox is named by `inbox_id` or, when that is NULL, by `slug`. `%(share)s` is
+-- written in as true or false (inbox/backends/postgresql.py, INSERT_ONE_SHARING), not bound.
 WITH target AS (
     SELECT id FROM inbox_inbox
     WHERE id = COALESCE(%(inbox_id)s::bigint,
