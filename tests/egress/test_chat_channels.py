@@ -9,9 +9,10 @@ import logging
 import pytest
 from django.apps import apps
 
-from alwayson.egress.channels import slack_text, telegram_html
+from alwayson.egress.channels import send_slack, send_telegram, slack_text, telegram_html
 from alwayson.runtime.api import dispatch
-from outbox.models import Channel
+from outbox.channels import SENDERS
+from outbox.models import Channel, OutboxMessage
 from tests.support.clock import HOUR, MINUTE, SECOND
 from tests.support.loopback import Loopback
 from tests.support.outbox import channel_for, hold, statuses
@@ -211,3 +212,27 @@ def test_chat_channels_need_a_target(make_inbox):
 def test_links_render_as_links_and_the_rest_stays_plain_text(body, slack, telegram):
     assert slack_text(body) == slack
     assert telegram_html(body) == telegram
+
+
+def test_the_egress_app_registers_the_chat_senders_into_the_outbox():
+    assert SENDERS["slack"] is send_slack
+    assert SENDERS["telegram"] is send_telegram
+
+
+@pytest.mark.django_db
+def test_a_channel_whose_sender_is_not_installed_is_a_failed_send_and_nothing_is_lost(
+    make_inbox, t0, monkeypatch
+):
+    """Without the egress app nothing sends to Slack: the message stays held, its attempt
+    counted, with the reason on the message and the channel."""
+    inbox = make_inbox("desk")
+    channel_for(inbox, kind=Channel.Kind.SLACK, target="C0123ABC")
+    monkeypatch.delitem(SENDERS, "slack")
+    hold(inbox, "to a channel nobody sends to", t0)
+
+    assert dispatch(now=t0) == 0
+
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.attempts) == (OutboxMessage.Status.HELD, 1)
+    assert "no sender for slack channels is installed" in message.error
+    assert Channel.objects.get(inbox=inbox).last_error == message.error
