@@ -1,5 +1,5 @@
 """gunicorn's settings for the web process: `gunicorn --config python:alwayson.gunicorn_conf
-alwayson.wsgi` (alwayson/production.py). Read from the environment, strictly, like the rest."""
+alwayson.wsgi` (alwayson/ops/processes.py). Read from the environment, strictly, like the rest."""
 
 import os
 

@@ -338,7 +338,7 @@ class Event(models.Model):
             models.Index(
                 fields=["inbox", "updated"], condition=Q(status="dead"), name="event_dead_idx"
             ),
-            # prune (alwayson/retention.py): done rows, oldest first.
+            # prune (alwayson/ops/retention.py): done rows, oldest first.
             models.Index(
                 fields=["updated", "id"], condition=Q(status="done"), name="event_done_idx"
             ),

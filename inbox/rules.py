@@ -90,5 +90,5 @@ class Claim:
 
 # Values an app above inbox/ reads with the claim, by name: a scalar SQL expression over the
 # taken inbox's id (`t.inbox_id`), read in take_next's statement on PostgreSQL instead of in
-# a round trip of its own. alwayson registers the inbox's agent (alwayson/apps.py).
+# a round trip of its own. alwayson registers the inbox's agent (alwayson/runtime/apps.py).
 CLAIM_EXTRAS: dict[str, str] = {}

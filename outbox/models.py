@@ -70,7 +70,7 @@ class OutboxMessage(models.Model):
             models.Index(
                 fields=["inbox", "id"], condition=Q(status="failed"), name="outbox_failed_idx"
             ),
-            # prune (alwayson/retention.py): sent messages, oldest first.
+            # prune (alwayson/ops/retention.py): sent messages, oldest first.
             models.Index(
                 fields=["sent_at", "id"], condition=Q(status="sent"), name="outbox_sent_age_idx"
             ),

@@ -73,7 +73,7 @@ class Timer(models.Model):
         indexes = [
             # run_scheduler: every inbox's due timers, soonest first.
             models.Index(fields=["due"], condition=Q(done=False), name="timer_due_idx"),
-            # prune (alwayson/retention.py): fired one-offs, oldest first.
+            # prune (alwayson/ops/retention.py): fired one-offs, oldest first.
             models.Index(fields=["due", "id"], condition=Q(done=True), name="timer_done_idx"),
         ]
 

@@ -280,7 +280,7 @@ def run_outcome(outcome: str) -> str:
 
 
 def record_run(result):
-    """Count one worker step (alwayson/worker.py); a claim that found nothing is no run."""
+    """Count one worker step (alwayson/runtime/worker.py); a claim that found nothing is no run."""
     if not result.events:
         return
     outcome = run_outcome(result.outcome)

@@ -38,7 +38,7 @@ class Process(models.Model):
 
     The process writes its row when it starts and `last_beat` every
     ALWAYSON_HEARTBEAT_INTERVAL seconds, from a thread of its own and outside any work
-    transaction (alwayson/health.py, ProcessBeat). A clean exit sets `stopped`. A row with
+    transaction (alwayson/ops/health.py, ProcessBeat). A clean exit sets `stopped`. A row with
     no `stopped` whose beat is older than HEALTH_LIVE_BEATS intervals is *lost*: the process
     was killed, hung or cut off from the database. Rows are deleted a day after their last
     beat, by the next process that starts. Times are the database's clock.
@@ -98,7 +98,7 @@ def live_window() -> timedelta:
 
 
 class DeadAlert(models.Model):
-    """One inbox's alerts about its dead events (alwayson/alerts.py): when the last one was
+    """One inbox's alerts about its dead events (alwayson/ops/alerts.py): when the last one was
     queued, and what went dead since that its owner has not been told yet.
 
     Written in the transaction that parks events as dead, under the inbox's lease lock, and
@@ -141,7 +141,7 @@ class MetricTotal(models.Model):
     """One running total of a Prometheus counter or histogram, shared by every process.
 
     Loop processes count in memory and add their counts here every heartbeat, with an
-    upsert that adds (alwayson/metrics.py), so the totals of every process on every host add
+    upsert that adds (alwayson/ops/metrics.py), so the totals of every process on every host add
     up and survive restarts; /metrics reads this table at scrape. A counter is one row
     (bucket ""); a histogram is a row per bucket (its upper bound, not cumulative) and one
     for its sum ("sum"). Never written inside a run's transaction.

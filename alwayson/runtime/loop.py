@@ -26,7 +26,7 @@ class LoopCommand(BaseCommand):
 
     A single-threaded loop command implements `step()`: one unit of work, returning whether
     there was any. The loop drains (steps while there is work), then sleeps `--interval`.
-    While it runs, the process beats its `Process` row (alwayson/health.py).
+    While it runs, the process beats its `Process` row (alwayson/ops/health.py).
     """
 
     #: the process's role, shown in pg_stat_activity.application_name

@@ -138,7 +138,7 @@ class Run:
 
     @property
     def http(self):
-        """Outbound HTTP through the egress gateway (alwayson/egress.py): name a service and
+        """Outbound HTTP through the egress gateway (alwayson/egress/gateway.py): name a service and
         a path; the gateway checks the allowlist and adds the credential this run never sees.
         """
         if self._http is None:

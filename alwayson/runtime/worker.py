@@ -141,7 +141,7 @@ class Worker:
         gives the lease back with the run's outcome.
         """
         # Every line logged from the claim to the release carries the run's id, the dead
-        # events the claim parks included (alwayson/logs.py).
+        # events the claim parks included (alwayson/ops/logs.py).
         with run_context():
             started = time.monotonic()
             claim, self._carried.claim = getattr(self._carried, "claim", None), None
@@ -248,7 +248,7 @@ class WorkerPool:
         self.heartbeat = Heartbeat()
         self.worker = Worker(worker_id, agent, self.heartbeat)
         self.worker.may_chain = self._may_chain
-        # This process's own heartbeat (alwayson/health.py), apart from the leases' above.
+        # This process's own heartbeat (alwayson/ops/health.py), apart from the leases' above.
         self.process = ProcessBeat(Process.Kind.WORKER, self.worker_id)
         self.concurrency = concurrency
         self.interval = interval

@@ -7,7 +7,7 @@ from .models import PasswordResetRequest
 
 @admin.register(PasswordResetRequest)
 class PasswordResetRequestAdmin(ViewOnlyAdmin):
-    """The password reset throttle's record (alwayson/views.py): who asked, when; view-only."""
+    """The password reset throttle's record (alwayson/web/views.py): who asked, when; view-only."""
 
     list_display = ("email", "created")
     search_fields = ("=email",)

@@ -23,7 +23,7 @@ class PasswordResetRequestQuerySet(models.QuerySet):
 
 class PasswordResetRequest(models.Model):
     """A password reset email asked for: the throttle on /accounts/password_reset/ counts
-    these per address (alwayson/views.py)."""
+    these per address (alwayson/web/views.py)."""
 
     email = models.CharField(max_length=254)
     created = models.DateTimeField()

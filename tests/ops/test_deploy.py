@@ -1,4 +1,4 @@
-"""The deployment files in deploy/ run the commands of alwayson/production.py, and only those.
+"""The deployment files in deploy/ run the commands of alwayson/ops/processes.py, and only those.
 
 Docker cannot run here, so the Dockerfile and the compose file are read and checked; the
 systemd units are checked by `systemd-analyze verify` too. tests/processes/test_production_pg.py

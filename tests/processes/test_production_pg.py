@@ -1,5 +1,5 @@
 """The production process set, for real: `runall --production` on PostgreSQL starts gunicorn,
-runworker, runscheduler and rundispatcher from alwayson/production.py (the commands the
+runworker, runscheduler and rundispatcher from alwayson/ops/processes.py (the commands the
 Dockerfile, the compose file and the systemd units run: tests/ops/test_deploy.py), with DEBUG off
 and the production HTTPS defaults, behind what a TLS-terminating proxy would add.
 
@@ -124,7 +124,7 @@ def test_the_production_set_serves_one_event_end_to_end_and_stops_cleanly(
     runall = runall_production
     proxied = Browser(runall.url, behind_tls_proxy=True)
 
-    # Up: the release steps ran, then the four processes of alwayson/production.py.
+    # Up: the release steps ran, then the four processes of alwayson/ops/processes.py.
     runall.wait_for("/healthz", lambda: proxied.answers("/healthz") == 200, START_TIMEOUT)
     runall.wait_for("four child processes", lambda: len(child_pids(runall.process.pid)) == 4)
     runall.children = child_pids(runall.process.pid)

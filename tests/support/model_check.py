@@ -123,7 +123,7 @@ class InboxMachine(RuleBasedStateMachine):
         self.approvals: dict[tuple[int, str], dict] = {}
         self.held: dict[int, list[bool]] = {i: [] for i in INBOXES}  # urgent flag per message
         self.last_send: dict[int, datetime | None] = {i: None for i in INBOXES}
-        # The owner's dead-event alert (alwayson/alerts.py): when the last was queued, and
+        # The owner's dead-event alert (alwayson/ops/alerts.py): when the last was queued, and
         # how many went dead since without one (told by the dispatcher's flush, not modelled).
         self.last_alert: dict[int, datetime | None] = {i: None for i in INBOXES}
         self.unreported: dict[int, int] = {i: 0 for i in INBOXES}

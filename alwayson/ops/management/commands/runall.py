@@ -6,7 +6,7 @@ stopped and the command fails, rather than leaving a product that silently does 
 
 By default it is the development and demo entry point (runserver, a demo login). With
 `--production` it runs the release steps and then the production process set of
-alwayson/production.py (gunicorn instead of runserver), the commands deploy/ runs.
+alwayson/ops/processes.py (gunicorn instead of runserver), the commands deploy/ runs.
 """
 
 import os
@@ -45,7 +45,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--production",
             action="store_true",
-            help="gunicorn and the production process set (alwayson/production.py); "
+            help="gunicorn and the production process set (alwayson/ops/processes.py); "
             "needs DEBUG off; no demo login",
         )
 
@@ -62,7 +62,7 @@ class Command(BaseCommand):
         else:
             commands, env, addr = self.development_set(addr or DEFAULT_ADDR, no_demo, concurrency)
         if settings.ALWAYSON_EGRESS_PORT:
-            # Out-of-process agents reach their services through it (alwayson/egress.py).
+            # Out-of-process agents reach their services through it (alwayson/egress/gateway.py).
             commands["egress"] = [sys.executable, str(settings.BASE_DIR / "manage.py"), "runegress"]
         supervisor = Supervisor(commands, env)
         signal.signal(signal.SIGINT, supervisor.on_signal)
@@ -93,7 +93,7 @@ class Command(BaseCommand):
             raise CommandError("--production needs DEBUG=false (and a SECRET_KEY)")
         if concurrency is not None:
             raise CommandError(
-                "--concurrency is for development; --production runs alwayson/production.py"
+                "--concurrency is for development; --production runs alwayson/ops/processes.py"
             )
         env = dict(os.environ)
         if addr:
