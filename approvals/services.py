@@ -152,9 +152,11 @@ def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEn
     with bounded_write(inbox.pk, settings.ALWAYSON_INGEST_LOCK_WAIT):
         lock_inbox(inbox.pk)
         now = clock.resolve(now)
+        # The row too, as prune takes it (skip_locked): an answer and a delete never cross.
         approval = (
             Approval.objects.filter(inbox=inbox, request_id=request_id)
             .select_related("first_approved_by")
+            .select_for_update(of=("self",))
             .first()
         )
         if approval is None:
@@ -165,8 +167,16 @@ def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEn
 
 
 def _decide(approval, answer, by, now) -> tuple[str, str]:
-    """What an answer does, under the inbox's lock: (the audit's result, what stands)."""
+    """What an answer does, under the inbox's lock: (the audit's result, what stands).
+
+    The row's answer is read first: it is set in the transaction that stores the answer
+    event and outlives it (prune deletes the event and the fired expiry timer after
+    ALWAYSON_RETAIN_EVENT_KEYS, the row only after ALWAYSON_RETAIN_AUDIT, if ever), so a
+    request settled long ago refuses a late answer instead of storing a second one.
+    """
     Result = AuditEntry.Result
+    if approval.answer:
+        return Result.ALREADY_SETTLED, approval.answer
     stored = (
         Event.objects.filter(
             inbox_id=approval.inbox_id, source=APPROVAL_SOURCE, source_id=approval.request_id
