@@ -8,8 +8,9 @@ a message put back to held) is left alone. Workers never wait on prune for longe
 batch's statement, and prune never locks a lease row: nothing it touches is read by a run.
 
 Kept, whatever the settings: pending, running and dead events; held and failed messages and
-notices; approvals still waiting and their audit; timers still to fire; every inbox's
-session state; and the rows a run that may still be retried reads again (below).
+notices; approvals still waiting and their audit, and settled ones while their answer
+event or expiry timer remains; timers still to fire; every inbox's session state; and the
+rows a run that may still be retried reads again (below).
 
 Principle 1 keeps a key for as long as a sender may deliver it again: a done event is first
 cleared to a tombstone (its payload and error emptied, its key kept), and its row goes only
@@ -18,6 +19,8 @@ window. A key that a timer still to fire will write (an approval's expiry, which
 with the answer for the key) is kept while that timer waits. Timers themselves decide what
 fired from their own row (`due` moves past every occurrence in the transaction that stores
 it), never from the event history, so deleting old occurrences' events cannot fire them again.
+A settled approval's row refuses every later answer once its event is gone
+(approvals/services.py), so it outlives that event and its expiry timer.
 """
 
 from collections.abc import Callable
@@ -29,14 +32,15 @@ from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.sessions.models import Session as LoginSession
 from django.db import models, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q, Value
+from django.db.models.functions import Concat
 
 from alwayson.egress.models import EgressCall
 from alwayson.ops.models import PROCESS_RETENTION, Process
-from approvals.models import Approval, AuditEntry
+from approvals.models import APPROVAL_SOURCE, Approval, AuditEntry
 from inbox.models import Event
 from outbox.models import Notice, OutboxMessage
-from timers.models import Timer
+from timers.models import RESERVED_KEY_PREFIX, Timer
 
 DEFAULT_BATCH_SIZE = 500
 # A cleared event: its key stays, what it carried goes.
@@ -52,6 +56,8 @@ class Rule:
     rows: models.QuerySet
     age: str
     clear: dict | None = None
+    # Rows another transaction holds FOR UPDATE are left to the next pass, not waited for.
+    skip_locked: bool = False
 
     def batches(self, batch_size) -> "Batches":
         return Batches(self, batch_size)
@@ -59,6 +65,9 @@ class Rule:
     def apply(self, ids) -> dict[str, int]:
         """Delete or clear the rows among `ids` that still match; counts per table."""
         still = self.rows.filter(pk__in=ids)
+        if self.skip_locked:
+            locked = still.select_for_update(skip_locked=True, of=("self",))
+            still = self.rows.model.objects.filter(pk__in=list(locked.values_list("pk", flat=True)))
         if self.clear is not None:
             return {self.name: still.update(**self.clear)}
         _, per_model = still.delete()
@@ -105,6 +114,25 @@ def unfinished_run_since(model):
         inbox_id=OuterRef("inbox_id"), answer="", requested_at__lte=OuterRef("created")
     )
     return model.objects.exclude(Exists(unfinished)).exclude(Exists(waiting))
+
+
+def settled_approvals_without_keys():
+    """Settled approvals whose answer event and expiry timer are gone. The row is what
+    refuses a late answer once they are (and what makes asking again with the same
+    request_id the same request), so it outlives both: it goes only after their keys did,
+    and no later answer or second request finds the key free while the row is gone."""
+    answer_event = Event.objects.filter(
+        inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
+    )
+    expiry_timer = Timer.objects.filter(
+        inbox_id=OuterRef("inbox_id"),
+        key=Concat(Value(RESERVED_KEY_PREFIX), OuterRef("request_id")),
+    )
+    return (
+        Approval.objects.filter(answer__gt="")
+        .exclude(Exists(answer_event))
+        .exclude(Exists(expiry_timer))
+    )
 
 
 # Rules for the tables of apps above this one (the Claude agent's cached calls, the login
@@ -189,8 +217,10 @@ def rules(now) -> list[Rule]:
             # With its audit entries (on_delete=CASCADE); a waiting request is never settled.
             Rule(
                 "approvals.Approval",
-                Approval.objects.filter(answer__gt="", answered_at__lt=audit_cutoff),
+                settled_approvals_without_keys().filter(answered_at__lt=audit_cutoff),
                 "answered_at",
+                # An answer being refused holds the row (approvals/services.py).
+                skip_locked=True,
             ),
             Rule(
                 "approvals.AuditEntry",

@@ -312,6 +312,10 @@ def audit_world(inbox, t0):
     request_approval(inbox, "answered", "Refund 12 EUR", timedelta(hours=1), now=t0)
     answer_approval(inbox, "answered", "yes", now=t0, by=owner)
     request_approval(inbox, "waiting", "Refund 9 EUR", timedelta(days=3650), now=t0)
+    # The answer reached the agent and the expiry timer fired: only the keys' age keeps
+    # the settled request.
+    run_scheduler(now=t0 + timedelta(hours=1))
+    run_done(inbox, t0 + timedelta(hours=1))
     LogEntry.objects.create(
         user=owner,
         content_type=ContentType.objects.get_for_model(Approval),
@@ -354,6 +358,49 @@ def test_the_audit_trail_goes_after_ALWAYSON_RETAIN_AUDIT_but_a_waiting_approval
     assert counts["approvals.AuditEntry"] >= 1  # with its approval (on_delete=CASCADE)
     assert not AuditEntry.objects.exists()
     assert not LogEntry.objects.exists() and not AccessLog.objects.exists()
+
+
+def test_a_settled_approval_stays_while_its_expiry_timer_waits_and_goes_with_its_key(
+    inbox, t0, settings
+):
+    settings.ALWAYSON_RETAIN_AUDIT = settings.ALWAYSON_RETAIN_EVENT_KEYS
+    approval = request_approval(inbox, "refund-1", "Refund 12 EUR", timedelta(days=60), now=t0)
+    answer_approval(inbox, "refund-1", "yes", now=t0)
+    run_done(inbox, t0)
+    past_audit = t0 + (settings.ALWAYSON_RETAIN_AUDIT + 1) * DAY
+
+    counts = prune(past_audit)
+
+    # Its answer key and expiry timer are still there: so is the row that refuses answers.
+    assert counts["approvals.Approval"] == 0
+    assert Approval.objects.get(request_id="refund-1").answer == "yes"
+    assert answer_approval(inbox, "refund-1", "no", now=past_audit) == "yes"
+    # Asking again is the same request still, not a new one under the old answer's key.
+    again = request_approval(inbox, "refund-1", "Refund 12 EUR", timedelta(days=60), now=past_audit)
+    assert again.pk == approval.pk
+    assert Event.objects.filter(source="approval").count() == 1
+
+    run_scheduler(now=t0 + 60 * DAY)
+    counts = prune(t0 + (60 + settings.ALWAYSON_RETAIN_EVENT_KEYS) * DAY + SECOND)
+    assert counts["inbox.Event"] == counts["timers.Timer"] == counts["approvals.Approval"] == 1
+    assert not Approval.objects.exists() and not AuditEntry.objects.exists()
+
+
+def test_a_settled_approval_stays_while_its_answer_waits_for_the_agent(inbox, t0, settings):
+    settings.ALWAYSON_RETAIN_AUDIT = settings.ALWAYSON_RETAIN_EVENT_KEYS
+    request_approval(inbox, "refund-1", "Refund 12 EUR", timedelta(hours=1), now=t0)
+    answer_approval(inbox, "refund-1", "no", now=t0)
+    run_scheduler(now=t0 + DAY)  # the expiry finds the key taken
+    past_audit = t0 + (settings.ALWAYSON_RETAIN_AUDIT + 1) * DAY
+
+    counts = prune(past_audit)  # no worker ran: the answer is still pending
+
+    assert counts["approvals.Approval"] == 0
+    assert Approval.objects.get(request_id="refund-1").answer == "no"
+    assert Event.objects.pending().filter(source="approval").count() == 1
+    run_done(inbox, past_audit)
+    counts = prune(past_audit + (settings.ALWAYSON_RETAIN_EVENT_KEYS + 1) * DAY)
+    assert counts["inbox.Event"] == counts["approvals.Approval"] == 1
 
 
 def test_settings_refuse_a_key_retention_shorter_than_a_sender_retries():

@@ -4,9 +4,18 @@ rows go, in many small transactions, and every new event is still run once and d
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 from alwayson.ops.retention import prune, rules
+from alwayson.runtime.api import (
+    acquire,
+    answer_approval,
+    claim_batch,
+    finish,
+    request_approval,
+    run_scheduler,
+)
+from approvals.models import Approval
 from inbox import clock
 from inbox.models import Event
 from inbox.services import ingest
@@ -135,3 +144,38 @@ def test_a_prune_batch_walks_its_partial_index(history, rule, index):
     assert_uses(plan_of(batches.next), index)
     # The next batch starts after the last one, still along the index.
     assert_uses(plan_of(batches.next), index)
+
+
+# --- an answer and the prune of its approval never cross -------------------------------------
+
+
+def test_prune_leaves_an_approval_an_answer_holds_for_the_next_pass(inbox, settings):
+    settings.ALWAYSON_RETAIN_AUDIT = settings.ALWAYSON_RETAIN_EVENT_KEYS
+    request_approval(inbox, "refund-1", "Refund 12 EUR", timedelta(hours=1), now=T0)
+    answer_approval(inbox, "refund-1", "yes", now=T0)
+    run_scheduler(now=T0 + timedelta(hours=1))
+    generation = acquire(inbox, "w", now=T0 + timedelta(hours=1))
+    ids = [e.pk for e in claim_batch(inbox, "w", generation, now=T0 + timedelta(hours=1))]
+    assert finish(inbox, "w", generation, ids, [], now=T0 + timedelta(hours=1))
+    long_after = T0 + timedelta(days=settings.ALWAYSON_RETAIN_EVENT_KEYS + 1)
+    # Another session answering it, between its lock of the row and its audit entry.
+    answering = connections.create_connection("default")
+    try:
+        with answering.cursor() as cursor:
+            cursor.execute("BEGIN")
+            cursor.execute(
+                "SELECT id FROM approvals_approval WHERE request_id = %s FOR UPDATE", ["refund-1"]
+            )
+            with connection.cursor() as mine:
+                mine.execute("SET lock_timeout = '5s'")  # waiting instead would fail, not hang
+            counts = prune(long_after)
+            assert counts["inbox.Event"] == counts["timers.Timer"] == 1
+            assert counts["approvals.Approval"] == 0
+            cursor.execute("COMMIT")
+    finally:
+        answering.close()
+        with connection.cursor() as mine:
+            mine.execute("RESET lock_timeout")
+
+    assert prune(long_after)["approvals.Approval"] == 1
+    assert not Approval.objects.exists()
