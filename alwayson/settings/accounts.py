@@ -28,7 +28,9 @@ AXES_LOCKOUT_PARAMETERS = ["username"]
 # User-Agent or cookies escapes; a lock per username escapes neither, nor a new address.
 SILENCED_SYSTEM_CHECKS = ["axes.W006"]
 # Seconds a lockout lasts after the last failure; also the password reset throttle's window.
-ALWAYSON_LOGIN_COOLOFF = timedelta(seconds=env.positive_int("ALWAYSON_LOGIN_COOLOFF", 900))
+ALWAYSON_LOGIN_COOLOFF = timedelta(
+    seconds=env.seconds("ALWAYSON_LOGIN_COOLOFF", 900, env.MAX_INTERVAL)
+)
 AXES_COOLOFF_TIME = ALWAYSON_LOGIN_COOLOFF
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_CALLABLE = "alwayson.web.views.login_locked_out"

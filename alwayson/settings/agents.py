@@ -12,7 +12,7 @@ ALWAYSON_SITE_URL = env.http_url("ALWAYSON_SITE_URL", "http://127.0.0.1:8000")
 # Claims before an event is parked as dead.
 ALWAYSON_MAX_ATTEMPTS = env.positive_int("ALWAYSON_MAX_ATTEMPTS", 3)
 # Seconds a worker owns an inbox without renewing.
-ALWAYSON_LEASE_TTL = env.positive_int("ALWAYSON_LEASE_TTL", 120)
+ALWAYSON_LEASE_TTL = env.seconds("ALWAYSON_LEASE_TTL", 120, env.MAX_HOLD)
 # Backoff before a failed event's next attempt: base * 2^(attempts-1) seconds, capped, jittered.
-ALWAYSON_RETRY_BASE = env.positive_int("ALWAYSON_RETRY_BASE", 10)
-ALWAYSON_RETRY_CAP = env.positive_int("ALWAYSON_RETRY_CAP", 3600)
+ALWAYSON_RETRY_BASE = env.seconds("ALWAYSON_RETRY_BASE", 10, env.MAX_INTERVAL)
+ALWAYSON_RETRY_CAP = env.seconds("ALWAYSON_RETRY_CAP", 3600, env.MAX_INTERVAL)

@@ -19,12 +19,14 @@ ALWAYSON_CLAUDE_TOOLS = env.string_list("ALWAYSON_CLAUDE_TOOLS", [])
 ALWAYSON_CLAUDE_POLICY = env.json_value("ALWAYSON_CLAUDE_POLICY", {})
 # Tokens per UTC day per inbox; unset means no budget.
 ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET = env.optional_positive_int("ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET")
-ALWAYSON_CLAUDE_APPROVAL_WINDOW = env.positive_int("ALWAYSON_CLAUDE_APPROVAL_WINDOW", 4 * 3600)
+ALWAYSON_CLAUDE_APPROVAL_WINDOW = env.seconds(
+    "ALWAYSON_CLAUDE_APPROVAL_WINDOW", 4 * 3600, env.MAX_WINDOW
+)
 ALWAYSON_CLAUDE_MAX_TOKENS = env.positive_int("ALWAYSON_CLAUDE_MAX_TOKENS", 4096)
 # Model calls one run may make before it fails as runaway (an agent bug).
 ALWAYSON_CLAUDE_MAX_CALLS = env.positive_int("ALWAYSON_CLAUDE_MAX_CALLS", 20)
 # Seconds one Messages API request may take before it counts as a transient failure.
-ALWAYSON_CLAUDE_TIMEOUT = env.positive_int("ALWAYSON_CLAUDE_TIMEOUT", 120)
+ALWAYSON_CLAUDE_TIMEOUT = env.seconds("ALWAYSON_CLAUDE_TIMEOUT", 120, env.MAX_WAIT)
 # The transcript bound: the last N runs are kept, tool results only of the last M of them,
 # and older runs go first while the transcript is longer than the character limit.
 ALWAYSON_CLAUDE_KEEP_RUNS = env.positive_int("ALWAYSON_CLAUDE_KEEP_RUNS", 20)

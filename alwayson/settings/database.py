@@ -10,13 +10,15 @@ from .env import BASE_DIR
 # lease row. PostgreSQL ends a session left idle in a transaction after this many seconds, so
 # the lock comes free; it must outlast the longest send an at-least-once dispatch makes
 # inside its transaction (the outbox's webhook and email timeouts: checked in outbox.py).
-ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT = env.positive_int("ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT", 30)
+ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT = env.seconds(
+    "ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT", 30, env.MAX_HOLD
+)
 # Seconds a delivery (ingest) or a person's answer waits for its inbox's lock before it is
 # refused as busy (a webhook then answers 503 with Retry-After): under a sender's timeout.
-ALWAYSON_INGEST_LOCK_WAIT = env.positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5)
+ALWAYSON_INGEST_LOCK_WAIT = env.positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5, env.MAX_WAIT)
 
 # Seconds a web process keeps its PostgreSQL connection between requests; 0: one per request.
-ALWAYSON_DB_CONN_MAX_AGE = env.non_negative_int("ALWAYSON_DB_CONN_MAX_AGE", 60)
+ALWAYSON_DB_CONN_MAX_AGE = env.seconds_or_zero("ALWAYSON_DB_CONN_MAX_AGE", 60, env.MAX_HOLD)
 
 # Prepared statements for the hot paths' statements (ingest, the worker's take and finish:
 # prepared_cursor in inbox/backends/postgresql.py); Django's own stay unprepared. Off behind a

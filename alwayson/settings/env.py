@@ -22,6 +22,17 @@ _environ = environ.Env()
 # their credentials from the environment at each call, and a .env file must reach them too.
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
+# The most each kind of duration setting takes: far beyond any sane value, and far inside
+# what a timedelta added to a datetime, a sleep, or PostgreSQL's millisecond timeouts (a 32-bit
+# integer: about 24 days) can hold. A larger value stops start-up instead of passing `check`
+# and failing later (`prune` with an OverflowError). docs/reference/settings.md lists them.
+MAX_WAIT = 3600  # a timeout, a lock wait, a signature's tolerance, a heartbeat: an hour
+MAX_HOLD = 86400  # a lease, a connection's age, a transaction left idle: a day
+MAX_INTERVAL = 30 * 86400  # a gap between sends, a backoff, a cool-off, an alert's: 30 days
+MAX_WINDOW = 365 * 86400  # the time a person has to answer an approval: a year
+MAX_HSTS = 2 * 365 * 86400  # the HSTS max-age: two years, longer than browsers keep one
+MAX_RETENTION_DAYS = 3650  # how long prune keeps a finished row: ten years
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -82,21 +93,42 @@ def optional_positive_int(name):
     return positive_int(name, None)
 
 
-def positive_seconds(name, default):
+def _within(name, value, minimum, maximum, unit):
+    if not minimum <= value <= maximum:
+        raise ImproperlyConfigured(
+            f"{name} must be from {minimum} to {maximum} {unit}, not {value}"
+        )
+    return value
+
+
+def seconds(name, default, maximum):
+    """Whole seconds, from 1 to `maximum` (one of the MAX_ kinds above)."""
+    return _within(name, positive_int(name, default), 1, maximum, "seconds")
+
+
+def seconds_or_zero(name, default, maximum):
+    """seconds, where 0 is a choice too (SECURE_HSTS_SECONDS=0: no HSTS header)."""
+    return _within(name, non_negative_int(name, default), 0, maximum, "seconds")
+
+
+def positive_seconds(name, default, maximum):
+    """Seconds, fractions allowed, more than 0 and at most `maximum`."""
+    # Python's float, not django-environ's, which drops what is not a digit: 1e12 read as 112.
+    raw = string(name, str(default)).strip()
     try:
-        value = _environ.float(name, default=default)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be a number of seconds: {exc}") from None
-    if not value > 0:
-        raise ImproperlyConfigured(f"{name} must be a positive number of seconds, not {value}")
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number of seconds, not {raw!r}") from None
+    if not 0 < value <= maximum:  # NaN and infinity too
+        raise ImproperlyConfigured(
+            f"{name} must be more than 0 and up to {maximum} seconds, not {value}"
+        )
     return value
 
 
 def days(name, default, minimum=1):
-    value = positive_int(name, default)
-    if value < minimum:
-        raise ImproperlyConfigured(f"{name} must be at least {minimum} days, not {value}")
-    return value
+    """A retention: whole days, from `minimum` to MAX_RETENTION_DAYS."""
+    return _within(name, positive_int(name, default), minimum, MAX_RETENTION_DAYS, "days")
 
 
 def optional_days(name, minimum):

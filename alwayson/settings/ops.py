@@ -5,7 +5,7 @@ from . import env
 
 # Loop processes (runworker, runscheduler, rundispatcher) write a heartbeat row this often;
 # one is live while its last beat is within HEALTH_LIVE_BEATS intervals (alwayson/ops/models.py).
-ALWAYSON_HEARTBEAT_INTERVAL = env.positive_int("ALWAYSON_HEARTBEAT_INTERVAL", 5)
+ALWAYSON_HEARTBEAT_INTERVAL = env.seconds("ALWAYSON_HEARTBEAT_INTERVAL", 5, env.MAX_WAIT)
 # Kinds of loop process /healthz and `manage.py status` require at least one live of.
 ALWAYSON_HEALTH_REQUIRE = env.subset(
     "ALWAYSON_HEALTH_REQUIRE",
@@ -17,4 +17,4 @@ ALWAYSON_HEALTH_REQUIRE = env.subset(
 ALWAYSON_METRICS_TOKEN = env.bearer_token("ALWAYSON_METRICS_TOKEN")
 # An inbox's owner hears of its dead events at most once per this many seconds: one message
 # through the inbox's channel, counting every event that went dead since the last one.
-ALWAYSON_DEAD_ALERT_INTERVAL = env.positive_int("ALWAYSON_DEAD_ALERT_INTERVAL", 3600)
+ALWAYSON_DEAD_ALERT_INTERVAL = env.seconds("ALWAYSON_DEAD_ALERT_INTERVAL", 3600, env.MAX_INTERVAL)

@@ -12,11 +12,11 @@ from . import env
 from .database import ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT
 
 # Minimum seconds between two sends of one inbox's outbox.
-ALWAYSON_OUTBOX_GAP = env.positive_int("ALWAYSON_OUTBOX_GAP", 3600)
+ALWAYSON_OUTBOX_GAP = env.seconds("ALWAYSON_OUTBOX_GAP", 3600, env.MAX_INTERVAL)
 # Failed sends of one inbox before its held messages are parked as failed.
 ALWAYSON_OUTBOX_MAX_ATTEMPTS = env.positive_int("ALWAYSON_OUTBOX_MAX_ATTEMPTS", 5)
 # Seconds the webhook channel waits for the receiver.
-ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT = env.positive_int("ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT", 10)
+ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT = env.seconds("ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT", 10, env.MAX_WAIT)
 
 # {"<inbox slug>": ["whsec_...", ...]}: the webhook channel signs each send with every listed
 # secret (Standard Webhooks), so a receiver can rotate without missing one. The secrets'
@@ -35,7 +35,7 @@ _smtp = {
     "password": _email.get("EMAIL_HOST_PASSWORD") or "",
     "use_tls": bool(_email.get("EMAIL_USE_TLS")),
     "use_ssl": bool(_email.get("EMAIL_USE_SSL")),
-    "timeout": env.positive_int("EMAIL_TIMEOUT", 10),
+    "timeout": env.seconds("EMAIL_TIMEOUT", 10, env.MAX_WAIT),
 }
 if django.VERSION >= (6, 1):
     # Django 6.1 replaces the EMAIL_* settings with MAILERS (EMAIL_* go in Django 7).

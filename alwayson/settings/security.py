@@ -13,7 +13,9 @@ ALLOWED_HOSTS = env.string_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::
 
 SECURE_SSL_REDIRECT = env.strict_bool("SECURE_SSL_REDIRECT", not DEBUG)
 # A year, the figure the HSTS preload list asks for. 0 sends no header.
-SECURE_HSTS_SECONDS = env.non_negative_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000)
+SECURE_HSTS_SECONDS = env.seconds_or_zero(
+    "SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, env.MAX_HSTS
+)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env.strict_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
 # Only the header's `preload` token: a domain joins the browsers' list when someone submits it.
 SECURE_HSTS_PRELOAD = env.strict_bool("SECURE_HSTS_PRELOAD", not DEBUG)

@@ -18,4 +18,4 @@ ALWAYSON_WEBHOOK_INBOX_SECRETS = env.json_value(
 # Bodies larger than this are refused with 413 before they are verified.
 ALWAYSON_WEBHOOK_MAX_BYTES = env.positive_int("ALWAYSON_WEBHOOK_MAX_BYTES", 1024 * 1024)
 # Seconds a Stripe signature stays valid; positive_int refuses 0, which would disable the check.
-ALWAYSON_STRIPE_TOLERANCE = env.positive_int("ALWAYSON_STRIPE_TOLERANCE", 300)
+ALWAYSON_STRIPE_TOLERANCE = env.seconds("ALWAYSON_STRIPE_TOLERANCE", 300, env.MAX_WAIT)
