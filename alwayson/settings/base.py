@@ -14,7 +14,10 @@ DEBUG = env.strict_bool("DEBUG", True)
 SECRET_KEY = env.string("SECRET_KEY")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set: with DEBUG off, set SECRET_KEY to a long random value"
+            ' (python -c "import secrets; print(secrets.token_urlsafe(50))")'
+        )
     # Named so that Django's checks flag it (security.W009 under `check --deploy`).
     SECRET_KEY = "django-insecure-alwayson-development-key-set-SECRET_KEY-in-production"
 

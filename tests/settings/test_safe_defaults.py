@@ -48,7 +48,7 @@ def test_with_no_environment_debug_is_on_and_check_deploy_flags_the_development_
 def test_without_debug_a_secret_key_is_required():
     code, output = shell("print(settings.DEBUG)", DEBUG="false")
     assert code != 0
-    assert "SECRET_KEY must be set when DEBUG is off" in output
+    assert "SECRET_KEY is not set: with DEBUG off, set SECRET_KEY" in output
     assert shell("print(settings.DEBUG)", DEBUG="false", SECRET_KEY="k" * 50) == (0, "False")
 
 
