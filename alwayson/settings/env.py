@@ -1,9 +1,9 @@
 """The environment, and every parser a setting is read with.
 
 Each parser refuses a malformed value with ImproperlyConfigured naming the variable: a typo
-stops the process at start-up instead of being read as a default (manage.py prints it as one
-line and exits 1; the message says what to set). The settings modules read
-the environment only through these, so every variable is checked the same way.
+stops the process at start-up instead of being read as a default (manage.py prints the
+message, which says what to set, as one line and exits 1). The settings modules read the
+environment only through these, so every variable is checked the same way.
 
 Only what needs no application code is checked here; values whose check needs an app's code
 (webhook secrets, egress services, the Claude policy) are read as plain data and checked in
