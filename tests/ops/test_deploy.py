@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alwayson.ops.processes import PROCESSES, RELEASE
+from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 from tests.support.deploy import DEPLOY, UNITS, normalized, unit_values
 from tests.support.env import check_deploy, environment, strong_key
 from tests.support.paths import ROOT as BASE_DIR
@@ -133,12 +133,19 @@ def test_each_unit_runs_its_production_command(name):
     assert unit_values(unit, "WantedBy") == ["alwayson.target"]
 
 
-def test_the_release_steps_run_before_the_processes():
-    [migrate] = unit_values(UNITS / "alwayson-migrate.service", "ExecStart")
-    assert normalized(shlex.split(migrate)) == RELEASE["migrate"]
-    assert unit_values(UNITS / "alwayson-migrate.service", "Type") == ["oneshot"]
-    [collect] = unit_values(UNITS / "alwayson-web.service", "ExecStartPre")
-    assert normalized(shlex.split(collect)) == RELEASE["collectstatic"]
+def test_the_release_unit_runs_the_release_steps_in_order():
+    release = UNITS / "alwayson-migrate.service"
+    steps = [normalized(shlex.split(command)) for command in unit_values(release, "ExecStart")]
+    assert steps == list(RELEASE.values())
+    assert unit_values(release, "Type") == ["oneshot"]
+
+
+@pytest.mark.parametrize("name", PROCESSES)
+def test_a_process_unit_writes_nothing_before_it_starts(name):
+    """collectstatic at the web unit's start needed a checkout its user could write, and
+    restarted the unit in a loop when it could not: it is a release step, run once."""
+    unit = UNITS / f"alwayson-{name}.service"
+    assert unit_values(unit, "ExecStartPre") == []
 
 
 def test_the_target_starts_the_four_processes():
@@ -227,3 +234,25 @@ def test_a_malformed_web_concurrency_stops_gunicorn(monkeypatch, value):
     monkeypatch.setenv("WEB_CONCURRENCY", value)
     with pytest.raises(SystemExit, match="WEB_CONCURRENCY must be a positive integer"):
         importlib.reload(gunicorn_conf)
+
+
+def gunicorn_settings():
+    """The settings gunicorn resolves from the web command's config (`--print-config`)."""
+    command = [*local_argv(PROCESSES["web"], BASE_DIR)]
+    done = subprocess.run(
+        [*command[:-1], "--print-config", command[-1]],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    pairs = (line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return {name.strip(): value.strip() for name, value in pairs}
+
+
+def test_gunicorn_opens_no_control_socket():
+    """gunicorn (25.1 on) opens a control socket for gunicornc under $XDG_RUNTIME_DIR or
+    ~/.gunicorn; the units' and the image's user has no home, so every start logged "Control
+    server error". The process manager starts and stops gunicorn: the socket is off."""
+    assert gunicorn_settings()["control_socket_disable"] == "True"
