@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.core.management import get_commands
 
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 from tests.support.deploy import DEPLOY, UNITS, normalized, unit_values
@@ -64,6 +65,84 @@ def test_compose_checks_the_web_process_through_healthz(compose):
     assert "/healthz" in " ".join(web["healthcheck"]["test"])
     assert web["environment"]["ALWAYSON_WEB_BIND"] == "0.0.0.0:8000"
     assert web["ports"] == ["8000:8000"]
+
+
+# Where the docs and the deploy files' comments write compose commands for a person to run.
+COMMAND_SOURCES = ("README.md", "docs/**/*.md", "deploy/**/*")
+
+
+def compose_commands():
+    """(file, argv) of every `docker compose ...` written in the docs and deploy/: to the end
+    of its inline code span, or of its line."""
+    found = []
+    for pattern in COMMAND_SOURCES:
+        for path in sorted(p for p in BASE_DIR.glob(pattern) if p.is_file()):
+            for line in path.read_text().splitlines():
+                for match in re.finditer(r"docker compose [^`\n]*", line):
+                    argv = shlex.split(match.group(0))
+                    found.append(pytest.param(path, argv, id=f"{path.name}:{argv[-1]}"))
+    return found
+
+
+def test_the_docs_write_compose_commands():
+    # Guards the test below against finding nothing: the up, status and prune commands.
+    assert {param.values[1][-1] for param in compose_commands()} >= {"-d", "status", "prune"}
+
+
+def option(argv, name):
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+@pytest.mark.parametrize(("path", "argv"), compose_commands())
+def test_each_compose_command_in_the_docs_works_as_written(path, argv, compose):
+    """Every subcommand, `exec` and `run` too, interpolates the compose file, which needs
+    POSTGRES_PASSWORD from the environment file: without `--env-file` it fails."""
+    assert Path(option(argv, "--env-file") or "").name == "alwayson.env", argv
+    assert (option(argv, "-f") or "").endswith("deploy/compose.yaml"), argv
+    subcommand = argv[argv.index("-f") + 2 :]
+    if subcommand[0] in ("exec", "run"):
+        service, *command = [word for word in subcommand[1:] if not word.startswith("-")]
+        assert service in compose["services"], argv
+        if command[:2] == ["python", "manage.py"]:
+            assert command[2] in get_commands(), argv
+
+
+def interpolate(text, variables):
+    """Compose's interpolation of `${NAME}`, `${NAME:-default}` and `${NAME:?error}`: the
+    error raised as ValueError, as compose refuses to run."""
+
+    def value(match):
+        name, operator, argument = match.group(1), match.group(2), match.group(3)
+        given = variables.get(name, "")
+        if operator == ":?" and not given:
+            raise ValueError(f"{name}: {argument}")
+        return given or (argument if operator == ":-" else "")
+
+    return re.sub(r"\$\{(\w+)(?:(:[?-])([^}]*))?\}", value, text)
+
+
+def test_compose_interpolates_only_what_the_env_template_sets():
+    names = set(re.findall(r"\$\{(\w+)", (DEPLOY / "compose.yaml").read_text()))
+    assert names, "the compose file interpolates POSTGRES_PASSWORD"
+    assert {name for name in names if template().get(name)} == names
+
+
+def test_compose_with_the_env_file_gets_the_database_password():
+    values = template()
+    text = interpolate((DEPLOY / "compose.yaml").read_text(), values)
+    services = yaml.safe_load(text)["services"]
+    password = values["POSTGRES_PASSWORD"]
+
+    assert services["db"]["environment"]["POSTGRES_PASSWORD"] == password
+    for name in PROCESSES:
+        url = services[name]["environment"]["DATABASE_URL"]
+        assert url == f"postgres://alwayson:{password}@db:5432/alwayson"
+
+
+def test_compose_without_the_env_file_says_to_pass_it():
+    with pytest.raises(ValueError) as refused:
+        interpolate((DEPLOY / "compose.yaml").read_text(), {})
+    assert "--env-file deploy/alwayson.env" in str(refused.value)
 
 
 # --- Dockerfile ------------------------------------------------------------------------------
