@@ -43,6 +43,8 @@ def test_runall_runs_the_refund_walkthrough_and_stops_on_ctrl_c(runall):
     browser, children = wait_until_up(runall)
     password = runall.demo_password()
     assert password, runall.tail()
+    # Kept beside runall's SQLite file, for the next run to print again.
+    assert (runall.db.parent / "db.sqlite3-demo-password").read_text().strip() == password
     assert f"{runall.url}/accounts/login/" in runall.output
 
     # Log in with the printed demo password; the login returns to the inbox page.
