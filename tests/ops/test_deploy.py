@@ -6,6 +6,7 @@ starts the same commands (through `runall --production`) and drives an event thr
 """
 
 import importlib
+import os
 import re
 import shlex
 import subprocess
@@ -280,6 +281,21 @@ def test_the_env_template_sets_only_variables_something_reads():
         name for name in template() if f'"{name}"' not in readers and f"${{{name}" not in readers
     ]
     assert unread == []
+
+
+def test_the_env_template_reads_the_same_in_a_shell():
+    """The production how-to runs createsuperuser with the units' environment by sourcing the
+    file in sh (`set -a; . /etc/alwayson/alwayson.env`): sh must read what systemd reads."""
+    done = subprocess.run(
+        ["sh", "-c", 'set -a; . "$1"; env -0', "sh", str(DEPLOY / "alwayson.env.example")],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    read = dict(item.split("=", 1) for item in done.stdout.split("\0") if item)
+    assert {name: read.get(name) for name in template()} == template()
 
 
 def test_the_env_template_filled_with_a_key_passes_check_deploy():
