@@ -22,7 +22,7 @@ from tests.support.deploy import DEPLOY, UNITS, normalized, unit_values
 from tests.support.env import check_deploy, environment, strong_key
 from tests.support.paths import ROOT as BASE_DIR
 
-# The paths the units install to; see the README's "Running in production".
+# The paths the units install to; see docs/how-to/production.md.
 UNIT_VENV, UNIT_APP, UNIT_ENV = "/opt/alwayson/venv/bin/", "/opt/alwayson/app", "/etc/alwayson"
 
 
