@@ -22,3 +22,8 @@ timeout = 30
 # Access log lines on stdout, errors on stderr: the process manager keeps them.
 accesslog = "-"
 errorlog = "-"
+# No control socket (gunicorn 25.1 on, for gunicornc): the process manager starts and stops
+# gunicorn, and its default place, ~/.gunicorn, is unwritable for a user without a home (the
+# units' and the image's), which logged "Control server error" at every start. Older gunicorns
+# ignore the name.
+control_socket_disable = True

@@ -29,7 +29,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Count, Min
-from django.http import HttpResponse, HttpResponseNotAllowed
+from django.http import Http404, HttpResponse, HttpResponseNotAllowed
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
@@ -461,9 +461,13 @@ class MetricsMiddleware:
     """Answers /metrics, early (like /healthz): a Prometheus server scrapes a web process at
     its own address over a private network, before the host check and the HTTPS redirect.
 
-    Off unless ALWAYSON_METRICS_TOKEN is set: the request then goes on to the URLs and gets
-    the site's 404. With a token: 401 without `Authorization: Bearer ...`, 403 with a wrong
-    one (compared in constant time), 503 while the database is unavailable.
+    Off unless ALWAYSON_METRICS_TOKEN is set: the site's 404, answered here too (gone on to
+    the URLs, a request over plain http got the HTTPS redirect instead). With a token: 401
+    without `Authorization: Bearer ...`, 403 with a wrong one (compared in constant time), 503
+    while the database is unavailable. The right token gets the metrics over plain http too,
+    not a redirect: by the time it arrives it has crossed in the clear, so a redirect would
+    protect nothing and only break the scrape of gunicorn's own address on a private network;
+    anywhere else a scrape goes through the TLS proxy (docs/how-to/operations.md#metrics).
     """
 
     PATHS = ("/metrics", "/metrics/")
@@ -472,9 +476,11 @@ class MetricsMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        token = settings.ALWAYSON_METRICS_TOKEN
-        if request.path_info not in self.PATHS or not token:
+        if request.path_info not in self.PATHS:
             return self.get_response(request)
+        token = settings.ALWAYSON_METRICS_TOKEN
+        if not token:
+            raise Http404("metrics are off: ALWAYSON_METRICS_TOKEN is not set")
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             response = HttpResponse(

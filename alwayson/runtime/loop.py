@@ -91,7 +91,10 @@ class LoopCommand(BaseCommand):
             stop()
 
         signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        # An ignored SIGINT stays ignored: `runall` starts its children so, since a terminal's
+        # Ctrl-C reaches the whole process group and `runall` sends each child its own SIGTERM.
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, handle)
 
     def step(self) -> bool:
         raise NotImplementedError

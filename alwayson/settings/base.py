@@ -51,7 +51,8 @@ MIDDLEWARE = [
     # answered before the host check and the HTTPS redirect.
     "alwayson.ops.health.HealthCheckMiddleware",
     # /metrics likewise, so Prometheus may scrape a web process at its own address; it answers
-    # only a scrape that brings ALWAYSON_METRICS_TOKEN (alwayson/ops/metrics.py).
+    # only a scrape that brings ALWAYSON_METRICS_TOKEN, and 404 while that is unset
+    # (alwayson/ops/metrics.py).
     "alwayson.ops.metrics.MetricsMiddleware",
     # Before anything that looks a row up: a NUL in the address, query, form or headers is
     # refused.

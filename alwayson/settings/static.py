@@ -6,7 +6,7 @@ from .env import BASE_DIR
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
-# Collected by `collectstatic` (the Docker build, the web unit's start, `runall --production`)
+# Collected by `collectstatic` (the Docker build, the release unit, `runall --production`)
 # under hashed names, compressed, cached for good. Development serves the source files.
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

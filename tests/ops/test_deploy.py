@@ -6,6 +6,7 @@ starts the same commands (through `runall --production`) and drives an event thr
 """
 
 import importlib
+import os
 import re
 import shlex
 import subprocess
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.core.management import get_commands
 
-from alwayson.ops.processes import PROCESSES, RELEASE
+from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 from tests.support.deploy import DEPLOY, UNITS, normalized, unit_values
 from tests.support.env import check_deploy, environment, strong_key
 from tests.support.paths import ROOT as BASE_DIR
 
-# The paths the units install to; see the README's "Running in production".
+# The paths the units install to; see docs/how-to/production.md.
 UNIT_VENV, UNIT_APP, UNIT_ENV = "/opt/alwayson/venv/bin/", "/opt/alwayson/app", "/etc/alwayson"
 
 
@@ -64,6 +66,84 @@ def test_compose_checks_the_web_process_through_healthz(compose):
     assert "/healthz" in " ".join(web["healthcheck"]["test"])
     assert web["environment"]["ALWAYSON_WEB_BIND"] == "0.0.0.0:8000"
     assert web["ports"] == ["8000:8000"]
+
+
+# Where the docs and the deploy files' comments write compose commands for a person to run.
+COMMAND_SOURCES = ("README.md", "docs/**/*.md", "deploy/**/*")
+
+
+def compose_commands():
+    """(file, argv) of every `docker compose ...` written in the docs and deploy/: to the end
+    of its inline code span, or of its line."""
+    found = []
+    for pattern in COMMAND_SOURCES:
+        for path in sorted(p for p in BASE_DIR.glob(pattern) if p.is_file()):
+            for line in path.read_text().splitlines():
+                for match in re.finditer(r"docker compose [^`\n]*", line):
+                    argv = shlex.split(match.group(0))
+                    found.append(pytest.param(path, argv, id=f"{path.name}:{argv[-1]}"))
+    return found
+
+
+def test_the_docs_write_compose_commands():
+    # Guards the test below against finding nothing: the up, status and prune commands.
+    assert {param.values[1][-1] for param in compose_commands()} >= {"-d", "status", "prune"}
+
+
+def option(argv, name):
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+@pytest.mark.parametrize(("path", "argv"), compose_commands())
+def test_each_compose_command_in_the_docs_works_as_written(path, argv, compose):
+    """Every subcommand, `exec` and `run` too, interpolates the compose file, which needs
+    POSTGRES_PASSWORD from the environment file: without `--env-file` it fails."""
+    assert Path(option(argv, "--env-file") or "").name == "alwayson.env", argv
+    assert (option(argv, "-f") or "").endswith("deploy/compose.yaml"), argv
+    subcommand = argv[argv.index("-f") + 2 :]
+    if subcommand[0] in ("exec", "run"):
+        service, *command = [word for word in subcommand[1:] if not word.startswith("-")]
+        assert service in compose["services"], argv
+        if command[:2] == ["python", "manage.py"]:
+            assert command[2] in get_commands(), argv
+
+
+def interpolate(text, variables):
+    """Compose's interpolation of `${NAME}`, `${NAME:-default}` and `${NAME:?error}`: the
+    error raised as ValueError, as compose refuses to run."""
+
+    def value(match):
+        name, operator, argument = match.group(1), match.group(2), match.group(3)
+        given = variables.get(name, "")
+        if operator == ":?" and not given:
+            raise ValueError(f"{name}: {argument}")
+        return given or (argument if operator == ":-" else "")
+
+    return re.sub(r"\$\{(\w+)(?:(:[?-])([^}]*))?\}", value, text)
+
+
+def test_compose_interpolates_only_what_the_env_template_sets():
+    names = set(re.findall(r"\$\{(\w+)", (DEPLOY / "compose.yaml").read_text()))
+    assert names, "the compose file interpolates POSTGRES_PASSWORD"
+    assert {name for name in names if template().get(name)} == names
+
+
+def test_compose_with_the_env_file_gets_the_database_password():
+    values = template()
+    text = interpolate((DEPLOY / "compose.yaml").read_text(), values)
+    services = yaml.safe_load(text)["services"]
+    password = values["POSTGRES_PASSWORD"]
+
+    assert services["db"]["environment"]["POSTGRES_PASSWORD"] == password
+    for name in PROCESSES:
+        url = services[name]["environment"]["DATABASE_URL"]
+        assert url == f"postgres://alwayson:{password}@db:5432/alwayson"
+
+
+def test_compose_without_the_env_file_says_to_pass_it():
+    with pytest.raises(ValueError) as refused:
+        interpolate((DEPLOY / "compose.yaml").read_text(), {})
+    assert "--env-file deploy/alwayson.env" in str(refused.value)
 
 
 # --- Dockerfile ------------------------------------------------------------------------------
@@ -133,12 +213,19 @@ def test_each_unit_runs_its_production_command(name):
     assert unit_values(unit, "WantedBy") == ["alwayson.target"]
 
 
-def test_the_release_steps_run_before_the_processes():
-    [migrate] = unit_values(UNITS / "alwayson-migrate.service", "ExecStart")
-    assert normalized(shlex.split(migrate)) == RELEASE["migrate"]
-    assert unit_values(UNITS / "alwayson-migrate.service", "Type") == ["oneshot"]
-    [collect] = unit_values(UNITS / "alwayson-web.service", "ExecStartPre")
-    assert normalized(shlex.split(collect)) == RELEASE["collectstatic"]
+def test_the_release_unit_runs_the_release_steps_in_order():
+    release = UNITS / "alwayson-migrate.service"
+    steps = [normalized(shlex.split(command)) for command in unit_values(release, "ExecStart")]
+    assert steps == list(RELEASE.values())
+    assert unit_values(release, "Type") == ["oneshot"]
+
+
+@pytest.mark.parametrize("name", PROCESSES)
+def test_a_process_unit_writes_nothing_before_it_starts(name):
+    """collectstatic at the web unit's start needed a checkout its user could write, and
+    restarted the unit in a loop when it could not: it is a release step, run once."""
+    unit = UNITS / f"alwayson-{name}.service"
+    assert unit_values(unit, "ExecStartPre") == []
 
 
 def test_the_target_starts_the_four_processes():
@@ -196,6 +283,21 @@ def test_the_env_template_sets_only_variables_something_reads():
     assert unread == []
 
 
+def test_the_env_template_reads_the_same_in_a_shell():
+    """The production how-to runs createsuperuser with the units' environment by sourcing the
+    file in sh (`set -a; . /etc/alwayson/alwayson.env`): sh must read what systemd reads."""
+    done = subprocess.run(
+        ["sh", "-c", 'set -a; . "$1"; env -0', "sh", str(DEPLOY / "alwayson.env.example")],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    read = dict(item.split("=", 1) for item in done.stdout.split("\0") if item)
+    assert {name: read.get(name) for name in template()} == template()
+
+
 def test_the_env_template_filled_with_a_key_passes_check_deploy():
     values = template()
     assert values["SECRET_KEY"] == ""  # start-up refuses until it is filled in
@@ -227,3 +329,25 @@ def test_a_malformed_web_concurrency_stops_gunicorn(monkeypatch, value):
     monkeypatch.setenv("WEB_CONCURRENCY", value)
     with pytest.raises(SystemExit, match="WEB_CONCURRENCY must be a positive integer"):
         importlib.reload(gunicorn_conf)
+
+
+def gunicorn_settings():
+    """The settings gunicorn resolves from the web command's config (`--print-config`)."""
+    command = [*local_argv(PROCESSES["web"], BASE_DIR)]
+    done = subprocess.run(
+        [*command[:-1], "--print-config", command[-1]],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    pairs = (line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return {name.strip(): value.strip() for name, value in pairs}
+
+
+def test_gunicorn_opens_no_control_socket():
+    """gunicorn (25.1 on) opens a control socket for gunicornc under $XDG_RUNTIME_DIR or
+    ~/.gunicorn; the units' and the image's user has no home, so every start logged "Control
+    server error". The process manager starts and stops gunicorn: the socket is off."""
+    assert gunicorn_settings()["control_socket_disable"] == "True"

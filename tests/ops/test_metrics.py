@@ -94,6 +94,35 @@ def test_without_a_token_setting_the_endpoint_is_not_there(client, settings):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("headers", [{}, {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}])
+@pytest.mark.parametrize("host", ["app.example.com", "10.0.0.7:8000"])
+def test_without_a_token_setting_plain_http_gets_404_not_the_https_redirect(
+    client, settings, headers, host
+):
+    """Like a scrape with a token, answered before the host check and the HTTPS redirect: a
+    scrape of the site or of gunicorn's own address over http learns that the endpoint is off."""
+    settings.ALWAYSON_METRICS_TOKEN = ""
+    settings.DEBUG = False
+    settings.SECURE_SSL_REDIRECT = True
+    settings.ALLOWED_HOSTS = ["app.example.com"]
+
+    response = client.get("/metrics", HTTP_HOST=host, **headers)
+
+    assert response.status_code == 404
+    assert b"alwayson_" not in response.content
+
+
+@pytest.mark.django_db
+def test_with_a_token_setting_plain_http_without_one_is_asked_for_it(client, token, settings):
+    settings.SECURE_SSL_REDIRECT = True
+    settings.ALLOWED_HOSTS = ["app.example.com"]
+
+    response = client.get("/metrics", HTTP_HOST="10.0.0.7:8000")
+
+    assert response.status_code == 401
+
+
+@pytest.mark.django_db
 def test_a_scrape_without_a_bearer_token_is_asked_for_one(client, token):
     for headers in ({}, {"HTTP_AUTHORIZATION": token}, {"HTTP_AUTHORIZATION": "Bearer "}):
         response = client.get("/metrics", **headers)

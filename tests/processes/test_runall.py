@@ -6,9 +6,11 @@ uses, so these tests pass unchanged on both. Every wait is bounded; nothing slee
 clock, only to poll.
 """
 
+import contextlib
 import os
 import re
 import signal
+import sqlite3
 
 import pytest
 
@@ -41,6 +43,8 @@ def test_runall_runs_the_refund_walkthrough_and_stops_on_ctrl_c(runall):
     browser, children = wait_until_up(runall)
     password = runall.demo_password()
     assert password, runall.tail()
+    # Kept beside runall's SQLite file, for the next run to print again.
+    assert (runall.db.parent / "db.sqlite3-demo-password").read_text().strip() == password
     assert f"{runall.url}/accounts/login/" in runall.output
 
     # Log in with the printed demo password; the login returns to the inbox page.
@@ -86,13 +90,25 @@ def test_runall_runs_the_refund_walkthrough_and_stops_on_ctrl_c(runall):
     assert_all_stop(runall, children)
 
 
-def test_ctrl_c_in_a_terminal_stops_everything(runall):
-    """A terminal's Ctrl-C reaches the whole foreground process group, children included."""
+def process_rows(db):
+    """(kind, stopped) of each Process row in runall's own SQLite file."""
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
+        return sorted(conn.execute("SELECT kind, stopped FROM alwayson_process"))
+
+
+def test_ctrl_c_in_a_terminal_is_one_clean_stop(runall):
+    """A terminal's Ctrl-C is SIGINT to the whole foreground process group: each loop still
+    gets one stop request, not two (a second one exits at once), so it finishes, logs its
+    stop line and marks its Process row stopped, not lost."""
     _, children = wait_until_up(runall)
+    runall.wait_for("the three loops' Process rows", lambda: len(process_rows(runall.db)) == 3)
 
     os.killpg(runall.process.pid, signal.SIGINT)
 
     assert_all_stop(runall, children)
+    assert re.search(r"worker \S+: stopped after \d+ run\(s\)", runall.output), runall.tail()
+    stopped = [(kind, stopped is not None) for kind, stopped in process_rows(runall.db)]
+    assert stopped == [("dispatcher", True), ("scheduler", True), ("worker", True)], runall.tail()
 
 
 # --- options, refused before anything starts -------------------------------------------------

@@ -1,13 +1,15 @@
-"""The demo's login and inbox for `runall` (and a person trying alwayson): a staff user with a
-fresh password, the refund desk's inbox with its channel, and its morning timer."""
+"""The demo's login and inbox for `runall` (and a person trying alwayson): a staff user with
+the password kept between runs (alwayson/demo/login.py), the refund desk's inbox with its
+channel, and its morning timer. Development only."""
 
-import secrets
 from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from alwayson.demo import refund_desk
+from alwayson.demo.login import demo_password
 from inbox.models import Inbox
 from outbox.models import Channel
 
@@ -16,7 +18,10 @@ DEMO_INBOX = "demo-desk"
 
 
 class Command(BaseCommand):
-    help = "Create (or reset the password of) the demo login and the refund desk's inbox."
+    help = (
+        "Create the demo login and the refund desk's inbox (development only); the password "
+        "stays the same from one run to the next."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -24,12 +29,19 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, addr, **options):
-        password = secrets.token_urlsafe(9)
+        # A superuser whose password sits in a file is for a developer's machine.
+        if not settings.DEBUG:
+            raise CommandError(
+                "demologin is for development: DEBUG is off (runall --no-demo starts without it)"
+            )
+        password = demo_password()
         user, _ = get_user_model().objects.get_or_create(
             username=DEMO_USER, defaults={"email": "demo@example.com"}
         )
         user.is_staff = user.is_superuser = True
-        user.set_password(password)
+        # Set only when it differs: a new hash would log out the browsers logged in with it.
+        if not user.check_password(password):
+            user.set_password(password)
         user.save()
         inbox, created = Inbox.objects.get_or_create(
             slug=DEMO_INBOX, defaults={"owner": user, "name": "Refund desk"}

@@ -4,6 +4,12 @@ Each runs as its own process, as in production; this command supervises them. Ct
 SIGTERM) asks each to stop gracefully; a second one kills them. If one dies, the others are
 stopped and the command fails, rather than leaving a product that silently does half its job.
 
+A terminal's Ctrl-C is a SIGINT to the whole foreground process group, children included, and
+a loop takes a second stop request as "exit now": so the children ignore SIGINT (an ignored
+signal stays ignored across exec, and the loops leave it so) and each gets this command's one
+SIGTERM. They stay in its process group, so a signal to the group that cannot be caught
+(SIGKILL, SIGSTOP) still reaches them all.
+
 By default it is the development and demo entry point (runserver, a demo login). With
 `--production` it runs the release steps and then the production process set of
 alwayson/ops/processes.py (gunicorn instead of runserver), the commands deploy/ runs.
@@ -65,8 +71,11 @@ class Command(BaseCommand):
             # Out-of-process agents reach their services through it (alwayson/egress/gateway.py).
             commands["egress"] = [sys.executable, str(settings.BASE_DIR / "manage.py"), "runegress"]
         supervisor = Supervisor(commands, env)
+        # Before the first child starts: a Ctrl-C while they start stops those already started
+        # (they ignore it themselves) instead of leaving them running.
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGTERM, supervisor.on_signal)
+        supervisor.start()
         self.stdout.write(f"alwayson is running at http://{addr}/ (Ctrl-C stops everything)")
         failed = supervisor.wait()
         if failed:
@@ -113,11 +122,19 @@ class Supervisor:
     """Child processes that live and stop together."""
 
     def __init__(self, commands, env):
-        self.children = {
-            name: subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR)
-            for name, argv in commands.items()
-        }
+        self.commands = commands
+        self.env = env
+        self.children = {}
         self.stop_started = None
+
+    def start(self):
+        """Start each child, unless a stop came first."""
+        for name, argv in self.commands.items():
+            if self.stop_started is not None:
+                return
+            self.children[name] = subprocess.Popen(
+                argv, env=self.env, cwd=settings.BASE_DIR, preexec_fn=ignore_interrupt
+            )
 
     def running(self):
         return [child for child in self.children.values() if child.poll() is None]
@@ -141,3 +158,9 @@ class Supervisor:
                 self.on_signal()
             time.sleep(0.2)
         return failed
+
+
+def ignore_interrupt():
+    """In a child, before it execs: a terminal's Ctrl-C is for the supervisor, which forwards
+    one stop to each child (see the module's docstring)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
