@@ -15,11 +15,11 @@ code is not trusted runs elsewhere and reaches the same gateway through `runegre
 import json
 import logging
 import os
-import posixpath
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import httpx
 from django.conf import settings
@@ -51,6 +51,22 @@ RESERVED_HEADERS = frozenset(
         "cookie",
     }
 )
+# Headers that ask the service, or a proxy or framework in front of it, to take the request
+# as another method, path, host or client than the allowlist checked: refused, with every
+# X-Forwarded-* header.
+REROUTING_HEADERS = frozenset(
+    {
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-url",
+        "x-rewrite-url",
+        "forwarded",
+        "x-real-ip",
+        "x-host",
+    }
+)
+REROUTING_PREFIX = "x-forwarded-"
 # Response headers an agent never reads back: they carry session state or hop details.
 HIDDEN_RESPONSE_HEADERS = frozenset(
     {"set-cookie", "connection", "keep-alive", "transfer-encoding", "content-encoding"}
@@ -201,14 +217,55 @@ def configured_services() -> dict:
     return checked
 
 
-def _unsafe_path(path) -> bool:
-    """A path that could leave its prefix once a server decodes or normalises it."""
-    lowered = path.lower()
-    if any(bad in lowered for bad in ("\\", "%2e", "%2f", "%5c", "%00", "?", "#", "//")):
-        return True
-    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in path):
-        return True
-    return posixpath.normpath(path) != path.rstrip("/") and path != "/"
+class UncleanPath(ValueError):
+    """A path the gateway will not send: the message says why, in words an agent can act on."""
+
+
+def normal_path(path) -> str:
+    """The path as the service reads it, whatever it decodes: percent-decoded until it stops
+    changing. The allowlist is matched on this form, and the path is sent as written.
+
+    Refused (UncleanPath): a path not starting with `/`; `?` or `#` (the query goes in
+    params); a literal space or control character; and, in the decoded form, also after
+    Unicode compatibility folding (fullwidth `．` and `／` are `.` and `/` to some servers), a
+    control character or NUL, a backslash, a `;` path parameter (`..;` is `..` to Tomcat), a
+    `/` that was encoded, an empty segment (`//`) or a dot segment (`.`, `..`, or only dots
+    and spaces, which Windows servers trim to nothing). Then every decoding a server may stop
+    at has the same segments, and none of them climbs out of its prefix."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise UncleanPath("a path is a string starting with /")
+    if "?" in path or "#" in path:
+        raise UncleanPath("? and # are not part of a path: pass query parameters as params=")
+    if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in path):
+        raise UncleanPath("a literal space or control character: percent-encode it (%20)")
+    decoded = path
+    while (once_more := unquote(decoded)) != decoded:
+        decoded = once_more
+    folded = unicodedata.normalize("NFKC", decoded)
+    if any(unicodedata.category(ch) == "Cc" for ch in folded):
+        raise UncleanPath("a control character or NUL once percent-decoded")
+    if "\\" in folded:
+        raise UncleanPath("a backslash once percent-decoded")
+    if ";" in folded:
+        raise UncleanPath("a ';' path parameter once percent-decoded")
+    # Decoding and folding only ever add slashes: one more is a separator that was encoded.
+    if folded.count("/") != path.count("/"):
+        raise UncleanPath("an encoded '/' (%2F, or a look-alike once decoded)")
+    if "//" in folded:
+        raise UncleanPath("an empty segment (//)")
+    if any(segment and not segment.strip(" .") for segment in folded.split("/")):
+        raise UncleanPath("a dot segment ('.' or '..') once percent-decoded")
+    return decoded
+
+
+def _unsafe_path(path) -> str:
+    """Why a configured path prefix is refused, or "": it must be its own normal form, so
+    it means what it says (`/v1/café`, not `/v1/caf%C3%A9`)."""
+    try:
+        normal = normal_path(path)
+    except UncleanPath as exc:
+        return str(exc)
+    return "" if normal == path else "write it percent-decoded"
 
 
 @dataclass
@@ -283,12 +340,26 @@ class Egress:
             raise EgressRefused(f"service {service!r} is not allowed (allowed: {names})")
         if method not in target.methods:
             raise EgressRefused(f"{target.name}: method {method} is not allowed")
-        if not isinstance(path, str) or not path.startswith("/") or _unsafe_path(path):
-            raise EgressRefused(f"{target.name}: path {path!r} is not a clean absolute path")
-        if not target.allows_path(path):
-            raise EgressRefused(f"{target.name}: path {path} is outside the allowed paths")
+        try:
+            normal = normal_path(path)
+        except UncleanPath as exc:
+            raise EgressRefused(
+                f"{target.name}: path {path!r} is not a clean absolute path: {exc}"
+            ) from None
+        if not target.allows_path(normal):
+            decoded = f" (decoded: {normal})" if normal != path else ""
+            raise EgressRefused(
+                f"{target.name}: path {path}{decoded} is outside the allowed paths: "
+                + ", ".join(target.paths)
+            )
         for name in headers or {}:
-            lowered = str(name).lower()
+            # `_` too: CGI, WSGI and PHP read X_Forwarded_For as X-Forwarded-For.
+            lowered = str(name).strip().lower().replace("_", "-")
+            if lowered in REROUTING_HEADERS or lowered.startswith(REROUTING_PREFIX):
+                raise EgressRefused(
+                    f"{target.name}: header {name} may not be set by an agent: it could "
+                    "re-route the request past the allowlist (method, path or host)"
+                )
             if lowered in RESERVED_HEADERS or lowered == target.header.lower():
                 raise EgressRefused(f"{target.name}: header {name} may not be set by an agent")
         if target.query and any(key == target.query for key, _ in _pairs(params)):
@@ -346,14 +417,20 @@ class Egress:
         inbox_id = getattr(self.inbox, "pk", None)
         EgressCall.objects.create(
             inbox_id=inbox_id,
-            service=str(service)[:50],
-            method=method[:10],
-            path=str(path)[:300],
+            service=_printable(service)[:50],
+            method=_printable(method)[:10],
+            path=_printable(path)[:300],
             outcome=outcome,
             status=status,
-            error=error[:500],
+            error=_printable(error)[:500],
             at=Now(),  # the database's clock, like every other timestamp it keeps
         )
+
+
+def _printable(value) -> str:
+    """A call's text as it is recorded: a control character as its escape (\\x00), since
+    PostgreSQL stores no NUL and the admin should show what was asked."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
 
 
 def _pairs(params) -> list:
