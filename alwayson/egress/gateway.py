@@ -18,7 +18,9 @@ import os
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import product
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import httpx
@@ -270,11 +272,13 @@ def _unsafe_path(path) -> str:
 
 @dataclass
 class EgressResponse:
-    """What the service answered, as the agent may see it: no cookies, no credential."""
+    """What the service answered, as the agent may see it: no cookies, no credential (see
+    scrub): the status, its reason phrase, the headers and the body."""
 
     status: int
     headers: dict = field(default_factory=dict)
     content: bytes = b""
+    reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -285,7 +289,9 @@ class EgressResponse:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self):
-        return json.loads(self.content)
+        # UTF-8 only (a BOM allowed), the encoding scrub matches: json.loads would read a
+        # UTF-16 or UTF-32 body too, and hand back a credential the scrub could not see.
+        return json.loads(self.content.decode("utf-8-sig"))
 
 
 class Egress:
@@ -325,7 +331,7 @@ class Egress:
             secret = target.credential()
             response = self._send(target, method, path, params, json, content, headers, secret)
         except EgressFailed as exc:
-            message = _scrub(str(exc), secret)
+            message = scrub(str(exc), secret)
             self._record(target.name, method, path, "failed", error=message)
             log.warning("egress failed: %s %s %s: %s", target.name, method, path, message)
             raise EgressFailed(message) from None
@@ -403,12 +409,19 @@ class Egress:
                         raise EgressFailed(
                             f"{target.name} {path}: answer larger than {target.max_bytes} bytes"
                         )
+                # Scrubbed as the agent reads them: each header merged and decoded by httpx,
+                # the reason phrase, and the body that .text and .json() decode.
                 shown = {
-                    name: _scrub(value, secret)
+                    scrub(name, secret): scrub(value, secret)
                     for name, value in answer.headers.items()
                     if name.lower() not in HIDDEN_RESPONSE_HEADERS
                 }
-                return EgressResponse(answer.status_code, shown, _scrub_bytes(bytes(body), secret))
+                return EgressResponse(
+                    answer.status_code,
+                    shown,
+                    scrub(bytes(body), secret),
+                    scrub(answer.reason_phrase, secret),
+                )
         except httpx.HTTPError as exc:
             # Not str(exc): httpx names the URL, and a query-parameter credential is in it.
             raise EgressFailed(f"{target.name} {path}: {type(exc).__name__}") from None
@@ -441,12 +454,120 @@ def _pairs(params) -> list:
     return [(str(key), str(value)) for key, value in items]
 
 
-def _scrub(text: str, secret: str) -> str:
-    return text.replace(secret, REDACTED) if secret and isinstance(text, str) else text
+def scrub(data, secret):
+    """`data` (str or bytes) with the credential replaced by REDACTED in every form a service
+    may write it back in, wherever an answer reaches the agent: body, headers, reason phrase,
+    an EgressFailed message. A str is matched as its UTF-8 bytes."""
+    if not secret or not isinstance(data, str | bytes):
+        return data
+    pattern, redacted = _secret_pattern(secret), REDACTED.encode()
+    if isinstance(data, bytes):
+        return pattern.sub(redacted, data)
+    return pattern.sub(redacted, data.encode("utf-8", "surrogatepass")).decode(
+        "utf-8", "surrogatepass"
+    )
 
 
-def _scrub_bytes(data: bytes, secret: str) -> bytes:
-    return data.replace(secret.encode(), REDACTED.encode()) if secret else data
+@lru_cache(maxsize=16)
+def _secret_pattern(secret: str) -> re.Pattern:
+    """The credential as a service may echo it: each character literal or escaped (see
+    _chars), so raw, percent-encoded (quote or quote_plus, either case of hex, also %25XX
+    double-encoded), JSON-escaped (\\uXXXX either case, \\/, fully or in part) and HTML
+    character references, mixed in any way; or its base64 (_base64), each base64 character
+    escaped the same ways. Not covered: other text encodings (UTF-16, hex, MIME base64 broken
+    into lines), and an echo a service transforms further (hashed, reversed, split)."""
+    data = secret.encode()
+    forms = [b"".join(_chars(ch) for ch in secret)]
+    # Under 6 bytes, the base64 forms are too few characters not to match unrelated text.
+    if len(data) >= 6:
+        forms += _base64(data)
+    return re.compile(b"|".join(forms))
+
+
+_HTML_NAMES = {
+    "&": "amp",
+    "<": "lt",
+    ">": "gt",
+    '"': "quot",
+    "'": "apos",
+    "/": "sol",
+    "+": "plus",
+    "=": "equals",
+}
+_JSON_SHORT = {
+    "/": "/",
+    '"': '"',
+    "\\": "\\",
+    "\b": "b",
+    "\f": "f",
+    "\n": "n",
+    "\r": "r",
+    "\t": "t",
+}
+
+
+def _hex(value: int, digits: int = 0) -> bytes:
+    """`value` in hexadecimal as a pattern matching either case, with optional leading 0s."""
+    text = f"{value:0{digits}x}" if digits else "0*" + f"{value:x}"
+    return "".join(f"[{c}{c.upper()}]" if c.isalpha() else c for c in text).encode()
+
+
+def _chars(chars) -> bytes:
+    """A pattern for any one of `chars` as a service may write it. Each form starts with its
+    own byte (the character, %, \\, & or +), so a position that starts none fails fast."""
+    literal, percent, backslash, reference = [], [], [], []
+    for char in chars:
+        code, utf8 = ord(char), char.encode()
+        literal.append(re.escape(utf8))
+        percent.append(b"%(?:25)?".join(_hex(byte, 2) for byte in utf8))
+        units = [code]
+        if code > 0xFFFF:  # JSON writes it as a surrogate pair
+            high, low = divmod(code - 0x10000, 0x400)
+            units = [0xD800 + high, 0xDC00 + low]
+        backslash.append(b"u" + rb"\\u".join(_hex(unit, 4) for unit in units))
+        if char in _JSON_SHORT:
+            backslash.append(re.escape(_JSON_SHORT[char].encode()))
+        reference += [f"#0*{code}".encode(), b"#[xX]" + _hex(code)]
+        if char in _HTML_NAMES:
+            reference.append(_HTML_NAMES[char].encode())
+    forms = [
+        b"(?:" + b"|".join(literal) + b")",
+        b"%(?:25)?(?:" + b"|".join(percent) + b")",
+        rb"\\(?:" + b"|".join(backslash) + b")",
+        b"&(?:" + b"|".join(reference) + b");",
+    ]
+    if " " in chars:
+        forms.append(rb"\+")
+    return b"(?:" + b"|".join(forms) + b")"
+
+
+_BASE64_ALPHABETS = (
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
+)
+
+
+def _base64(data: bytes) -> list[bytes]:
+    """Patterns for `data` inside base64 text (standard and urlsafe, padded or not) at each
+    of the three alignments it can have there: `Basic user:secret` puts it after a prefix of
+    any length. A base64 character that mixes the secret's bits with its neighbours' matches
+    any of the characters those neighbours could make, so the match takes every character
+    that carries a bit of the secret."""
+    patterns = []
+    for alphabet in _BASE64_ALPHABETS:
+        for offset in range(3):
+            bits = "?" * 8 * offset + "".join(f"{byte:08b}" for byte in data)
+            bits += "?" * (-len(bits) % 6)
+            chars = []
+            for start in range(0, len(bits), 6):
+                window = bits[start : start + 6]
+                if window == "??????":
+                    continue  # the prefix's alone
+                choices = product(*("01" if bit == "?" else bit for bit in window))
+                values = sorted({int("".join(choice), 2) for choice in choices})
+                chars.append(_chars([alphabet[value] for value in values]))
+            patterns.append(b"".join(chars) + _chars("=") + b"{0,2}")
+    return patterns
 
 
 # --- the gateway as a process (manage.py runegress) -------------------------------------------
