@@ -228,12 +228,13 @@ def normal_path(path) -> str:
     changing. The allowlist is matched on this form, and the path is sent as written.
 
     Refused (UncleanPath): a path not starting with `/`; `?` or `#` (the query goes in
-    params); a literal space or control character; and, in the decoded form, also after
-    Unicode compatibility folding (fullwidth `．` and `／` are `.` and `/` to some servers), a
-    control character or NUL, a backslash, a `;` path parameter (`..;` is `..` to Tomcat), a
-    `/` that was encoded, an empty segment (`//`) or a dot segment (`.`, `..`, or only dots
-    and spaces, which Windows servers trim to nothing). Then every decoding a server may stop
-    at has the same segments, and none of them climbs out of its prefix."""
+    params); a literal space or control character; escapes that are not UTF-8; and, in the
+    decoded form, also after Unicode compatibility folding (fullwidth `．` and `／` are `.`
+    and `/` to some servers): an IIS `%uXXXX` escape, a control character or NUL, a
+    backslash, a `;` path parameter (`..;` is `..` to Tomcat), a `/` that was encoded, an
+    empty segment (`//`) or a dot segment (`.`, `..`, or only dots and spaces, which Windows
+    servers trim to nothing). Then every decoding a server may stop at has the same
+    segments, and none of them climbs out of its prefix."""
     if not isinstance(path, str) or not path.startswith("/"):
         raise UncleanPath("a path is a string starting with /")
     if "?" in path or "#" in path:
@@ -241,9 +242,16 @@ def normal_path(path) -> str:
     if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in path):
         raise UncleanPath("a literal space or control character: percent-encode it (%20)")
     decoded = path
-    while (once_more := unquote(decoded)) != decoded:
-        decoded = once_more
+    try:
+        while (once_more := unquote(decoded, errors="strict")) != decoded:
+            decoded = once_more
+    except UnicodeDecodeError:
+        raise UncleanPath(
+            "percent-escapes that are not UTF-8 (such as an overlong %c0%ae)"
+        ) from None
     folded = unicodedata.normalize("NFKC", decoded)
+    if re.search("%u[0-9a-f]{4}", folded, re.IGNORECASE):
+        raise UncleanPath("an IIS %uXXXX escape: write the character in UTF-8 (%XX)")
     if any(unicodedata.category(ch) == "Cc" for ch in folded):
         raise UncleanPath("a control character or NUL once percent-decoded")
     if "\\" in folded:
@@ -358,15 +366,15 @@ class Egress:
                 f"{target.name}: path {path}{decoded} is outside the allowed paths: "
                 + ", ".join(target.paths)
             )
+        credential_header = _header_key(target.header)
         for name in headers or {}:
-            # `_` too: CGI, WSGI and PHP read X_Forwarded_For as X-Forwarded-For.
-            lowered = str(name).strip().lower().replace("_", "-")
+            lowered = _header_key(name)
             if lowered in REROUTING_HEADERS or lowered.startswith(REROUTING_PREFIX):
                 raise EgressRefused(
                     f"{target.name}: header {name} may not be set by an agent: it could "
                     "re-route the request past the allowlist (method, path or host)"
                 )
-            if lowered in RESERVED_HEADERS or lowered == target.header.lower():
+            if lowered in RESERVED_HEADERS or lowered == credential_header:
                 raise EgressRefused(f"{target.name}: header {name} may not be set by an agent")
         if target.query and any(key == target.query for key, _ in _pairs(params)):
             raise EgressRefused(f"{target.name}: query parameter {target.query} is reserved")
@@ -438,6 +446,12 @@ class Egress:
             error=_printable(error)[:500],
             at=Now(),  # the database's clock, like every other timestamp it keeps
         )
+
+
+def _header_key(name) -> str:
+    """A header's name as servers match it: any case, and `_` as `-` (CGI, WSGI and PHP read
+    X_Forwarded_For as X-Forwarded-For)."""
+    return str(name).strip().lower().replace("_", "-")
 
 
 def _printable(value) -> str:

@@ -61,6 +61,9 @@ PATH_TRICKS = {
     "/v1/refunds/...": "dot segment",  # Windows drops trailing dots and spaces: `..`
     "/v1/refunds/..%20/admin": "dot segment",
     "/v1/refunds/%ef%bc%8e%ef%bc%8e/admin": "dot segment",  # fullwidth ．． folds to ..
+    "/v1/refunds/%c0%ae%c0%ae/admin": "not UTF-8",  # overlong `.`, read as one by old decoders
+    "/v1/refunds/%u002e%u002e/admin": "%uXXXX",  # IIS decodes %u escapes
+    "/v1/refunds/%25u002e%25u002e/admin": "%uXXXX",
     # An encoded separator: one decoding later, the path has another shape.
     "/v1/refunds%2F..%2Fadmin": "encoded '/'",
     "/v1/refunds%2fadmin": "encoded '/'",
@@ -148,6 +151,26 @@ def test_a_header_that_could_reroute_the_request_is_refused_and_nothing_is_sent(
         http.get("payments", "/v1/refunds", headers={header: "/admin"})
     assert service.requests == []
     assert EgressCall.objects.get().outcome == "refused"
+
+
+@pytest.mark.parametrize(
+    "configured, header",
+    [
+        ("X-Api-Key", "x_api_key"),
+        ("X-Api-Key", " X-API-KEY"),
+        ("X_Api_Key", "X_Api_Key"),
+        ("X_Api_Key", "x-api-key"),
+    ],
+)
+def test_the_credential_header_cannot_be_set_in_any_spelling(
+    settings, service, inbox, configured, header
+):
+    settings.ALWAYSON_EGRESS_SERVICES = check_services(
+        {"keyed": {"base_url": service.url(), "header": configured, "prefix": ""}}
+    )
+    with pytest.raises(EgressRefused, match="may not be set by an agent"):
+        Egress(inbox).get("keyed", "/", headers={header: "mine"})
+    assert service.requests == []
 
 
 @pytest.mark.parametrize(

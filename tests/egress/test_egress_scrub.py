@@ -136,6 +136,10 @@ def test_a_credential_echoed_in_any_encoding_reaches_nothing_the_agent_sees(
     for where in ("text", "reason", "header x-echo", "header location"):
         assert REDACTED in shown[where], where
     assert REDACTED in decoded["echo"] and REDACTED in decoded["page"]
+    # Only the credential is taken out: what stood around it is still there.
+    assert decoded["page"].startswith("<p>No page ") and decoded["page"].endswith("</p>")
+    assert answer.headers["location"].startswith("/v1/echo/?token=")
+    assert answer.reason.startswith("Moved to ")
     elsewhere = [*every_stored_value(), *(record.getMessage() for record in caplog.records)]
     assert [text for text in elsewhere if secret in text or form in text] == []
     assert EgressCall.objects.get().outcome == "sent"
