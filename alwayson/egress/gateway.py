@@ -236,35 +236,35 @@ def normal_path(path) -> str:
     servers trim to nothing). Then every decoding a server may stop at has the same
     segments, and none of them climbs out of its prefix."""
     if not isinstance(path, str) or not path.startswith("/"):
-        raise UncleanPath("a path is a string starting with /")
+        raise UncleanPath("it must be a string starting with /")
     if "?" in path or "#" in path:
         raise UncleanPath("? and # are not part of a path: pass query parameters as params=")
     if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in path):
-        raise UncleanPath("a literal space or control character: percent-encode it (%20)")
+        raise UncleanPath("it has a literal space or control character: percent-encode it (%20)")
     decoded = path
     try:
         while (once_more := unquote(decoded, errors="strict")) != decoded:
             decoded = once_more
     except UnicodeDecodeError:
         raise UncleanPath(
-            "percent-escapes that are not UTF-8 (such as an overlong %c0%ae)"
+            "it has percent-escapes that are not UTF-8 (such as an overlong %c0%ae)"
         ) from None
     folded = unicodedata.normalize("NFKC", decoded)
     if re.search("%u[0-9a-f]{4}", folded, re.IGNORECASE):
-        raise UncleanPath("an IIS %uXXXX escape: write the character in UTF-8 (%XX)")
+        raise UncleanPath("it has an IIS %uXXXX escape: write the character in UTF-8 (%XX)")
     if any(unicodedata.category(ch) == "Cc" for ch in folded):
-        raise UncleanPath("a control character or NUL once percent-decoded")
+        raise UncleanPath("it has a control character or NUL once percent-decoded")
     if "\\" in folded:
-        raise UncleanPath("a backslash once percent-decoded")
+        raise UncleanPath("it has a backslash once percent-decoded")
     if ";" in folded:
-        raise UncleanPath("a ';' path parameter once percent-decoded")
+        raise UncleanPath("it has a ';' path parameter once percent-decoded")
     # Decoding and folding only ever add slashes: one more is a separator that was encoded.
     if folded.count("/") != path.count("/"):
-        raise UncleanPath("an encoded '/' (%2F, or a look-alike once decoded)")
+        raise UncleanPath("it has an encoded '/' (%2F, or a look-alike once decoded)")
     if "//" in folded:
-        raise UncleanPath("an empty segment (//)")
+        raise UncleanPath("it has an empty segment (//)")
     if any(segment and not segment.strip(" .") for segment in folded.split("/")):
-        raise UncleanPath("a dot segment ('.' or '..') once percent-decoded")
+        raise UncleanPath("it has a dot segment ('.' or '..') once percent-decoded")
     return decoded
 
 
@@ -455,8 +455,8 @@ def _header_key(name) -> str:
 
 
 def _printable(value) -> str:
-    """A call's text as it is recorded: a control character as its escape (\\x00), since
-    PostgreSQL stores no NUL and the admin should show what was asked."""
+    """A call's text as it is recorded: a character that is not printable as its escape
+    (\\x00), since PostgreSQL stores no NUL and the admin should show what was asked."""
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
 
 
