@@ -15,11 +15,13 @@ code is not trusted runs elsewhere and reaches the same gateway through `runegre
 import json
 import logging
 import os
-import posixpath
 import re
+import unicodedata
 from dataclasses import dataclass, field
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qsl, quote, urlsplit
+from itertools import product
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import httpx
 from django.conf import settings
@@ -51,6 +53,22 @@ RESERVED_HEADERS = frozenset(
         "cookie",
     }
 )
+# Headers that ask the service, or a proxy or framework in front of it, to take the request
+# as another method, path, host or client than the allowlist checked: refused, with every
+# X-Forwarded-* header.
+REROUTING_HEADERS = frozenset(
+    {
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-url",
+        "x-rewrite-url",
+        "forwarded",
+        "x-real-ip",
+        "x-host",
+    }
+)
+REROUTING_PREFIX = "x-forwarded-"
 # Response headers an agent never reads back: they carry session state or hop details.
 HIDDEN_RESPONSE_HEADERS = frozenset(
     {"set-cookie", "connection", "keep-alive", "transfer-encoding", "content-encoding"}
@@ -201,23 +219,74 @@ def configured_services() -> dict:
     return checked
 
 
-def _unsafe_path(path) -> bool:
-    """A path that could leave its prefix once a server decodes or normalises it."""
-    lowered = path.lower()
-    if any(bad in lowered for bad in ("\\", "%2e", "%2f", "%5c", "%00", "?", "#", "//")):
-        return True
-    if any(ord(ch) < 0x21 or ord(ch) == 0x7F for ch in path):
-        return True
-    return posixpath.normpath(path) != path.rstrip("/") and path != "/"
+class UncleanPath(ValueError):
+    """A path the gateway will not send: the message says why, in words an agent can act on."""
+
+
+def normal_path(path) -> str:
+    """The path as the service reads it, whatever it decodes: percent-decoded until it stops
+    changing. The allowlist is matched on this form, and the path is sent as written.
+
+    Refused (UncleanPath): a path not starting with `/`; `?` or `#` (the query goes in
+    params); a literal space or control character; escapes that are not UTF-8; and, in the
+    decoded form, also after Unicode compatibility folding (fullwidth `．` and `／` are `.`
+    and `/` to some servers): an IIS `%uXXXX` escape, a control character or NUL, a
+    backslash, a `;` path parameter (`..;` is `..` to Tomcat), a `/` that was encoded, an
+    empty segment (`//`) or a dot segment (`.`, `..`, or only dots and spaces, which Windows
+    servers trim to nothing). Then every decoding a server may stop at has the same
+    segments, and none of them climbs out of its prefix."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise UncleanPath("it must be a string starting with /")
+    if "?" in path or "#" in path:
+        raise UncleanPath("? and # are not part of a path: pass query parameters as params=")
+    if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in path):
+        raise UncleanPath("it has a literal space or control character: percent-encode it (%20)")
+    decoded = path
+    try:
+        while (once_more := unquote(decoded, errors="strict")) != decoded:
+            decoded = once_more
+    except UnicodeDecodeError:
+        raise UncleanPath(
+            "it has percent-escapes that are not UTF-8 (such as an overlong %c0%ae)"
+        ) from None
+    folded = unicodedata.normalize("NFKC", decoded)
+    if re.search("%u[0-9a-f]{4}", folded, re.IGNORECASE):
+        raise UncleanPath("it has an IIS %uXXXX escape: write the character in UTF-8 (%XX)")
+    if any(unicodedata.category(ch) == "Cc" for ch in folded):
+        raise UncleanPath("it has a control character or NUL once percent-decoded")
+    if "\\" in folded:
+        raise UncleanPath("it has a backslash once percent-decoded")
+    if ";" in folded:
+        raise UncleanPath("it has a ';' path parameter once percent-decoded")
+    # Decoding and folding only ever add slashes: one more is a separator that was encoded.
+    if folded.count("/") != path.count("/"):
+        raise UncleanPath("it has an encoded '/' (%2F, or a look-alike once decoded)")
+    if "//" in folded:
+        raise UncleanPath("it has an empty segment (//)")
+    if any(segment and not segment.strip(" .") for segment in folded.split("/")):
+        raise UncleanPath("it has a dot segment ('.' or '..') once percent-decoded")
+    return decoded
+
+
+def _unsafe_path(path) -> str:
+    """Why a configured path prefix is refused, or "": it must be its own normal form, so
+    it means what it says (`/v1/café`, not `/v1/caf%C3%A9`)."""
+    try:
+        normal = normal_path(path)
+    except UncleanPath as exc:
+        return str(exc)
+    return "" if normal == path else "write it percent-decoded"
 
 
 @dataclass
 class EgressResponse:
-    """What the service answered, as the agent may see it: no cookies, no credential."""
+    """What the service answered, as the agent may see it: no cookies, no credential (see
+    scrub): the status, its reason phrase, the headers and the body."""
 
     status: int
     headers: dict = field(default_factory=dict)
     content: bytes = b""
+    reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -228,7 +297,9 @@ class EgressResponse:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self):
-        return json.loads(self.content)
+        # UTF-8 only (a BOM allowed), the encoding scrub matches: json.loads would read a
+        # UTF-16 or UTF-32 body too, and hand back a credential the scrub could not see.
+        return json.loads(self.content.decode("utf-8-sig"))
 
 
 class Egress:
@@ -268,7 +339,7 @@ class Egress:
             secret = target.credential()
             response = self._send(target, method, path, params, json, content, headers, secret)
         except EgressFailed as exc:
-            message = _scrub(str(exc), secret)
+            message = scrub(str(exc), secret)
             self._record(target.name, method, path, "failed", error=message)
             log.warning("egress failed: %s %s %s: %s", target.name, method, path, message)
             raise EgressFailed(message) from None
@@ -283,13 +354,27 @@ class Egress:
             raise EgressRefused(f"service {service!r} is not allowed (allowed: {names})")
         if method not in target.methods:
             raise EgressRefused(f"{target.name}: method {method} is not allowed")
-        if not isinstance(path, str) or not path.startswith("/") or _unsafe_path(path):
-            raise EgressRefused(f"{target.name}: path {path!r} is not a clean absolute path")
-        if not target.allows_path(path):
-            raise EgressRefused(f"{target.name}: path {path} is outside the allowed paths")
+        try:
+            normal = normal_path(path)
+        except UncleanPath as exc:
+            raise EgressRefused(
+                f"{target.name}: path {path!r} is not a clean absolute path: {exc}"
+            ) from None
+        if not target.allows_path(normal):
+            decoded = f" (decoded: {normal})" if normal != path else ""
+            raise EgressRefused(
+                f"{target.name}: path {path}{decoded} is outside the allowed paths: "
+                + ", ".join(target.paths)
+            )
+        credential_header = _header_key(target.header)
         for name in headers or {}:
-            lowered = str(name).lower()
-            if lowered in RESERVED_HEADERS or lowered == target.header.lower():
+            lowered = _header_key(name)
+            if lowered in REROUTING_HEADERS or lowered.startswith(REROUTING_PREFIX):
+                raise EgressRefused(
+                    f"{target.name}: header {name} may not be set by an agent: it could "
+                    "re-route the request past the allowlist (method, path or host)"
+                )
+            if lowered in RESERVED_HEADERS or lowered == credential_header:
                 raise EgressRefused(f"{target.name}: header {name} may not be set by an agent")
         if target.query and any(key == target.query for key, _ in _pairs(params)):
             raise EgressRefused(f"{target.name}: query parameter {target.query} is reserved")
@@ -332,12 +417,19 @@ class Egress:
                         raise EgressFailed(
                             f"{target.name} {path}: answer larger than {target.max_bytes} bytes"
                         )
+                # Scrubbed as the agent reads them: each header merged and decoded by httpx,
+                # the reason phrase, and the body that .text and .json() decode.
                 shown = {
-                    name: _scrub(value, secret)
+                    scrub(name, secret): scrub(value, secret)
                     for name, value in answer.headers.items()
                     if name.lower() not in HIDDEN_RESPONSE_HEADERS
                 }
-                return EgressResponse(answer.status_code, shown, _scrub_bytes(bytes(body), secret))
+                return EgressResponse(
+                    answer.status_code,
+                    shown,
+                    scrub(bytes(body), secret),
+                    scrub(answer.reason_phrase, secret),
+                )
         except httpx.HTTPError as exc:
             # Not str(exc): httpx names the URL, and a query-parameter credential is in it.
             raise EgressFailed(f"{target.name} {path}: {type(exc).__name__}") from None
@@ -346,14 +438,26 @@ class Egress:
         inbox_id = getattr(self.inbox, "pk", None)
         EgressCall.objects.create(
             inbox_id=inbox_id,
-            service=str(service)[:50],
-            method=method[:10],
-            path=str(path)[:300],
+            service=_printable(service)[:50],
+            method=_printable(method)[:10],
+            path=_printable(path)[:300],
             outcome=outcome,
             status=status,
-            error=error[:500],
+            error=_printable(error)[:500],
             at=Now(),  # the database's clock, like every other timestamp it keeps
         )
+
+
+def _header_key(name) -> str:
+    """A header's name as servers match it: any case, and `_` as `-` (CGI, WSGI and PHP read
+    X_Forwarded_For as X-Forwarded-For)."""
+    return str(name).strip().lower().replace("_", "-")
+
+
+def _printable(value) -> str:
+    """A call's text as it is recorded: a character that is not printable as its escape
+    (\\x00), since PostgreSQL stores no NUL and the admin should show what was asked."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
 
 
 def _pairs(params) -> list:
@@ -364,12 +468,120 @@ def _pairs(params) -> list:
     return [(str(key), str(value)) for key, value in items]
 
 
-def _scrub(text: str, secret: str) -> str:
-    return text.replace(secret, REDACTED) if secret and isinstance(text, str) else text
+def scrub(data, secret):
+    """`data` (str or bytes) with the credential replaced by REDACTED in every form a service
+    may write it back in, wherever an answer reaches the agent: body, headers, reason phrase,
+    an EgressFailed message. A str is matched as its UTF-8 bytes."""
+    if not secret or not isinstance(data, str | bytes):
+        return data
+    pattern, redacted = _secret_pattern(secret), REDACTED.encode()
+    if isinstance(data, bytes):
+        return pattern.sub(redacted, data)
+    return pattern.sub(redacted, data.encode("utf-8", "surrogatepass")).decode(
+        "utf-8", "surrogatepass"
+    )
 
 
-def _scrub_bytes(data: bytes, secret: str) -> bytes:
-    return data.replace(secret.encode(), REDACTED.encode()) if secret else data
+@lru_cache(maxsize=16)
+def _secret_pattern(secret: str) -> re.Pattern:
+    """The credential as a service may echo it: each character literal or escaped (see
+    _chars), so raw, percent-encoded (quote or quote_plus, either case of hex, also %25XX
+    double-encoded), JSON-escaped (\\uXXXX either case, \\/, fully or in part) and HTML
+    character references, mixed in any way; or its base64 (_base64), each base64 character
+    escaped the same ways. Not covered: other text encodings (UTF-16, hex, MIME base64 broken
+    into lines), and an echo a service transforms further (hashed, reversed, split)."""
+    data = secret.encode()
+    forms = [b"".join(_chars(ch) for ch in secret)]
+    # Under 6 bytes, the base64 forms are too few characters not to match unrelated text.
+    if len(data) >= 6:
+        forms += _base64(data)
+    return re.compile(b"|".join(forms))
+
+
+_HTML_NAMES = {
+    "&": "amp",
+    "<": "lt",
+    ">": "gt",
+    '"': "quot",
+    "'": "apos",
+    "/": "sol",
+    "+": "plus",
+    "=": "equals",
+}
+_JSON_SHORT = {
+    "/": "/",
+    '"': '"',
+    "\\": "\\",
+    "\b": "b",
+    "\f": "f",
+    "\n": "n",
+    "\r": "r",
+    "\t": "t",
+}
+
+
+def _hex(value: int, digits: int = 0) -> bytes:
+    """`value` in hexadecimal as a pattern matching either case, with optional leading 0s."""
+    text = f"{value:0{digits}x}" if digits else "0*" + f"{value:x}"
+    return "".join(f"[{c}{c.upper()}]" if c.isalpha() else c for c in text).encode()
+
+
+def _chars(chars) -> bytes:
+    """A pattern for any one of `chars` as a service may write it. Each form starts with its
+    own byte (the character, %, \\, & or +), so a position that starts none fails fast."""
+    literal, percent, backslash, reference = [], [], [], []
+    for char in chars:
+        code, utf8 = ord(char), char.encode()
+        literal.append(re.escape(utf8))
+        percent.append(b"%(?:25)?".join(_hex(byte, 2) for byte in utf8))
+        units = [code]
+        if code > 0xFFFF:  # JSON writes it as a surrogate pair
+            high, low = divmod(code - 0x10000, 0x400)
+            units = [0xD800 + high, 0xDC00 + low]
+        backslash.append(b"u" + rb"\\u".join(_hex(unit, 4) for unit in units))
+        if char in _JSON_SHORT:
+            backslash.append(re.escape(_JSON_SHORT[char].encode()))
+        reference += [f"#0*{code}".encode(), b"#[xX]" + _hex(code)]
+        if char in _HTML_NAMES:
+            reference.append(_HTML_NAMES[char].encode())
+    forms = [
+        b"(?:" + b"|".join(literal) + b")",
+        b"%(?:25)?(?:" + b"|".join(percent) + b")",
+        rb"\\(?:" + b"|".join(backslash) + b")",
+        b"&(?:" + b"|".join(reference) + b");",
+    ]
+    if " " in chars:
+        forms.append(rb"\+")
+    return b"(?:" + b"|".join(forms) + b")"
+
+
+_BASE64_ALPHABETS = (
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_",
+)
+
+
+def _base64(data: bytes) -> list[bytes]:
+    """Patterns for `data` inside base64 text (standard and urlsafe, padded or not) at each
+    of the three alignments it can have there: `Basic user:secret` puts it after a prefix of
+    any length. A base64 character that mixes the secret's bits with its neighbours' matches
+    any of the characters those neighbours could make, so the match takes every character
+    that carries a bit of the secret."""
+    patterns = []
+    for alphabet in _BASE64_ALPHABETS:
+        for offset in range(3):
+            bits = "?" * 8 * offset + "".join(f"{byte:08b}" for byte in data)
+            bits += "?" * (-len(bits) % 6)
+            chars = []
+            for start in range(0, len(bits), 6):
+                window = bits[start : start + 6]
+                if window == "??????":
+                    continue  # the prefix's alone
+                choices = product(*("01" if bit == "?" else bit for bit in window))
+                values = sorted({int("".join(choice), 2) for choice in choices})
+                chars.append(_chars([alphabet[value] for value in values]))
+            patterns.append(b"".join(chars) + _chars("=") + b"{0,2}")
+    return patterns
 
 
 # --- the gateway as a process (manage.py runegress) -------------------------------------------

@@ -6,7 +6,9 @@ import logging
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from http.client import HTTPConnection
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -85,7 +87,9 @@ def test_query_parameter_credential_is_added_by_the_gateway(http, service):
 def test_a_service_that_echoes_the_credential_is_scrubbed(http):
     response = http.get("payments", "/v1/echo")
     assert SECRET not in response.text and REDACTED in response.text
+    assert response.json() == {"seen": f"Bearer {REDACTED}"}
     assert response.headers["x-seen"] == f"Bearer {REDACTED}"
+    assert response.reason == f"Seen Bearer {REDACTED}"
     assert "set-cookie" not in {name.lower() for name in response.headers}
 
 
@@ -242,6 +246,20 @@ def test_gateway_process_forwards_with_the_credential_added(gateway, service):
     assert request["path"] == "/v1/refunds?order=881"
     assert request["headers"]["Authorization"] == f"Bearer {SECRET}"
     assert request["body"] == b'{"amount": 5}'
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gateway_process_status_line_headers_and_body_carry_no_echoed_credential(gateway, service):
+    host, port = urllib.parse.urlsplit(gateway).netloc.split(":")
+    connection = HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", "/payments/v1/echo")
+    response = connection.getresponse()
+    status_line = f"HTTP/1.1 {response.status} {response.reason}"
+    headers, seen, body = response.getheaders(), response.getheader("X-Seen"), response.read()
+    connection.close()
+    assert service.requests[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert SECRET not in status_line + repr(headers) + body.decode()
+    assert seen == f"Bearer {REDACTED}"
 
 
 @pytest.mark.django_db(transaction=True)

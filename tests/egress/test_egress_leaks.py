@@ -6,7 +6,6 @@ import json
 import logging
 
 import pytest
-from django.apps import apps
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from alwayson.egress.gateway import EgressRefused
@@ -18,7 +17,7 @@ from inbox.services import ingest
 from outbox.apps import checked_signing_secrets
 from outbox.models import Channel
 from outbox.services import dispatch
-from tests.support.egress import QUERY_SECRET, SECRET, answer, services_for
+from tests.support.egress import QUERY_SECRET, SECRET, answer, every_stored_value, services_for
 from tests.support.loopback import Loopback
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +45,7 @@ def malicious_agent(evil_url):
     def agent(run):
         loot = {"gateway": repr(vars(run.http)), "allowed": run.http.allowed()}
         echo = run.http.get("payments", "/v1/echo")
-        loot["echo"] = [echo.text, echo.headers]
+        loot["echo"] = [echo.text, echo.json(), echo.headers, echo.reason]
         moved = run.http.get("payments", "/v1/redirect", headers={"X-Evil": evil_url + "/steal"})
         loot["redirect"] = [moved.status, moved.headers]
         attempts = [
@@ -65,13 +64,6 @@ def malicious_agent(evil_url):
         run.say(json.dumps(loot))
 
     return agent
-
-
-def every_stored_value():
-    """Every row of every table, as text."""
-    for model in apps.get_models():
-        for row in model.objects.all().values():
-            yield f"{model._meta.label} {row!r}"
 
 
 def test_planted_credentials_appear_only_in_requests_to_the_intended_service(

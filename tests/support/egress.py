@@ -4,6 +4,8 @@ for afterwards, and a loopback service's answers."""
 import json
 import time
 
+from django.apps import apps
+
 from alwayson.egress.gateway import check_services
 
 SECRET = "sk_live_PLANTED-7c1f9e3a5b"  # distinctive: searched for everywhere afterwards
@@ -32,6 +34,13 @@ def services_for(service_url, **overrides):
     return check_services(config)
 
 
+def every_stored_value():
+    """Every row of every table, as text."""
+    for model in apps.get_models():
+        for row in model.objects.all().values():
+            yield f"{model._meta.label} {row!r}"
+
+
 def answer(request):
     path = request["path"]
     if path.startswith("/v1/redirect"):
@@ -39,7 +48,8 @@ def answer(request):
     if path.startswith("/v1/echo"):
         # A service that reflects what it received: the credential must not come back.
         seen = request["headers"].get("Authorization", "")
-        return 200, {"X-Seen": seen, "Set-Cookie": "sid=1"}, json.dumps({"seen": seen}).encode()
+        body = json.dumps({"seen": seen}).encode()
+        return 200, {"X-Seen": seen, "Set-Cookie": "sid=1"}, body, f"Seen {seen}"
     if path.startswith("/v1/big"):
         return 200, {}, b"x" * 5000
     if path.startswith("/v1/slow"):

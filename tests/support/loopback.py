@@ -1,7 +1,8 @@
 """A real HTTP server on 127.0.0.1 for tests: records every request, answers by a rule.
 
 `answer(request)` returns (status, headers, body) for a recorded request (a dict with method,
-path, headers and body); the default answers 200 with `{}`.
+path, headers and body), or (status, headers, body, reason) to send a reason phrase of its own
+in the status line; the default answers 200 with `{}`.
 """
 
 import threading
@@ -33,9 +34,9 @@ class Loopback:
                     "body": self.rfile.read(length) if length else b"",
                 }
                 server.requests.append(request)
-                status, headers, body = server.answer(request)
+                status, headers, body, *reason = server.answer(request)
                 with suppress(OSError):  # the client may have timed out and gone
-                    self.send_response(status)
+                    self.send_response(status, *reason)
                     for name, value in headers.items():
                         self.send_header(name, value)
                     self.send_header("Content-Length", str(len(body)))
