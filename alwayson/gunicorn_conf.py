@@ -22,3 +22,13 @@ timeout = 30
 # Access log lines on stdout, errors on stderr: the process manager keeps them.
 accesslog = "-"
 errorlog = "-"
+
+
+def on_starting(server):
+    """The master holds every credential the web needs (SECRET_KEY, the webhooks' secrets):
+    in a sealed deployment the worker, the same Unix user, must not read its environment.
+    Each web worker is hidden again by the egress app's ready(), after it forks."""
+    if os.environ.get("ALWAYSON_EGRESS_SOCKET"):
+        from alwayson.egress.sealing import hide_from_same_user
+
+        hide_from_same_user()

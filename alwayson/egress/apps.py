@@ -22,6 +22,7 @@ class EgressConfig(AppConfig):
     def ready(self):
         from outbox.channels import register_sender
 
+        from . import checks  # noqa: F401  registers the deploy check
         from .channels import send_slack, send_telegram
         from .sealing import SEALED, hide_from_same_user, sealing
 
