@@ -27,3 +27,13 @@ errorlog = "-"
 # units' and the image's), which logged "Control server error" at every start. Older gunicorns
 # ignore the name.
 control_socket_disable = True
+
+
+def on_starting(server):
+    """The master holds every credential the web needs (SECRET_KEY, the webhooks' secrets):
+    in a sealed deployment the worker, the same Unix user, must not read its environment.
+    Each web worker is hidden again by the egress app's ready(), after it forks."""
+    if os.environ.get("ALWAYSON_EGRESS_SOCKET"):
+        from alwayson.egress.sealing import hide_from_same_user
+
+        hide_from_same_user()

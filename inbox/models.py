@@ -3,6 +3,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.db.models import Exists, Max, OuterRef, Q
+from django.db.models.functions import Now
 
 from .exceptions import UnknownInbox
 from .signals import lease_taken_over
@@ -186,6 +187,14 @@ class LeaseQuerySet(models.QuerySet):
     def with_work(self, now):
         """Inboxes a worker may take now: claimable work and nobody holding the lease."""
         return self.free(now).filter(work_at__lte=now)
+
+    def held(self, inbox_id, holder, generation, now=None):
+        """The lease row while (holder, generation) still holds it: the egress gateway's
+        test of a run before it spends a credential for it (alwayson/egress/server.py)."""
+        now = Now() if now is None else now
+        return self.filter(
+            inbox_id=inbox_id, holder=holder, generation=generation, until__gt=now
+        ).exclude(holder="")
 
 
 class Lease(models.Model):

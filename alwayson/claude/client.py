@@ -17,11 +17,14 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 import anthropic
+import httpx2
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
 from alwayson.claude.models import ModelCall
+from alwayson.egress.client import run_headers
+from alwayson.egress.server import MODEL_SERVICE, SOCKET_HOST
 from inbox import clock
 from inbox.clock import day_start
 
@@ -60,7 +63,35 @@ def _client(api_key: str, base_url: str, timeout: int) -> anthropic.Anthropic:
     )
 
 
+@lru_cache(maxsize=8)
+def _sealed_client(socket_path: str, timeout: int) -> anthropic.Anthropic:
+    """The Messages API through the egress gateway, for a sealed worker, which holds no key:
+    the gateway adds it (alwayson/egress/server.py). The SDK insists on a key, so it gets a
+    placeholder, taken off each request before the request leaves."""
+
+    def without_key(request):
+        request.headers.pop("authorization", None)
+        request.headers.pop("x-api-key", None)
+
+    # httpx2, not httpx: the SDK accepts only a client of the HTTP library it is built on.
+    http = httpx2.Client(
+        transport=httpx2.HTTPTransport(uds=socket_path),
+        timeout=timeout,
+        trust_env=False,
+        event_hooks={"request": [without_key]},
+    )
+    return anthropic.Anthropic(
+        api_key="held-by-the-egress-gateway",
+        base_url=f"http://{SOCKET_HOST}/{MODEL_SERVICE}",
+        http_client=http,
+        timeout=timeout,
+        max_retries=0,
+    )
+
+
 def client() -> anthropic.Anthropic:
+    if settings.ALWAYSON_EGRESS_SOCKET:
+        return _sealed_client(settings.ALWAYSON_EGRESS_SOCKET, settings.ALWAYSON_CLAUDE_TIMEOUT)
     if not settings.ANTHROPIC_API_KEY:
         raise ModelUnavailable("ANTHROPIC_API_KEY is not set; restart the worker to see why")
     return _client(
@@ -106,7 +137,7 @@ def call(run, request: dict, budget: int | None) -> dict:
         return cached
     check_budget(run.inbox.pk, budget)
     started = time.monotonic()
-    answer = _send(request)
+    answer = _send(request, run)
     log.info(
         "model call inbox=%s gen=%s model=%s stop=%s tokens=%s duration=%.2fs",
         run.inbox.slug,
@@ -120,9 +151,11 @@ def call(run, request: dict, budget: int | None) -> dict:
     return answer
 
 
-def _send(request: dict) -> dict:
+def _send(request: dict, run) -> dict:
+    # A sealed worker's gateway serves a run only while it holds its lease.
+    extra = {"extra_headers": run_headers(run)} if settings.ALWAYSON_EGRESS_SOCKET else {}
     try:
-        message = client().messages.create(**request)
+        message = client().messages.create(**request, **extra)
     except anthropic.APIStatusError as exc:
         raise _status_error(exc) from exc
     except anthropic.APIConnectionError as exc:  # APITimeoutError included
@@ -189,6 +222,10 @@ def check_api_key():
 
     An API that cannot be reached right now only warns: the runs will retry.
     """
+    if settings.ALWAYSON_EGRESS_SOCKET:
+        # A sealed worker holds no key to check; runegress checks it when it starts.
+        log.info("the Messages API key is held by the egress gateway (ALWAYSON_EGRESS_SOCKET)")
+        return
     if not settings.ANTHROPIC_API_KEY:
         raise ImproperlyConfigured(
             "ANTHROPIC_API_KEY is not set, and a Claude agent is configured (ALWAYSON_AGENT or "

@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 from django.conf import settings
 
@@ -20,7 +22,9 @@ class EgressConfig(AppConfig):
     def ready(self):
         from outbox.channels import register_sender
 
+        from . import checks  # noqa: F401  registers the deploy check
         from .channels import send_slack, send_telegram
+        from .sealing import SEALED, hide_from_same_user, sealing
 
         # Here, not in the settings, which import no app: every process that sets Django up
         # (gunicorn's too) refuses a malformed service before an agent calls one.
@@ -29,3 +33,7 @@ class EgressConfig(AppConfig):
         # sends through whatever is registered and never imports the gateway.
         register_sender("slack", send_slack)
         register_sender("telegram", send_telegram)
+        if sealing() and os.environ.get(SEALED) != "1":
+            # A process of a sealed deployment that holds credentials (web, scheduler,
+            # dispatcher, egress, runall): the worker, the same Unix user, must not read them.
+            hide_from_same_user()

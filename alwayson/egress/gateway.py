@@ -8,8 +8,10 @@ what the service answered with the credential scrubbed out. Nothing it refuses l
 process. A prompt injected into a webhook can make an agent call a tool, never hand it the
 secret: the secret is in no transcript, message, tool argument, log line or table.
 
-In-process agents are trusted code (Python can read its own environment); an agent whose
-code is not trusted runs elsewhere and reaches the same gateway through `runegress`.
+In one process (development, the tests) the agent's code could read the environment this
+gateway reads, so it is trusted code. A sealed worker (alwayson/egress/sealing.py) holds no
+credential: its `run.http` reaches this gateway in the `runegress` process
+(alwayson/egress/server.py, alwayson/egress/client.py), as an out-of-process agent does.
 """
 
 import json
@@ -19,13 +21,11 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from functools import lru_cache
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import product
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 from django.conf import settings
-from django.db import close_old_connections, connection
 from django.db.models.functions import Now
 
 from alwayson.egress.models import EgressCall
@@ -582,76 +582,3 @@ def _base64(data: bytes) -> list[bytes]:
                 chars.append(_chars([alphabet[value] for value in values]))
             patterns.append(b"".join(chars) + _chars("=") + b"{0,2}")
     return patterns
-
-
-# --- the gateway as a process (manage.py runegress) -------------------------------------------
-
-
-class GatewayHandler(BaseHTTPRequestHandler):
-    """`http://127.0.0.1:PORT/<service>/<path>` forwarded through an Egress, for an agent
-    that runs outside this process and holds no credential."""
-
-    egress: Egress  # set on the server's handler class
-    max_body = 1024 * 1024
-    protocol_version = "HTTP/1.1"
-
-    def _handle(self):
-        close_old_connections()
-        try:
-            self._forward()
-        finally:
-            connection.close()
-
-    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
-
-    def _forward(self):
-        parts = urlsplit(self.path)
-        service, _, rest = parts.path.lstrip("/").partition("/")
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > self.max_body:
-            return self._reply(413, {"error": f"body larger than {self.max_body} bytes"})
-        body = self.rfile.read(length) if length else None
-        headers = {
-            name: value
-            for name, value in self.headers.items()
-            if name.lower() not in RESERVED_HEADERS and name.lower() != "accept-encoding"
-        }
-        try:
-            answer = self.egress.request(
-                service,
-                self.command,
-                "/" + rest,
-                params=parse_qsl(parts.query, keep_blank_values=True),
-                content=body,
-                headers=headers,
-            )
-        except EgressRefused as exc:
-            return self._reply(403, {"error": str(exc)})
-        except EgressFailed as exc:
-            return self._reply(502, {"error": str(exc)})
-        self.send_response(answer.status)
-        for name, value in answer.headers.items():
-            if name.lower() not in ("content-length", "date", "server"):
-                self.send_header(name, value)
-        self.send_header("Content-Length", str(len(answer.content)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(answer.content)
-
-    def _reply(self, status, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format, *args):
-        pass  # Egress logs each call, without the query string; the default would print it
-
-
-def gateway_server(port: int, inbox=None, host="127.0.0.1") -> ThreadingHTTPServer:
-    handler = type("BoundGatewayHandler", (GatewayHandler,), {"egress": Egress(inbox)})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server

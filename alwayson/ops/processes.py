@@ -17,10 +17,14 @@ RELEASE = {
     "collectstatic": ("python", "manage.py", "collectstatic", "--noinput"),
 }
 
-# The long-running processes. Run as many of each as you like (PostgreSQL); each of the three
-# loops beats its Process row, which /healthz and `manage.py status` read.
+# The long-running processes. Run as many of each as you like (PostgreSQL), but one egress
+# per socket; each of the three loops beats its Process row, which /healthz and
+# `manage.py status` read.
 PROCESSES = {
     "web": ("gunicorn", "--config", "python:alwayson.gunicorn_conf", "alwayson.wsgi"),
+    # The one process with the credentials; the worker is sealed and calls through its
+    # socket, ALWAYSON_EGRESS_SOCKET (docs/how-to/egress.md#the-sealed-worker).
+    "egress": ("python", "manage.py", "runegress"),
     "worker": ("python", "manage.py", "runworker", "--concurrency", "4"),
     "scheduler": ("python", "manage.py", "runscheduler"),
     "dispatcher": ("python", "manage.py", "rundispatcher"),

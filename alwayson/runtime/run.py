@@ -16,7 +16,7 @@ import logging
 import threading
 from datetime import datetime, timedelta
 
-from alwayson.egress.gateway import Egress
+from alwayson.egress.client import http_for
 from approvals.services import Ask
 from inbox.models import Event, Inbox
 from inbox.services import Defer, SaveState, renew
@@ -140,9 +140,10 @@ class Run:
     def http(self):
         """Outbound HTTP through the egress gateway (alwayson/egress/gateway.py): name a service and
         a path; the gateway checks the allowlist and adds the credential this run never sees.
+        In a sealed worker the gateway is another process (alwayson/egress/client.py).
         """
         if self._http is None:
-            self._http = Egress(self.inbox)
+            self._http = http_for(self)
         return self._http
 
     def renew(self):

@@ -10,6 +10,7 @@ Only what needs no application code is checked here; values whose check needs an
 that app's ready().
 """
 
+import os
 import re
 from pathlib import Path
 
@@ -21,7 +22,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent.parent
 _environ = environ.Env()
 # Into os.environ, not only into these parsers: the egress gateway and the chat channels read
 # their credentials from the environment at each call, and a .env file must reach them too.
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+# Not in the sealed worker, whose environment was cleaned of credentials on purpose while
+# the file may hold them (alwayson/egress/sealing.py).
+if os.environ.get("ALWAYSON_SEALED_WORKER") != "1":
+    environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 # The most each kind of duration setting takes: far beyond any sane value, and far inside
 # what a timedelta added to a datetime, a sleep, or PostgreSQL's millisecond timeouts (a 32-bit

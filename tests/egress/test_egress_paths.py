@@ -8,12 +8,15 @@ from http.client import HTTPConnection
 
 import pytest
 
-from alwayson.egress.gateway import Egress, EgressRefused, check_services, gateway_server
+from alwayson.egress.gateway import Egress, EgressRefused, check_services
 from alwayson.egress.models import EgressCall
+from alwayson.egress.server import TOKEN, tcp_gateway
 from tests.support.egress import SECRET
 from tests.support.loopback import Loopback
 
 pytestmark = pytest.mark.django_db
+
+GATEWAY_TOKEN = "paths-gateway-token-2c7d"
 
 
 @pytest.fixture
@@ -187,7 +190,7 @@ def test_a_configured_prefix_must_be_written_in_its_normal_form(config_path):
 
 @pytest.fixture
 def gateway(egress_settings, inbox):
-    server = gateway_server(0, inbox)
+    server = tcp_gateway(0, GATEWAY_TOKEN, inbox)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     yield server.server_address[1]
@@ -208,7 +211,7 @@ def test_the_gateway_process_refuses_the_same_tricks(gateway, service):
     ]
     for path, headers, reason in tricks:
         connection = HTTPConnection("127.0.0.1", gateway, timeout=10)
-        connection.request("GET", path, headers=headers)
+        connection.request("GET", path, headers={**headers, TOKEN: GATEWAY_TOKEN})
         response = connection.getresponse()
         error = json.loads(response.read())["error"]
         connection.close()

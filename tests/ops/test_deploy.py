@@ -34,7 +34,7 @@ def compose():
     return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
 
 
-def test_compose_has_the_database_the_migrate_step_and_the_four_processes(compose):
+def test_compose_has_the_database_the_migrate_step_and_the_processes(compose):
     assert set(compose["services"]) == {"db", *RELEASE.keys() - {"collectstatic"}, *PROCESSES}
     assert compose["services"]["db"]["image"].startswith("postgres:")
 
@@ -52,13 +52,35 @@ def test_compose_migrates_once_before_the_processes_and_after_the_database(compo
     assert migrate["depends_on"] == {"db": {"condition": "service_healthy"}}
     assert "healthcheck" in services["db"]
     for name in PROCESSES:
-        assert services[name]["depends_on"] == {
-            "migrate": {"condition": "service_completed_successfully"}
+        assert services[name]["depends_on"]["migrate"] == {
+            "condition": "service_completed_successfully"
         }
         assert services[name]["restart"] == "unless-stopped"
         assert services[name]["env_file"] == "alwayson.env"
         url = services[name]["environment"]["DATABASE_URL"]
         assert url.startswith("postgres://") and url.endswith("@db:5432/alwayson")
+
+
+def test_compose_seals_the_worker_and_shares_the_socket_with_egress_alone(compose):
+    """The worker holds no credential and calls through egress's socket: every process is
+    told where it is (so those that hold credentials hide themselves), and only the worker
+    and egress mount its volume."""
+    services = compose["services"]
+    socket = services["worker"]["environment"]["ALWAYSON_EGRESS_SOCKET"]
+    assert socket == template()["ALWAYSON_EGRESS_SOCKET"]
+    directory = str(Path(socket).parent)
+    for name in PROCESSES:
+        assert services[name]["environment"]["ALWAYSON_EGRESS_SOCKET"] == socket
+    mounting = {
+        name
+        for name, service in services.items()
+        if any(volume.endswith(f":{directory}") for volume in service.get("volumes", []))
+    }
+    assert mounting == {"egress", "worker"}
+    assert services["worker"]["depends_on"]["egress"] == {"condition": "service_started"}
+    # The image makes the directory, so the fresh volume is its user's, not root's.
+    runs = " ".join(args for instruction, args in dockerfile_instructions() if instruction == "RUN")
+    assert f"install -d -m 750 -o alwayson -g alwayson {directory}" in runs
 
 
 def test_compose_checks_the_web_process_through_healthz(compose):
@@ -228,7 +250,18 @@ def test_a_process_unit_writes_nothing_before_it_starts(name):
     assert unit_values(unit, "ExecStartPre") == []
 
 
-def test_the_target_starts_the_four_processes():
+def test_systemd_seals_the_worker_behind_the_egress_unit():
+    socket = Path(template()["ALWAYSON_EGRESS_SOCKET"])
+    egress = UNITS / "alwayson-egress.service"
+    assert unit_values(egress, "RuntimeDirectory") == [socket.parent.name]
+    assert str(socket.parent) == f"/run/{socket.parent.name}"
+    assert unit_values(egress, "RuntimeDirectoryMode") == ["0750"]
+    worker = UNITS / "alwayson-worker.service"
+    assert "alwayson-egress.service" in unit_values(worker, "Wants")[0].split()
+    assert "alwayson-egress.service" in unit_values(worker, "After")[0].split()
+
+
+def test_the_target_starts_the_processes():
     [wants] = unit_values(UNITS / "alwayson.target", "Wants")
     assert sorted(wants.split()) == sorted(f"alwayson-{name}.service" for name in PROCESSES)
 

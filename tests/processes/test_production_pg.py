@@ -17,6 +17,7 @@ import secrets
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,9 +125,11 @@ def test_the_production_set_serves_one_event_end_to_end_and_stops_cleanly(
     runall = runall_production
     proxied = Browser(runall.url, behind_tls_proxy=True)
 
-    # Up: the release steps ran, then the four processes of alwayson/ops/processes.py.
+    # Up: the release steps ran, then the processes of alwayson/ops/processes.py.
     runall.wait_for("/healthz", lambda: proxied.answers("/healthz") == 200, START_TIMEOUT)
-    runall.wait_for("four child processes", lambda: len(child_pids(runall.process.pid)) == 4)
+    runall.wait_for(
+        "every child process", lambda: len(child_pids(runall.process.pid)) == len(PROCESSES)
+    )
     runall.children = child_pids(runall.process.pid)
     started = sorted(normalized(command_of(pid).split()) for pid in runall.children)
     assert started == sorted(PROCESSES.values())
@@ -189,6 +192,12 @@ def test_the_production_set_serves_one_event_end_to_end_and_stops_cleanly(
     rows = runall.wait_for("a beat from each loop process", beating)
     assert [row.kind for row in rows] == ["dispatcher", "scheduler", "worker"]
     assert {row.pid for row in rows} <= set(runall.children)
+    # The production set seals its worker (docs/how-to/egress.md#the-sealed-worker): what the
+    # other processes hold, the worker's environment does not.
+    worker_environ = Path(f"/proc/{Process.objects.get(kind='worker').pid}/environ").read_bytes()
+    for secret in (MAIL_PASSWORD, production_env["SECRET_KEY"]):
+        assert secret.encode() not in worker_environ
+    assert b"ALWAYSON_SEALED_WORKER=1" in worker_environ
     runall.wait_for(
         "the worker's two runs on its row",
         lambda: Process.objects.get(kind="worker").runs >= 2,

@@ -61,7 +61,10 @@ def production(**overrides):
     the development default (the console) as an error, and no default can name a server."""
     return (
         environment(
-            DEBUG="false", SECRET_KEY=strong_key(), EMAIL_URL="smtp+tls://mail.example.com:587"
+            DEBUG="false",
+            SECRET_KEY=strong_key(),
+            EMAIL_URL="smtp+tls://mail.example.com:587",
+            ALWAYSON_EGRESS_SOCKET="/run/alwayson/egress.sock",
         )
         | overrides
     )
@@ -79,6 +82,13 @@ def test_check_deploy_names_what_an_operator_turned_off():
 
     assert code != 0
     assert "security.W008" in output and "security.W004" in output
+
+
+def test_check_deploy_names_a_worker_that_holds_the_credentials():
+    code, output = check_deploy(production(ALWAYSON_EGRESS_SOCKET=""))
+
+    assert code != 0
+    assert "alwayson_egress.W001" in output and "ALWAYSON_EGRESS_SOCKET" in output
 
 
 def test_debug_off_defaults_are_https_only():

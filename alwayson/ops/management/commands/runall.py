@@ -21,13 +21,16 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from alwayson.egress.sealing import hide_from_same_user
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 
 DEFAULT_ADDR = "127.0.0.1:8000"
@@ -67,9 +70,16 @@ class Command(BaseCommand):
             commands, env, addr = self.production_set(addr, concurrency)
         else:
             commands, env, addr = self.development_set(addr or DEFAULT_ADDR, no_demo, concurrency)
-        if settings.ALWAYSON_EGRESS_PORT:
-            # Out-of-process agents reach their services through it (alwayson/egress/gateway.py).
-            commands["egress"] = [sys.executable, str(settings.BASE_DIR / "manage.py"), "runegress"]
+        if env.get("ALWAYSON_EGRESS_SOCKET") or settings.ALWAYSON_EGRESS_PORT:
+            # The process with the credentials (alwayson/egress/server.py): the sealed worker
+            # and out-of-process agents reach their services through it. First, so it
+            # listens before the worker's first call.
+            egress = [sys.executable, str(settings.BASE_DIR / "manage.py"), "runegress"]
+            commands = {"egress": egress, **commands}
+        if env.get("ALWAYSON_EGRESS_SOCKET"):
+            # This process's environment holds every credential, and the sealed worker it
+            # starts runs as the same user (alwayson/egress/sealing.py).
+            hide_from_same_user()
         supervisor = Supervisor(commands, env)
         # Before the first child starts: a Ctrl-C while they start stops those already started
         # (they ignore it themselves) instead of leaving them running.
@@ -107,6 +117,12 @@ class Command(BaseCommand):
         env = dict(os.environ)
         if addr:
             env["ALWAYSON_WEB_BIND"] = addr
+        if not env.get("ALWAYSON_EGRESS_SOCKET"):
+            # Production seals its worker (alwayson/egress/sealing.py): the socket goes in a
+            # directory only this user can enter, made for this run.
+            env["ALWAYSON_EGRESS_SOCKET"] = str(
+                Path(tempfile.mkdtemp(prefix="alwayson-egress-")) / "egress.sock"
+            )
         for name, command in RELEASE.items():
             self.stdout.write(f"{name}: {shlex.join(command)}")
             done = subprocess.run(local_argv(command, settings.BASE_DIR), env=env, check=False)

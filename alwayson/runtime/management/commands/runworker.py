@@ -3,6 +3,7 @@ import logging
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import CommandError
 
+from alwayson.egress.sealing import seal_worker, sealing
 from alwayson.runtime.loading import load_agent
 from alwayson.runtime.loop import LoopCommand
 from alwayson.runtime.worker import WorkerPool
@@ -29,6 +30,10 @@ class Command(LoopCommand):
         self.check_positive("concurrency", concurrency)
         self.check_positive("max-runs", max_runs)
         worker_id = self.worker_id(worker_id)
+        if sealing():
+            # First, before an agent's module is imported: the agent code runs in a process
+            # that never held a credential (alwayson/egress/sealing.py). Returns when sealed.
+            seal_worker()
         try:
             # Before configure(), which reopens the connection: a bad flag touches nothing.
             default_agent = load_agent(agent, field="--agent" if agent else "ALWAYSON_AGENT")
