@@ -8,6 +8,7 @@ run's lease, which the gateway checks on every call.
 """
 
 import json as jsonlib
+from functools import lru_cache
 
 import httpx
 from django.conf import settings
@@ -37,8 +38,11 @@ def run_headers(run) -> dict:
     return {INBOX: str(run.inbox.pk), HOLDER: run.holder, GENERATION: str(run.generation)}
 
 
-def socket_transport(path) -> httpx.HTTPTransport:
-    return httpx.HTTPTransport(uds=str(path))
+@lru_cache(maxsize=4)
+def socket_client(path) -> httpx.Client:
+    """One client per socket for the process, shared by its slots (httpx's pool is
+    thread-safe): no TLS to set up on a local socket, connections kept between calls."""
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(path), verify=False), trust_env=False)
 
 
 class GatewayClient:
@@ -78,16 +82,14 @@ class GatewayClient:
         # recorded there with the rest of the deployment's calls.
         url = f"http://{SOCKET_HOST}/{service}{path}"
         try:
-            with httpx.Client(
-                transport=socket_transport(self.socket_path), timeout=timeout, trust_env=False
-            ) as client:
-                answer = client.request(
-                    str(method).upper(),
-                    url,
-                    params=params,
-                    content=content,
-                    headers={**headers, **self._headers},
-                )
+            answer = socket_client(self.socket_path).request(
+                str(method).upper(),
+                url,
+                params=params,
+                content=content,
+                headers={**headers, **self._headers},
+                timeout=timeout,
+            )
         except httpx.HTTPError as exc:
             raise EgressFailed(
                 f"the egress gateway at {self.socket_path} could not be reached "

@@ -19,8 +19,10 @@ import logging
 import os
 import re
 import unicodedata
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from itertools import product
 from urllib.parse import quote, unquote, urlsplit
 
@@ -390,17 +392,11 @@ class Egress:
             params.append((target.query, secret))
         elif secret:
             headers[target.header] = f"{target.prefix}{secret}"
-        # No redirects: a 3xx is returned as it is, so an answer can never carry the
-        # credential to another host (or another path) that the allowlist did not name.
-        client = httpx.Client(
-            timeout=target.timeout,
-            follow_redirects=False,
-            trust_env=False,
-            transport=self._transport,
-        )
+        own = self._transport is not None
+        client = _client(self._transport) if own else _shared_client()
         try:
             with (
-                client,
+                client if own else nullcontext(),
                 client.stream(
                     method,
                     base_url + path,
@@ -408,6 +404,7 @@ class Egress:
                     json=json,
                     content=content,
                     headers=headers,
+                    timeout=target.timeout,
                 ) as answer,
             ):
                 body = bytearray()
@@ -458,6 +455,26 @@ def _printable(value) -> str:
     """A call's text as it is recorded: a character that is not printable as its escape
     (\\x00), since PostgreSQL stores no NUL and the admin should show what was asked."""
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
+
+
+def _client(transport=None) -> httpx.Client:
+    # No redirects: a 3xx is returned as it is, so an answer can never carry the credential
+    # to another host (or another path) that the allowlist did not name. No cookies: a
+    # service's Set-Cookie is neither shown to the agent nor sent again, to any inbox.
+    return httpx.Client(
+        follow_redirects=False,
+        trust_env=False,
+        transport=transport,
+        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+    )
+
+
+@lru_cache(maxsize=1)
+def _shared_client() -> httpx.Client:
+    """One client for the process, shared by its threads (httpx's pool is thread-safe): its
+    TLS context is built once (loading the CA bundle took ~30 ms a call) and connections are
+    kept between calls. It holds no credential: each request carries its own."""
+    return _client()
 
 
 def _pairs(params) -> list:

@@ -123,13 +123,21 @@ class GatewayHandler(BaseHTTPRequestHandler):
     hosts: frozenset = frozenset()  # the Host values this gateway answers to
     max_body = 32 * 1024 * 1024
     protocol_version = "HTTP/1.1"
+    # Buffered: the status line, headers and body leave in one write, flushed when the
+    # request is done, not as two packets a client's delayed ACK holds back.
+    wbufsize = 64 * 1024
+
+    def handle(self):
+        # A thread per client connection, which keeps its requests coming (keep-alive): the
+        # database connection lives as long, not one per request.
+        try:
+            super().handle()
+        finally:
+            connection.close()
 
     def _handle(self):
         close_old_connections()
-        try:
-            self._forward()
-        finally:
-            connection.close()
+        self._forward()
 
     do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 

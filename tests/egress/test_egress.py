@@ -72,6 +72,14 @@ def test_a_service_that_echoes_the_credential_is_scrubbed(http):
     assert "set-cookie" not in {name.lower() for name in response.headers}
 
 
+def test_a_cookie_one_call_got_is_never_sent_again(egress_settings, service, make_inbox):
+    """Calls share one client (and its connections), not its cookie jar: a service's
+    Set-Cookie would otherwise ride along on the next call, another inbox's too."""
+    Egress(make_inbox("first")).get("payments", "/v1/echo")  # answers Set-Cookie: sid=1
+    Egress(make_inbox("second")).get("payments", "/v1/echo")
+    assert [r["headers"].get("Cookie") for r in service.requests] == [None, None]
+
+
 # --- refused calls -----------------------------------------------------------------------------
 
 
