@@ -66,7 +66,7 @@ class ProcessAdmin(LedgerAdmin):
 
 @admin.register(DeadAlert)
 class DeadAlertAdmin(LedgerAdmin):
-    """Each inbox's dead-event alerts (alwayson/ops/alerts.py): when its owner was last told,
+    """Each inbox's dead-event alerts (alwayson/ops/alerts.py): when its operators were last told,
     and what went dead since. Written only with the events' parking and by the dispatcher."""
 
     list_display = ("inbox", "last_alert_at", "alerts", "unreported", "last_error")
