@@ -6,6 +6,7 @@ connection, a non-2xx answer, a timeout); anything else is a bug and propagates.
 """
 
 import json
+import re
 import smtplib
 import time
 
@@ -21,14 +22,33 @@ class SendFailed(Exception):
     pass
 
 
+SUBJECT_MAX = 80  # characters of the message in an email's subject, after "[slug] "
+LINK = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
+# Left dangling at a subject's end once what followed was cut: "within 4 hours:" + a link.
+DANGLING = " \t:;,-\u2013\u2014(<["
+
+
+def subject_line(text, limit=SUBJECT_MAX) -> str:
+    """A subject from the first line of `text`: ended before any link (a link cut short is
+    a broken link; the whole one is in the body) and, if still too long, at a word with "…"."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    link = LINK.search(line)
+    if link:
+        line = line[: link.start()].rstrip(DANGLING)
+    if len(line) > limit:
+        room = line[: limit - 1]
+        head, space, _ = room.rpartition(" ")
+        line = (head if space and head else room).rstrip(DANGLING) + "…"
+    return line or "A message from your agent"
+
+
 def send_email(delivery, channel):
     address = channel.email or delivery.inbox.owner.email
     if not address:
         raise SendFailed("no address: set the channel's email or the inbox owner's")
-    first_line = delivery.body.splitlines()[0] if delivery.body else ""
     email(
         address,
-        f"[{delivery.inbox.slug}] {first_line[:80]}",
+        f"[{delivery.inbox.slug}] {subject_line(delivery.body)}",
         delivery.body,
         delivery.idempotency_key,
     )

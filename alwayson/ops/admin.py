@@ -27,12 +27,13 @@ class ProcessAdmin(LedgerAdmin):
     """The loop processes, live, lost and stopped, from their heartbeats: read-only, like
     django-q2's monitor or Sidekiq's process page. A row is the process's own record."""
 
+    # No pid column: the worker id is host:pid unless --worker-id named it, and the row's
+    # page has it. Nine columns did not fit beside the two sidebars at 1280px.
     list_display = (
         "kind",
         "state_label",
         "worker_id",
         "host",
-        "pid",
         "started",
         "last_beat",
         "runs",
@@ -66,7 +67,7 @@ class ProcessAdmin(LedgerAdmin):
 
 @admin.register(DeadAlert)
 class DeadAlertAdmin(LedgerAdmin):
-    """Each inbox's dead-event alerts (alwayson/ops/alerts.py): when its owner was last told,
+    """Each inbox's dead-event alerts (alwayson/ops/alerts.py): when its operators were last told,
     and what went dead since. Written only with the events' parking and by the dispatcher."""
 
     list_display = ("inbox", "last_alert_at", "alerts", "unreported", "last_error")

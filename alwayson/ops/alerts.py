@@ -1,17 +1,23 @@
-"""When events go dead: an ERROR log line for each, and one alert to the inbox's owner.
+"""When events go dead: an ERROR log line for each, and one alert to the operators.
 
 claim_batch parks the events that ran out of attempts and sends `events_dead` inside its
 transaction, under the inbox's lease lock; `events_going_dead` receives it there:
 
 - each event is logged at ERROR by `alwayson.events` (inbox, source, key, attempts, the last
   error's last line) once the parking commits, so a rolled-back claim logs nothing;
-- the owner is told through the inbox's channel (an urgent outbox message), at most once
-  per ALWAYSON_DEAD_ALERT_INTERVAL per inbox, counting every event that went dead since the
-  last alert. The message is written in the same transaction that parks the events, so a
-  crash either keeps both or neither: the owner is never told twice nor missed. Events that
-  go dead within the interval are counted on the inbox's DeadAlert row (in the database, so
-  every worker process shares the limit), and the dispatcher's `flush_dead_alerts` tells
-  the owner about them once the interval has passed, even if nothing else goes dead.
+- the operators are told by email, one notice each (outbox.models.Notice), at most once per
+  ALWAYSON_DEAD_ALERT_INTERVAL per inbox, counting every event that went dead since the
+  last alert. The notices are written in the same transaction that parks the events, so a
+  crash either keeps both or neither: nobody is told twice nor missed. Events that go dead
+  within the interval are counted on the inbox's DeadAlert row (in the database, so every
+  worker process shares the limit), and the dispatcher's `flush_dead_alerts` tells the
+  operators about them once the interval has passed, even if nothing else goes dead.
+
+The operators are the active staff who may view events in the admin (superusers too): the
+alert's link is to the admin's list of dead events, which nobody else can open. An inbox
+with no operator at all tells its owner instead, so an alert always reaches somebody. The
+alert never goes through the inbox's channel: it is not the agent speaking, so it is not in
+the conversation its people read, and it neither waits for nor spends the inbox's gap.
 
 An operator's mark_dead is a decision, not a failure: inbox/operator.py logs it at WARNING
 and sends no alert.
@@ -22,6 +28,7 @@ from datetime import timedelta
 from urllib.parse import urlencode
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 
@@ -30,12 +37,16 @@ from alwayson.ops.models import DeadAlert
 from inbox import clock
 from inbox.models import Inbox
 from inbox.services import lock_inbox
-from outbox.models import OutboxMessage
+from outbox.services import queue_notice
 
 log = logging.getLogger("alwayson.events")
 
 # Keys named in one alert; the rest are counted.
 KEYS_SHOWN = 5
+# Who may view events: the permission the alert's link needs, from the backend that grants
+# Django's model permissions (the other one, axes, only refuses logins).
+SEES_EVENTS = "inbox.view_event"
+PERMISSIONS_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
 def last_line(error: str) -> str:
@@ -75,9 +86,9 @@ def log_dead(lines):
         )
 
 
-def note_dead(inbox_id, events, now) -> OutboxMessage | None:
+def note_dead(inbox_id, events, now) -> int:
     """Count `events` on the inbox's DeadAlert row, and queue the alert if the interval
-    allows; the message queued, or None. Inside the caller's transaction, after the inbox's
+    allows; the number of notices queued. Inside the caller's transaction, after the inbox's
     lock."""
     state, _ = DeadAlert.objects.select_for_update().get_or_create(inbox_id=inbox_id)
     state.unreported += len(events)
@@ -86,13 +97,13 @@ def note_dead(inbox_id, events, now) -> OutboxMessage | None:
         f"{event.source}:{event.source_id}" for event in events[: max(KEYS_SHOWN - shown, 0)]
     ]
     state.last_error = last_line(events[-1].error) if events else state.last_error
-    message = queue_alert(state, now) if state.due(now) else None
+    queued = queue_alert(state, now) if state.due(now) else 0
     state.save()
-    return message
+    return queued
 
 
 def flush_dead_alerts(now=None) -> int:
-    """Tell the owners of inboxes whose dead events went unreported (they went dead within
+    """Tell the operators of inboxes whose dead events went unreported (they went dead within
     the interval of an earlier alert) once that interval has passed; the alerts queued.
 
     The dispatcher calls it on each pass. Each inbox in its own transaction, under the same
@@ -117,24 +128,46 @@ def interval():
     return timedelta(seconds=settings.ALWAYSON_DEAD_ALERT_INTERVAL)
 
 
-def queue_alert(state: DeadAlert, now) -> OutboxMessage:
-    """The alert for what `state` counts, as an urgent outbox message; `state` reset (the
-    caller saves it in the same transaction)."""
-    slug = Inbox.objects.values_list("slug", flat=True).get(pk=state.inbox_id)
-    message = OutboxMessage.objects.create(
-        inbox_id=state.inbox_id, body=alert_body(slug, state), urgent=True, created=now
-    )
+def operators():
+    """Who can open the alert's link: active staff who may view events, superusers too."""
+    people = get_user_model().objects.with_perm(SEES_EVENTS, backend=PERMISSIONS_BACKEND)
+    return people.filter(is_staff=True).order_by("pk")
+
+
+def queue_alert(state: DeadAlert, now) -> int:
+    """The alert for what `state` counts, as one notice to each operator (the owner if
+    there is none); the number queued. `state` is reset (the caller saves it in the same
+    transaction)."""
+    inbox = Inbox.objects.select_related("owner").get(pk=state.inbox_id)
+    people = [(person, "you may view events in the admin") for person in operators()] or [
+        (
+            inbox.owner,
+            f"you own inbox {inbox.slug} and no operator may view its events in the admin",
+        )
+    ]
+    body = alert_body(inbox.slug, state)
+    # Numbered by the inbox's count of alerts: each alert is a topic of its own.
+    topic = f"dead-events:{state.alerts + 1}"
+    subject = f"[{inbox.slug}] {what_went_dead(state.unreported)}"
+    for person, why in people:
+        queue_notice(
+            inbox.pk, person, topic, subject, f"{body}\n\nYou get this email because {why}.", now
+        )
     log.info(
-        "dead-event alert queued: inbox=%s events=%s message=%s",
-        slug,
+        "dead-event alert queued: inbox=%s events=%s notices=%s",
+        inbox.slug,
         state.unreported,
-        message.pk,
-        extra={"inbox": slug, "dead_events": state.unreported, "message_id": message.pk},
+        len(people),
+        extra={"inbox": inbox.slug, "dead_events": state.unreported, "notices": len(people)},
     )
     state.last_alert_at = now
     state.alerts += 1
     state.unreported, state.keys, state.last_error = 0, [], ""
-    return message
+    return len(people)
+
+
+def what_went_dead(count) -> str:
+    return "1 event went dead" if count == 1 else f"{count} events went dead"
 
 
 def alert_body(slug, state: DeadAlert) -> str:
@@ -142,7 +175,7 @@ def alert_body(slug, state: DeadAlert) -> str:
     keys = ", ".join(state.keys)
     if count > len(state.keys):
         keys += f" and {count - len(state.keys)} more"
-    what = "1 event went dead" if count == 1 else f"{count} events went dead"
+    what = what_went_dead(count)
     error = f"; last error: {state.last_error}" if state.last_error else ""
     url = dead_events_url(state.inbox_id)
     see = f"See {url}" if url else "See the dead events in the admin"

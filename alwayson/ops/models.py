@@ -99,7 +99,7 @@ def live_window() -> timedelta:
 
 class DeadAlert(models.Model):
     """One inbox's alerts about its dead events (alwayson/ops/alerts.py): when the last one was
-    queued, and what went dead since that its owner has not been told yet.
+    queued, and what went dead since that its operators have not been told yet.
 
     Written in the transaction that parks events as dead, under the inbox's lease lock, and
     by the dispatcher's flush under the same lock: an alert is queued exactly when its events'

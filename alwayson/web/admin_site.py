@@ -1,4 +1,4 @@
-"""The admin site: Django's, with the demo's app listed last.
+"""The admin site: Django's, named for alwayson, with the demo's app listed last.
 
 The refund desk's ledger (Refund) is the example's, not the product's: the index and the
 sidebar show its app after every other, so an operator does not take it for part of alwayson.
@@ -13,6 +13,11 @@ DEMO_SECTION = DemoConfig.verbose_name
 
 
 class AlwaysonAdminSite(admin.AdminSite):
+    # On every admin page (templates/admin/base_site.html), the accounts' password pages too.
+    site_header = "alwayson administration"
+    site_title = "alwayson admin"
+    index_title = "alwayson site administration"
+
     def get_app_list(self, request, app_label=None):
         apps = super().get_app_list(request, app_label)
         return sorted(apps, key=lambda app: app["app_label"] == DemoConfig.label)

@@ -34,16 +34,20 @@ class Entry:
     approval: Approval | None = None
     open: bool = False  # an approval a person may still answer
     author: str = ""  # who sent a person's message (a username), if the form said
+    row: int = 0  # its row's id: the order it was written in, among rows of one kind
 
     @property
     def order(self):
-        # A reply and the message it answers can share a timestamp in tests; people first.
-        return (self.at, {"person": 0, "approval": 1, "agent": 2}[self.side])
+        # At one timestamp: what a person sent, then what the agent said, then its approval
+        # requests, each in the order written. A run's messages and requests share its
+        # finish's timestamp, and the card belongs under the message that announces it; a
+        # reply and the message it answers can share one in tests.
+        return (self.at, {"person": 0, "agent": 1, "approval": 2}[self.side], self.row)
 
 
 def entries(inbox: Inbox, now) -> list[Entry]:
     said = [
-        Entry("agent", m.created, m.body, SAID_STATE[m.status])
+        Entry("agent", m.created, m.body, SAID_STATE[m.status], row=m.pk)
         for m in OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN]
     ]
     sent = [
@@ -53,6 +57,7 @@ def entries(inbox: Inbox, now) -> list[Entry]:
             str(e.payload.get("text", "")),
             _message_state(e),
             author=str(e.payload.get("from", "")),
+            row=e.pk,
         )
         for e in Event.objects.filter(inbox=inbox, source="chat").order_by("-id")[:SHOWN]
     ]
@@ -64,6 +69,7 @@ def entries(inbox: Inbox, now) -> list[Entry]:
             a.outcome_words(now),
             approval=a,
             open=not a.standing_answer(now),
+            row=a.pk,
         )
         for a in Approval.objects.filter(inbox=inbox)
         .select_related("first_approved_by", "answered_by")

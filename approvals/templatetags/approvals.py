@@ -33,10 +33,17 @@ def first_approver(approval):
 
 
 @register.filter
-def answered_by(approval):
-    """Who settled the request: "Dana and Lee" for two approvals, nobody for an expiry."""
+def settled_by(approval):
+    """The line under a settled request: "Answered by Dana and Lee", or for an expiry
+    "Expired at 14:05 UTC, unanswered" (the deadline, not when the timer noticed it)."""
     if approval.answer == approval.Answer.EXPIRED:
-        return "Nobody: it expired"
+        return f"Expired at {approval.expires_at:%H:%M} UTC, unanswered"
+    return f"Answered by {answered_by(approval)}"
+
+
+@register.filter
+def answered_by(approval):
+    """Who answered: "Dana and Lee" for two approvals (an expiry has nobody: settled_by)."""
     people = [approval.answered_by]
     if approval.answer == approval.Answer.YES and approval.needs_two:
         people.insert(0, approval.first_approved_by)

@@ -21,7 +21,9 @@ import pytest
 from django.conf import settings as django_settings
 from django.core import mail
 
+from alwayson.claude.models import ModelCall
 from alwayson.demo import refund_desk
+from alwayson.ops.models import Process
 from alwayson.runtime.worker import Worker
 from approvals.models import Approval
 from approvals.services import request_approval
@@ -537,6 +539,104 @@ def test_the_admin_dashboard(new_page, site, desk, staff_user, make_inbox):
         expect(page.locator("#content")).to_contain_text("desk")
         expect(page.locator("#content")).to_contain_text("ops-desk")
         screenshot(page, name)
+
+
+# Cells of the page's tables a person cannot see without scrolling sideways: past the
+# viewport, or past the visible box of an ancestor that clips or scrolls its overflow (a
+# scrollbar at the foot of a long list is no way to find the last column). With
+# `scrolling`, a cell that a box scrolling sideways reaches (overflow-x: auto) counts as
+# shown. Each as "table id: text".
+HIDDEN_CELLS = """(scrolling) => {
+  const hidden = [];
+  for (const cell of document.querySelectorAll('#content table :is(th, td)')) {
+    if (!cell.getClientRects().length) continue;  // not shown at this width
+    let left = -Infinity, right = Infinity, scrolled = false;
+    for (let box = cell.parentElement; box && !scrolled; box = box.parentElement) {
+      const overflow = getComputedStyle(box).overflowX;
+      if (overflow === 'visible') continue;
+      const edge = box.getBoundingClientRect().left + box.clientLeft - box.scrollLeft;
+      // What is outside a box that scrolls sideways bounds the box, not what it scrolls.
+      scrolled = scrolling && (overflow === 'auto' || overflow === 'scroll');
+      left = Math.max(left, edge);
+      right = Math.min(right, edge + (scrolled ? box.scrollWidth : box.clientWidth));
+    }
+    if (!scrolled) {
+      left = Math.max(left, 0);
+      right = Math.min(right, document.documentElement.clientWidth);
+    }
+    const shown = cell.getBoundingClientRect();
+    if (shown.left < left - 0.5 || shown.right > right + 0.5) {
+      hidden.push(`${cell.closest('table').id}: ${cell.textContent.trim().slice(0, 40)}`);
+    }
+  }
+  return hidden;
+}"""
+
+
+def assert_no_cell_hidden(page, scrolling=False):
+    assert_fits_a_phone(page)  # no sideways scrolling of the page itself, at any width
+    hidden = page.evaluate(HIDDEN_CELLS, scrolling)
+    width = page.viewport_size["width"]
+    assert hidden == [], f"{page.url} at {width}px hides {len(hidden)} cells: {hidden[:8]}"
+
+
+def busy_processes(now, count=24):
+    """Loop processes as a fleet on Kubernetes records them: pod names, host:pid ids."""
+
+    kinds = ["worker", "worker", "scheduler", "dispatcher"]
+    Process.objects.bulk_create(
+        Process(
+            kind=kinds[n % 4],
+            worker_id=f"alwayson-{kinds[n % 4]}-7d9f8c6b5-x{n:02d}q4:{4100 + n}",
+            host=f"alwayson-{kinds[n % 4]}-7d9f8c6b5-x{n:02d}q4",
+            pid=4100 + n,
+            version="0.1.0",
+            started=now - timedelta(hours=n),
+            last_beat=now - timedelta(seconds=n),
+            stopped=now if n % 5 == 4 else None,
+            runs=1234567 * n,
+        )
+        for n in range(count)
+    )
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "390px"])
+def test_the_admins_tables_show_every_column(new_page, site, desk, staff_user, viewport):
+    now = clock.database_now()
+    busy_processes(now)
+    ingest(desk, "chat", "m-1", {"text": "refund order 881"})
+    dead_event(desk)
+    OutboxMessage.objects.create(inbox=desk, body="daily digest", created=now)
+    assert acquire(desk, "alwayson-worker-7d9f8c6b5-x00q4:4100") is not None
+    ModelCall.objects.bulk_create(
+        ModelCall(
+            inbox=desk,
+            request_key=f"{n:064d}",
+            generation=n,
+            model="claude-sonnet-5-5",
+            response={"content": []},
+            input_tokens=123456 * n,
+            output_tokens=7890 * n,
+            cache_read_tokens=45678 * n,
+            cache_write_tokens=1234 * n,
+            created=now,
+        )
+        for n in range(1, 12)
+    )
+    page = new_page(viewport)
+    log_in_to_admin(page, site, "operator")
+    width = viewport["width"]
+
+    # Every cell in sight, but for a changelist on a phone: Django's list scrolls sideways
+    # in its own box there, and the page does not.
+    for name, path, scrolling in (
+        ("processes", "/admin/alwayson_ops/process/", viewport == PHONE),
+        ("dashboard", "/admin/dashboard/", False),
+    ):
+        page.goto(f"{site}{path}")
+        expect(page.locator("#content table").first).to_be_visible()
+        screenshot(page, f"admin-{name}-{width}")
+        assert_no_cell_hidden(page, scrolling)
 
 
 # --- a Claude agent's tool call, approved in the browser ---------------------------------------

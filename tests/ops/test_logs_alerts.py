@@ -1,6 +1,6 @@
-"""Logs and alerts: a dead event is logged at ERROR and its owner told once per interval,
-in the transaction that parks it; a parked outbox send is logged at ERROR; JSON log lines
-carry the run id; bad settings stop start-up.
+"""Logs and alerts: a dead event is logged at ERROR and its operators told by email once per
+interval, in the transaction that parks it, never through the inbox's channel; a parked outbox
+send is logged at ERROR; JSON log lines carry the run id; bad settings stop start-up.
 
 Events are put out of attempts directly (attempts = ALWAYSON_MAX_ATTEMPTS, pending): the
 next claim parks them, which is the path under test. Sentry is in tests/ops/test_sentry.py.
@@ -17,6 +17,7 @@ from io import StringIO
 
 import pytest
 from django.conf import settings as django_settings
+from django.contrib.auth.models import Permission
 from django.core import mail
 from django.core.management import call_command
 
@@ -26,11 +27,11 @@ from alwayson.runtime.worker import Worker
 from alwayson.settings.logs import logging_config
 from inbox import services
 from inbox.backends import base as inbox_backend
-from inbox.models import Event
+from inbox.models import Event, Membership, Role
 from inbox.services import ingest, mark_dead
 from outbox.channels import SendFailed
-from outbox.models import Channel, OutboxMessage
-from outbox.services import dispatch_inbox
+from outbox.models import Channel, Notice, OutboxMessage
+from outbox.services import dispatch_inbox, dispatch_notices
 from tests.support.events import claim, out_of_attempts
 from tests.support.paths import ROOT as BASE_DIR
 
@@ -38,7 +39,8 @@ MINUTE = timedelta(minutes=1)
 
 
 def alerts(inbox):
-    return list(OutboxMessage.objects.filter(inbox=inbox).order_by("id"))
+    """The dead-event alerts of `inbox`: notices to its operators, oldest first."""
+    return list(Notice.objects.filter(inbox=inbox, topic__startswith="dead-events:"))
 
 
 @pytest.fixture
@@ -116,30 +118,134 @@ def test_an_operators_mark_dead_is_logged_at_warning_and_alerts_nobody(
     assert not DeadAlert.objects.exists()
 
 
-# --- dead events: the owner's alert ---------------------------------------------------------
+# --- dead events: the operators' alert -----------------------------------------------------
+
+
+@pytest.fixture
+def operator(django_user_model):
+    """Staff who may view events: who can open the alert's link to the admin."""
+    user = django_user_model.objects.create_user("ops", email="ops@example.com", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label="inbox", codename="view_event")
+    )
+    return user
+
+
+def footer(why="you may view events in the admin"):
+    return f"\n\nYou get this email because {why}."
 
 
 @pytest.mark.django_db
-def test_many_dead_events_make_one_alert_with_their_keys_and_the_admin_link(inbox, t0):
+def test_many_dead_events_make_one_alert_with_their_keys_and_the_admin_link(inbox, operator, t0):
     out_of_attempts(inbox, *[f"m{n}" for n in range(1, 8)], now=t0)
 
     claim(inbox, t0)
 
     [alert] = alerts(inbox)
-    assert alert.urgent
-    assert alert.created == t0
+    assert alert.recipient == operator
+    assert alert.created == alert.due_at == t0
+    assert alert.subject == "[desk] 7 events went dead"
     assert alert.body == (
         "7 events went dead in inbox desk (keys: chat:m1, chat:m2, chat:m3, chat:m4, chat:m5"
         " and 2 more); last error: ValueError: refund 881 failed. See "
         f"http://127.0.0.1:8000/admin/inbox/event/?inbox__id__exact={inbox.pk}&status__exact=dead"
+        + footer()
     )
+
+
+@pytest.mark.django_db
+def test_a_dead_event_leaves_no_alert_in_the_conversation(inbox, operator, t0, client):
+    out_of_attempts(inbox, "m1", now=t0)
+
+    claim(inbox, t0)
+
+    client.force_login(inbox.owner)
+    response = client.get(f"/inbox/{inbox.slug}/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "went dead" not in page
+    assert "/admin/inbox/event/" not in page
+    assert not OutboxMessage.objects.filter(inbox=inbox).exists()
+    assert len(alerts(inbox)) == 1
+
+
+@pytest.mark.django_db
+def test_the_operators_get_the_alert_by_email_and_the_inboxs_people_do_not(
+    inbox, operator, t0, django_user_model
+):
+    inbox.owner.email = "owner@example.com"
+    inbox.owner.save()
+    root = django_user_model.objects.create_superuser("root", email="root@example.com")
+    staff = django_user_model.objects.create_user("lee", email="lee@example.com", is_staff=True)
+    approver = django_user_model.objects.create_user("dana", email="dana@example.com")
+    Membership.objects.create(inbox=inbox, user=approver, role=Role.APPROVER)
+    Membership.objects.create(inbox=inbox, user=staff, role=Role.MANAGER)
+    gone = django_user_model.objects.create_user("old-ops", email="old@example.com")
+    gone.user_permissions.add(*operator.user_permissions.all())
+    gone.is_staff, gone.is_active = True, False
+    gone.save()
+    out_of_attempts(inbox, "m1", now=t0)
+    claim(inbox, t0)
+
+    assert dispatch_notices(now=t0) == 2
+
+    assert sorted(email.to[0] for email in mail.outbox) == [operator.email, root.email]
+    for email in mail.outbox:
+        assert email.subject == "[desk] 1 event went dead"
+        assert email.body.startswith("1 event went dead in inbox desk (keys: chat:m1)")
+        assert f"/admin/inbox/event/?inbox__id__exact={inbox.pk}&status__exact=dead" in email.body
+
+
+@pytest.mark.django_db
+def test_without_an_operator_the_alert_goes_to_the_inboxs_owner(inbox, t0):
+    inbox.owner.email = "owner@example.com"
+    inbox.owner.save()
+    out_of_attempts(inbox, "m1", now=t0)
+    claim(inbox, t0)
+
+    assert dispatch_notices(now=t0) == 1
+
+    [email] = mail.outbox
+    assert email.to == ["owner@example.com"]
+    assert email.body.endswith(
+        footer("you own inbox desk and no operator may view its events in the admin")
+    )
+    assert not OutboxMessage.objects.filter(inbox=inbox).exists()
+
+
+@pytest.mark.django_db
+def test_an_alert_never_delays_the_agents_next_message(inbox, operator, t0):
+    out_of_attempts(inbox, "m1", now=t0)
+    claim(inbox, t0)
+    sent = []
+    dispatch_inbox(inbox, sent.append, now=t0)
+
+    OutboxMessage.objects.create(inbox=inbox, body="Refunded order 881", created=t0 + MINUTE)
+
+    assert dispatch_inbox(inbox, sent.append, now=t0 + MINUTE) == 1
+    assert [message.body for delivery in sent for message in delivery.messages] == [
+        "Refunded order 881"
+    ]
+
+
+@pytest.mark.django_db
+def test_the_alert_is_sent_at_once_while_the_inbox_waits_for_its_gap(inbox, operator, t0):
+    OutboxMessage.objects.create(inbox=inbox, body="earlier news", created=t0)
+    assert dispatch_inbox(inbox, [].append, now=t0) == 1
+    out_of_attempts(inbox, "m1", now=t0 + MINUTE)
+    claim(inbox, t0 + MINUTE)
+
+    assert dispatch_notices(now=t0 + MINUTE) == 1
+
+    assert mail.outbox[-1].to == [operator.email]
+    assert mail.outbox[-1].body.startswith("1 event went dead in inbox desk")
 
 
 urlpatterns = []  # a project that does not mount the admin
 
 
 @pytest.mark.django_db
-def test_without_the_admin_mounted_the_alert_goes_without_a_link(inbox, t0, settings):
+def test_without_the_admin_mounted_the_alert_goes_without_a_link(inbox, operator, t0, settings):
     settings.ROOT_URLCONF = __name__
     out_of_attempts(inbox, "m1", now=t0)
 
@@ -147,13 +253,15 @@ def test_without_the_admin_mounted_the_alert_goes_without_a_link(inbox, t0, sett
 
     [alert] = alerts(inbox)
     assert alert.body.endswith(
-        "last error: ValueError: refund 881 failed. See the dead events in the admin"
+        "last error: ValueError: refund 881 failed. See the dead events in the admin" + footer()
     )
     assert Event.objects.get().status == "dead"
 
 
 @pytest.mark.django_db
-def test_dead_events_within_the_interval_wait_for_it_then_make_one_alert(inbox, t0, settings):
+def test_dead_events_within_the_interval_wait_for_it_then_make_one_alert(
+    inbox, operator, t0, settings
+):
     settings.ALWAYSON_DEAD_ALERT_INTERVAL = 3600
     out_of_attempts(inbox, "m1", now=t0)
     claim(inbox, t0)
@@ -173,12 +281,13 @@ def test_dead_events_within_the_interval_wait_for_it_then_make_one_alert(inbox, 
     first, second = alerts(inbox)
     assert first.body.startswith("1 event went dead in inbox desk (keys: chat:m1)")
     assert second.body.startswith("2 events went dead in inbox desk (keys: chat:m2, chat:m3)")
+    assert second.created == t0 + 60 * MINUTE
     state = DeadAlert.objects.get(inbox=inbox)
     assert (state.alerts, state.unreported, state.last_alert_at) == (2, 0, t0 + 60 * MINUTE)
 
 
 @pytest.mark.django_db
-def test_a_dead_event_after_the_interval_alerts_at_once_counting_those_before(inbox, t0):
+def test_a_dead_event_after_the_interval_alerts_at_once_counting_those_before(inbox, operator, t0):
     out_of_attempts(inbox, "m1", now=t0)
     claim(inbox, t0)
     out_of_attempts(inbox, "m2", now=t0 + 10 * MINUTE)
@@ -195,7 +304,7 @@ def test_a_dead_event_after_the_interval_alerts_at_once_counting_those_before(in
 
 
 @pytest.mark.django_db
-def test_each_inbox_has_its_own_interval(make_inbox, t0):
+def test_each_inbox_has_its_own_interval(make_inbox, operator, t0):
     desk, billing = make_inbox("desk"), make_inbox("billing")
     out_of_attempts(desk, "m1", now=t0)
     claim(desk, t0)
@@ -207,7 +316,7 @@ def test_each_inbox_has_its_own_interval(make_inbox, t0):
 
 
 @pytest.mark.django_db
-def test_the_alert_commits_with_the_dead_transition_or_not_at_all(inbox, t0, monkeypatch):
+def test_the_alert_commits_with_the_dead_transition_or_not_at_all(inbox, operator, t0, monkeypatch):
     out_of_attempts(inbox, "m1", "m2", now=t0)
     real_reason = inbox_backend._dead_reason
 
@@ -231,35 +340,21 @@ def test_the_alert_commits_with_the_dead_transition_or_not_at_all(inbox, t0, mon
     assert set(Event.objects.values_list("status", flat=True)) == {"dead"}
 
 
-@pytest.mark.django_db
-def test_the_alert_goes_through_the_inbox_channel_without_waiting_for_the_gap(inbox, t0):
-    OutboxMessage.objects.create(inbox=inbox, body="earlier news", created=t0)
-    sent = []
-    assert dispatch_inbox(inbox, sent.append, now=t0) == 1
-    out_of_attempts(inbox, "m1", now=t0 + MINUTE)
-    claim(inbox, t0 + MINUTE)
-
-    assert dispatch_inbox(inbox, sent.append, now=t0 + MINUTE) == 1
-
-    assert sent[-1].body.startswith("1 event went dead in inbox desk")
-
-
 @pytest.mark.django_db(transaction=True)  # the loop closes and reopens its connection
-def test_rundispatcher_flushes_the_alerts_that_waited(inbox, t0, loop_command, settings):
+def test_rundispatcher_flushes_the_alerts_that_waited(inbox, operator, t0, loop_command, settings):
     settings.ALWAYSON_DEAD_ALERT_INTERVAL = 1
-    inbox.owner.email = "owner@example.com"
-    inbox.owner.save()
     DeadAlert.objects.create(
         inbox=inbox, last_alert_at=t0, alerts=1, unreported=2, keys=["chat:m2", "chat:m3"]
     )
 
     call_command("rundispatcher", "--once", verbosity=0)
 
-    [alert] = OutboxMessage.objects.filter(inbox=inbox)
+    [alert] = alerts(inbox)
     assert alert.body.startswith("2 events went dead in inbox desk (keys: chat:m2, chat:m3).")
     assert alert.status == "sent"  # the same pass sent it
-    assert mail.outbox[-1].to == ["owner@example.com"]
+    assert mail.outbox[-1].to == [operator.email]
     assert "2 events went dead in inbox desk" in mail.outbox[-1].body
+    assert not OutboxMessage.objects.filter(inbox=inbox).exists()
 
 
 # --- the outbox -----------------------------------------------------------------------------
@@ -462,7 +557,7 @@ def test_the_flush_finds_due_alerts_by_the_partial_due_index(t0, owner):
 @pytest.mark.django_db(
     transaction=True
 )  # the dispatchers are threads with connections of their own
-def test_two_dispatchers_flushing_at_once_queue_one_alert(inbox, t0):
+def test_two_dispatchers_flushing_at_once_queue_one_alert(inbox, operator, t0):
     import threading
 
     from django.db import connection, transaction

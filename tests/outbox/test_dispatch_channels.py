@@ -615,6 +615,39 @@ def test_email_goes_to_the_owner_with_a_stable_message_id(make_inbox, owner_with
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("first_line", "subject"),
+    [
+        (
+            "Refund order 881? Approve or deny within 4 hours:"
+            " https://desk.example.com/approvals/desk/refund-881/",
+            "[desk] Refund order 881? Approve or deny within 4 hours",
+        ),
+        ("Read www.example.com/a-long-path first", "[desk] Read"),
+        (
+            "The customer of order 881 asked twice for a refund of the second parcel, which"
+            " never arrived",
+            "[desk] The customer of order 881 asked twice for a refund of the second parcel,"
+            " which…",
+        ),
+        ("https://desk.example.com/report", "[desk] A message from your agent"),
+    ],
+    ids=["link", "bare-www", "long", "only-a-link"],
+)
+def test_an_email_subject_is_cut_before_a_link_and_at_a_word(
+    make_inbox, owner_with_email, t0, locmem, first_line, subject
+):
+    inbox = make_inbox("desk", owner=owner_with_email)
+    hold(inbox, f"{first_line}\nmore", t0)
+
+    assert dispatch(now=t0) == 1
+
+    [message] = locmem
+    assert message.subject == subject
+    assert message.body == f"{first_line}\nmore"
+
+
+@pytest.mark.django_db
 def test_email_goes_to_the_channel_address_when_set(make_inbox, owner_with_email, t0, locmem):
     inbox = make_inbox("desk", owner=owner_with_email)
     channel_for(inbox, email="ops@example.org")

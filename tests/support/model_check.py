@@ -34,7 +34,7 @@ from approvals.services import Ask
 from inbox import clock
 from inbox.models import Event, Inbox, Lease, Session
 from inbox.services import Defer
-from outbox.models import OutboxMessage
+from outbox.models import Notice, OutboxMessage
 from timers.models import Timer
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -123,9 +123,12 @@ class InboxMachine(RuleBasedStateMachine):
         self.approvals: dict[tuple[int, str], dict] = {}
         self.held: dict[int, list[bool]] = {i: [] for i in INBOXES}  # urgent flag per message
         self.last_send: dict[int, datetime | None] = {i: None for i in INBOXES}
-        # The owner's dead-event alert (alwayson/ops/alerts.py): when the last was queued, and
-        # how many went dead since without one (told by the dispatcher's flush, not modelled).
+        # The dead-event alert (alwayson/ops/alerts.py): when the last was queued, how many
+        # were, and how many went dead since without one (told by the dispatcher's flush, not
+        # modelled). It is a notice (the inboxes have no operator: one, to the owner), never
+        # an outbox message: it neither waits for nor spends the gap.
         self.last_alert: dict[int, datetime | None] = {i: None for i in INBOXES}
+        self.alerts: dict[int, int] = {i: 0 for i in INBOXES}
         self.unreported: dict[int, int] = {i: 0 for i in INBOXES}
         self.sends: list[tuple[int, datetime, list[int], list[bool]]] = []
         self.last_pass: datetime | None = None
@@ -248,12 +251,12 @@ class InboxMachine(RuleBasedStateMachine):
         worker.batch = got
 
     def model_dead_alert(self, i, count):
-        """The first events to go dead after a quiet interval queue one urgent alert at once,
+        """The first events to go dead after a quiet interval queue one alert at once,
         bringing along those counted since; within the interval they are only counted."""
         last = self.last_alert[i]
         interval = timedelta(seconds=settings.ALWAYSON_DEAD_ALERT_INTERVAL)
         if last is None or self.now - last >= interval:
-            self.held[i].append(True)
+            self.alerts[i] += 1
             self.last_alert[i], self.unreported[i] = self.now, 0
         else:
             self.unreported[i] += count
@@ -562,6 +565,11 @@ class InboxMachine(RuleBasedStateMachine):
             OutboxMessage.objects.held().order_by("id").values_list("inbox_id", "urgent")
         ):
             held[inbox_id].append(urgent)
+        alerts = Counter(
+            Notice.objects.filter(topic__startswith="dead-events:").values_list(
+                "inbox_id", flat=True
+            )
+        )
         for i in INBOXES:
             mine = self.leases[i]
             assert leases[pks[i]][:3] == (mine.holder, mine.generation, mine.until), (
@@ -569,6 +577,9 @@ class InboxMachine(RuleBasedStateMachine):
             )
             assert held[pks[i]] == self.held[i], (
                 f"inbox {i} holds {held[pks[i]]}, model {self.held[i]}"
+            )
+            assert alerts[pks[i]] == self.alerts[i], (
+                f"inbox {i} has {alerts[pks[i]]} dead-event alerts, model {self.alerts[i]}"
             )
 
 

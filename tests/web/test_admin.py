@@ -651,3 +651,43 @@ def test_an_approval_expiry_timer_is_view_only(admin_client, make_inbox):
 
 def timezone_now_whole():
     return timezone.now().replace(microsecond=0)
+
+
+# --- the admin's names ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/login/",
+        "/admin/",
+        "/admin/inbox/event/",
+        "/admin/dashboard/",
+        "/admin/password_change/",
+        "/admin/password_change/done/",
+        # The accounts' password pages render the admin's templates outside its views.
+        "/accounts/password_reset/",
+        "/accounts/password_reset/done/",
+        "/accounts/reset/MQ/not-a-token/",
+        "/accounts/reset/done/",
+        "/accounts/password_change/",
+        "/accounts/password_change/done/",
+    ],
+)
+def test_every_admin_page_says_alwayson_not_django(client, admin_user, path):
+    if "reset" not in path and "login" not in path:
+        client.force_login(admin_user)
+
+    response = client.get(path)
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Django" not in page
+    title = page.split("<title>", 1)[1].split("</title>", 1)[0]
+    assert title.strip().endswith("| alwayson admin"), title
+    assert '<div id="site-name"><a href="/admin/">alwayson administration</a></div>' in page
+
+
+def test_the_admin_index_is_titled_for_alwayson(admin_client):
+    page = admin_client.get("/admin/").content.decode()
+    assert "<h1>alwayson site administration</h1>" in page

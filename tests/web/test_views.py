@@ -15,11 +15,13 @@ from django.test import Client
 from alwayson.demo import refund_desk
 from alwayson.runtime.worker import Worker
 from approvals.models import Approval
+from approvals.services import request_approval
 from inbox import clock
 from inbox.models import Event
 from inbox.services import ingest
 from outbox.models import OutboxMessage
-from tests.support.pages import ask, detail_url, message_id_of, snapshot, text_of
+from outbox.services import dispatch
+from tests.support.pages import WINDOW, ask, detail_url, message_id_of, snapshot, text_of
 
 BUTTONS = ('value="yes"', 'value="no"', ">Approve<", ">Deny<")
 EXPIRED_WORDS = re.compile(r"This request expired at (\d\d:\d\d) UTC; nothing was done\.")
@@ -581,3 +583,82 @@ def test_the_default_site_url_makes_the_link(desk):
     assert approval_url("desk", "refund-881") == (
         settings.ALWAYSON_SITE_URL.rstrip("/") + "/approvals/desk/refund-881/"
     )
+
+
+@pytest.mark.django_db
+def test_the_approval_card_comes_after_the_message_that_announces_it(owner_client, desk):
+    message_id = message_id_of(owner_client.get("/inbox/desk/"))
+    owner_client.post("/inbox/desk/", {"message_id": message_id, "text": "refund order 881"})
+    Worker(worker_id="views-test", agent=refund_desk.agent).step()
+    message = OutboxMessage.objects.get(inbox=desk)
+    assert message.created == Approval.objects.get(inbox=desk).requested_at  # one finish
+
+    html = text_of(owner_client.get("/inbox/desk/"))
+
+    sent = html.index("refund order 881")
+    announced = html.index("Approve or deny within 4 hours")
+    card = html.index('aria-label="Approval request"')
+    assert sent < announced < card
+
+
+@pytest.mark.django_db
+def test_the_approval_email_subject_ends_before_the_link(owner_client, desk, mailoutbox):
+    desk.owner.email = "owner@example.com"
+    desk.owner.save()
+    message_id = message_id_of(owner_client.get("/inbox/desk/"))
+    owner_client.post("/inbox/desk/", {"message_id": message_id, "text": "refund order 881"})
+    Worker(worker_id="views-test", agent=refund_desk.agent).step()
+
+    assert dispatch() == 1
+
+    [email] = mailoutbox
+    assert email.subject == "[desk] Refund order 881? Approve or deny within 4 hours"
+    assert detail_url("desk", "refund-881") in email.body
+
+
+@pytest.mark.django_db
+def test_an_expired_request_reads_expired_unanswered_on_every_page(owner_client, desk):
+    approval = expire(ask(desk))
+    owner_client.post(detail_url("desk", "refund-881"), {"answer": "yes"})  # too late
+    approval.refresh_from_db()
+    assert (approval.answer, approval.answered_at is not None) == ("expired", True)
+    words = f"Expired at {approval.expires_at:%H:%M} UTC, unanswered"
+
+    conversation = text_of(owner_client.get("/inbox/desk/"))
+    listed = section(text_of(owner_client.get("/approvals/")), "Recently answered")
+    detail = text_of(owner_client.get(detail_url("desk", "refund-881")))
+
+    for page in (conversation, listed, detail):
+        assert "Nobody" not in page
+        assert "Answered by" not in page
+    assert f'<p class="meta answered-by">{words}</p>' in conversation
+    assert f'<p class="meta answered-by">{words}</p>' in listed
+    assert f"This request expired at {approval.expires_at:%H:%M} UTC; nothing was done." in detail
+
+
+@pytest.mark.django_db
+def test_an_answered_request_still_names_who_answered(owner_client, owner, desk):
+    ask(desk)
+    owner_client.post(detail_url("desk", "refund-881"), {"answer": "no"})
+    name = owner.get_username()
+
+    conversation = text_of(owner_client.get("/inbox/desk/"))
+    detail = text_of(owner_client.get(detail_url("desk", "refund-881")))
+
+    assert f'<p class="meta answered-by">Answered by {name}</p>' in conversation
+    assert f'<dt>Answered by</dt><dd class="answered-by">{name}</dd>' in detail
+
+
+@pytest.mark.django_db
+def test_what_one_run_says_and_asks_shows_in_the_order_it_was_said(owner_client, desk):
+    now = clock.database_now()
+    for body in ("first, the news", "then the question"):
+        OutboxMessage.objects.create(inbox=desk, body=body, created=now)
+    for request_id in ("refund-881", "refund-882"):
+        request_approval(desk, request_id, f"refund order {request_id[-3:]}", WINDOW, now=now)
+
+    html = text_of(owner_client.get("/inbox/desk/"))
+
+    shown = ("first, the news", "then the question", "Refund order 881", "Refund order 882")
+    positions = [html.index(text) for text in shown]
+    assert positions == sorted(positions)
