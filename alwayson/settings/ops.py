@@ -15,6 +15,6 @@ ALWAYSON_HEALTH_REQUIRE = env.subset(
 # /metrics answers only a scrape that brings this bearer token; unset, the endpoint is off
 # (404).
 ALWAYSON_METRICS_TOKEN = env.bearer_token("ALWAYSON_METRICS_TOKEN")
-# An inbox's owner hears of its dead events at most once per this many seconds: one message
-# through the inbox's channel, counting every event that went dead since the last one.
+# An inbox's operators hear of its dead events at most once per this many seconds: one email
+# each (alwayson/ops/alerts.py), counting every event that went dead since the last one.
 ALWAYSON_DEAD_ALERT_INTERVAL = env.seconds("ALWAYSON_DEAD_ALERT_INTERVAL", 3600, env.MAX_INTERVAL)

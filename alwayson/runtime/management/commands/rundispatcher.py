@@ -10,7 +10,7 @@ log = logging.getLogger("alwayson.dispatcher")
 class Command(LoopCommand):
     help = (
         "Send held outbox messages through each inbox's channel, paced by its gap, and the"
-        " notices to approvers."
+        " notices to approvers and operators (dead-event alerts)."
     )
     role = "alwayson-dispatcher"
     kind = "dispatcher"
