@@ -8,7 +8,7 @@ run's lease, which the gateway checks on every call.
 """
 
 import json as jsonlib
-from functools import lru_cache
+import threading
 
 import httpx
 from django.conf import settings
@@ -38,11 +38,28 @@ def run_headers(run) -> dict:
     return {INBOX: str(run.inbox.pk), HOLDER: run.holder, GENERATION: str(run.generation)}
 
 
-@lru_cache(maxsize=4)
+_clients: dict[str, httpx.Client] = {}
+_clients_lock = threading.Lock()
+
+
 def socket_client(path) -> httpx.Client:
     """One client per socket for the process, shared by its slots (httpx's pool is
     thread-safe): no TLS to set up on a local socket, connections kept between calls."""
-    return httpx.Client(transport=httpx.HTTPTransport(uds=str(path), verify=False), trust_env=False)
+    with _clients_lock:
+        client = _clients.get(str(path))
+        if client is None:
+            transport = httpx.HTTPTransport(uds=str(path), verify=False)
+            client = _clients[str(path)] = httpx.Client(transport=transport, trust_env=False)
+        return client
+
+
+def close_socket_clients():
+    """Hang up every kept connection to a gateway: each holds one of its threads, and that
+    thread's database connection, until then (a test that stops its gateway calls this)."""
+    with _clients_lock:
+        for client in _clients.values():
+            client.close()
+        _clients.clear()
 
 
 class GatewayClient:

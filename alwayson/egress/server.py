@@ -189,10 +189,11 @@ class GatewayHandler(BaseHTTPRequestHandler):
             self.wfile.write(answer.content)
 
     def _refuse(self, status, outcome, message):
-        # The body may be unread: this connection carries no further request.
-        self.close_connection = True
         data = json.dumps({"error": message}).encode()
         self.send_response(status)
+        # The body may be unread: this connection carries no further request, and says so,
+        # so that a client's pool does not send the next one on it.
+        self.send_header("Connection", "close")
         self.send_header(OUTCOME, outcome)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))

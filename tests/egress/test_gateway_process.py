@@ -19,7 +19,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from alwayson.egress.client import GatewayClient, http_for
+from alwayson.egress.client import GatewayClient, close_socket_clients, http_for
 from alwayson.egress.gateway import REDACTED, Egress, EgressFailed, EgressRefused
 from alwayson.egress.models import EgressCall
 from alwayson.egress.server import OUTCOME, TOKEN, socket_gateway, tcp_gateway
@@ -38,6 +38,7 @@ def serving(server):
 
 
 def stop(server, thread):
+    close_socket_clients()
     server.shutdown()
     server.server_close()
     thread.join(10)
