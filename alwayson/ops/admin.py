@@ -27,13 +27,13 @@ class ProcessAdmin(LedgerAdmin):
     """The loop processes, live, lost and stopped, from their heartbeats: read-only, like
     django-q2's monitor or Sidekiq's process page. A row is the process's own record."""
 
-    # No pid column: the worker id is host:pid unless --worker-id named it, and the row's
-    # page has it. Nine columns did not fit beside the two sidebars at 1280px.
+    # No pid or host column: the worker id is host:pid unless --worker-id named it, the
+    # filters list the hosts, and the row's page has both. Eight columns fitted beside the
+    # two sidebars at 1280px by a pixel or two, or not at all, as Django's styles changed.
     list_display = (
         "kind",
         "state_label",
         "worker_id",
-        "host",
         "started",
         "last_beat",
         "runs",

@@ -99,3 +99,6 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# A bare www.example.com in an email's HTML part links to https (Django 6's transitional
+# setting, the default from Django 7; Django 5.2 does not read it).
+URLIZE_ASSUME_HTTPS = True
