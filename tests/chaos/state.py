@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection, connections, transaction
 
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease
-from outbox.models import Channel, OutboxMessage
+from outbox.models import Channel, Notice, OutboxMessage
 from tests.chaos.agent import LEDGER_TABLES
 from timers.models import Timer
 from timers.services import add_timer
@@ -159,6 +159,12 @@ def collect(first_due: dict) -> dict:
     channels = {
         slug_of[c.inbox_id]: {"kind": c.kind, "mode": c.mode} for c in Channel.objects.all()
     }
+    # Emails to people, not through an inbox's channel (dead-event alerts, approval notices):
+    # told apart from the channel's sends by their Message-ID.
+    notices = [
+        {"message_id": f"<{n.key}@alwayson>", "inbox": slug_of[n.inbox_id], "topic": n.topic}
+        for n in Notice.objects.order_by("id")
+    ]
     approvals = [
         {
             "inbox": slug_of[a.inbox_id],
@@ -192,6 +198,7 @@ def collect(first_due: dict) -> dict:
     return {
         "events": events,
         "messages": messages,
+        "notices": notices,
         "channels": channels,
         "approvals": approvals,
         "timers": timers,

@@ -104,6 +104,7 @@ def world():
             }
             for pk, inbox, text, created in messages
         ],
+        "notices": [{"message_id": "<n1@alwayson>", "inbox": "b", "topic": "dead-events"}],
         "channels": {
             "a": {"kind": "webhook", "mode": "at_least_once"},
             "b": {"kind": "email", "mode": "at_most_once"},
@@ -327,6 +328,13 @@ def test_a_delivery_of_a_message_never_queued_fails(world):
     world.receipts.append({**world.receipts[0], "bodies": ["chaos-run inbox=a gen=99 ..."]})
 
     assert failed(world) == ["messages received that were never queued"]
+
+
+def test_an_operators_alert_by_email_is_a_notice_not_an_unqueued_message(world):
+    alert = {**world.receipts[0], "channel": "email", "key": "<n1@alwayson>"}
+    world.receipts.append({**alert, "bodies": ["1 event went dead in inbox b (keys: chat:m9)"]})
+
+    assert failed(world) == []
 
 
 def test_a_fault_kind_never_injected_fails(world):
