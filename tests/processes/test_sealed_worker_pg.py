@@ -66,6 +66,17 @@ def start_sealed(deployment, agent):
     return gateway, worker
 
 
+def first_said(inbox, sealed, worker):
+    """The inbox's first outbox message, once the sealed worker's agent has said it."""
+    said = wait_for(
+        lambda: OutboxMessage.objects.filter(inbox=inbox).first() or worker.poll() is not None,
+        START,
+        f"a message from {inbox.slug}'s agent",
+    )
+    assert worker.poll() is None, sealed.log("worker")
+    return said
+
+
 def environ_of(pid) -> str:
     return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
 
@@ -78,12 +89,7 @@ def test_the_sealed_workers_agent_finds_no_credential_and_its_call_carries_one(
     gateway, worker = start_sealed(sealed, "tests.support.sealed.snooping_agent")
     ingest(inbox, "chat", "m-1", {"text": "hello"})
 
-    said = wait_for(
-        lambda: OutboxMessage.objects.filter(inbox=inbox).first() or worker.poll() is not None,
-        START,
-        "the agent's findings",
-    )
-    assert worker.poll() is None, sealed.log("worker")
+    said = first_said(inbox, sealed, worker)
     report = json.loads(said.body)
     assert report["found"] == [], report["found"]
     assert report["status"] == 200
@@ -116,12 +122,7 @@ def test_the_sealed_workers_claude_agent_reaches_the_model_with_a_key_it_never_h
         gateway, worker = start_sealed(sealed, "tests.support.sealed.snooping_agent")
         ingest(inbox, "chat", "m-1", {"text": "is order 7 delivered?"})
 
-        said = wait_for(
-            lambda: OutboxMessage.objects.filter(inbox=inbox).first() or worker.poll() is not None,
-            START,
-            "the Claude agent's message",
-        )
-        assert worker.poll() is None, sealed.log("worker")
+        said = first_said(inbox, sealed, worker)
         assert said.body == "Order 7 was delivered."
         # runegress checked the key at start (GET /v1/models), then the two model calls.
         assert [r.path.split("?")[0] for r in api.requests] == [
