@@ -15,14 +15,16 @@ from urllib.parse import urlsplit
 CLIENTS = (1, 2, 8)
 TABLE = "bench_ceiling"
 SCRIPT = f"INSERT INTO {TABLE} (payload) VALUES ('a message of ordinary size');\n"
-_TPS = re.compile(r"^tps = ([0-9]+(?:\.[0-9]+)?) \((without initial connection time|excluding connections establishing)\)", re.M)
+_TPS = re.compile(r"^tps = ([0-9]+(?:\.[0-9]+)?) \(without initial connection time\)", re.M)
 
 
 def parse_tps(output: str) -> float:
     """The transactions per second pgbench reports, without connection start-up."""
     found = _TPS.search(output)
     if found is None:
-        raise ValueError(f"no 'tps = ... (without initial connection time)' in pgbench's output:\n{output}")
+        raise ValueError(
+            f"no 'tps = ... (without initial connection time)' in pgbench's output:\n{output}"
+        )
     return float(found.group(1))
 
 
@@ -31,20 +33,29 @@ def pgbench_command(url, clients, seconds, script_path) -> list[str]:
     return [
         shutil.which("pgbench") or "pgbench",
         "-n",  # no vacuum of pgbench's own tables: there are none
-        "-M", "prepared",
-        "-f", str(script_path),
-        "-c", str(clients),
-        "-j", str(clients),
-        "-T", str(seconds),
-        "-h", parts.hostname or "127.0.0.1",
-        "-p", str(parts.port or 5432),
-        "-U", parts.username or "postgres",
+        "-M",
+        "prepared",
+        "-f",
+        str(script_path),
+        "-c",
+        str(clients),
+        "-j",
+        str(clients),
+        "-T",
+        str(seconds),
+        "-h",
+        parts.hostname or "127.0.0.1",
+        "-p",
+        str(parts.port or 5432),
+        "-U",
+        parts.username or "postgres",
         parts.path.lstrip("/"),
     ]
 
 
-def measure(url, seconds) -> dict[int, float]:
-    """tps for 1, 2 and 8 clients, `seconds` each, into a table of the bench database."""
+def measure(url, seconds, rounds=2) -> dict[int, float]:
+    """tps for 1, 2 and 8 clients, `seconds` each, into a table of the bench database: the
+    best of `rounds` rounds (a ceiling is what the machine can do; a shared one dips)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
@@ -54,15 +65,20 @@ def measure(url, seconds) -> dict[int, float]:
         with tempfile.TemporaryDirectory() as folder:
             script = Path(folder) / "insert.sql"
             script.write_text(SCRIPT)
-            found = {}
-            for clients in CLIENTS:
-                done = subprocess.run(
-                    pgbench_command(url, clients, seconds, script),
-                    capture_output=True, text=True, check=False,
-                )
-                if done.returncode != 0:
-                    raise RuntimeError(f"pgbench failed ({done.returncode}): {done.stderr.strip()}")
-                found[clients] = parse_tps(done.stdout)
+            found = {clients: 0.0 for clients in CLIENTS}
+            for _ in range(rounds):
+                for clients in CLIENTS:
+                    done = subprocess.run(
+                        pgbench_command(url, clients, seconds, script),
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
+                    if done.returncode != 0:
+                        raise RuntimeError(
+                            f"pgbench failed ({done.returncode}): {done.stderr.strip()}"
+                        )
+                    found[clients] = max(found[clients], parse_tps(done.stdout))
             return found
     finally:
         with psycopg.connect(url, autocommit=True) as conn:

@@ -23,7 +23,9 @@ class Ratio:
 
     def value(self, rows):
         return _worst(
-            (entry.get("phase"), entry.get("ratio")) for entry in rows if entry.get("key") == self.key
+            (entry.get("phase"), entry.get("ratio"))
+            for entry in rows
+            if entry.get("key") == self.key
         )
 
 
@@ -72,19 +74,58 @@ def _worst(pairs):
 
 
 GOALS = (
-    Ratio("ingest by slug, 1 connection, 100 inboxes, any statistics", "ingest.slug.1", 0.9, ">= 0.9 x raw psycopg"),
-    Between("ingest by slug vs by id, 1 connection", "ingest.slug.1", "ingest.id.1", 0.9, "within 10 % of by id"),
-    Ratio("ingest by slug, 8 connections, 100 inboxes, any statistics", "ingest.slug.8", 0.9, ">= 0.9 x raw psycopg"),
-    Between("ingest by slug vs by id, 8 connections", "ingest.slug.8", "ingest.id.8", 0.9, "within 10 % of by id"),
+    Ratio(
+        "ingest by slug, 1 connection, 100 inboxes, any statistics",
+        "ingest.slug.1",
+        0.9,
+        ">= 0.9 x raw psycopg",
+    ),
+    Between(
+        "ingest by slug vs by id, 1 connection",
+        "ingest.slug.1",
+        "ingest.id.1",
+        0.9,
+        "within 10 % of by id",
+    ),
+    Ratio(
+        "ingest by slug, 8 connections, 100 inboxes, any statistics",
+        "ingest.slug.8",
+        0.9,
+        ">= 0.9 x raw psycopg",
+    ),
+    Between(
+        "ingest by slug vs by id, 8 connections",
+        "ingest.slug.8",
+        "ingest.id.8",
+        0.9,
+        "within 10 % of by id",
+    ),
     Ratio("duplicate by slug, any statistics", "duplicate.slug", 0.9, ">= 0.9 x raw psycopg"),
-    Ratio("webhook (GitHub, by slug, signed) through gunicorn", "web.webhook", 0.8, ">= 0.8 x same-shape view"),
+    Ratio(
+        "webhook (GitHub, by slug, signed) through gunicorn",
+        "web.webhook",
+        0.8,
+        ">= 0.8 x same-shape view",
+    ),
     Ratio("chat form post through gunicorn", "web.chat", 0.8, ">= 0.8 x same-shape view"),
     Ratio("approval answer post through gunicorn", "web.answer", 0.8, ">= 0.8 x same-shape view"),
-    Elsewhere("live page: agent reply visible after its commit", "p50 <= 150 ms, p99 <= 500 ms", "live-page rows (to come)"),
-    Elsewhere("500 idle conversation pages, one web process", "<= 10 % of a core, 0 queries/s", "live-page rows (to come)"),
+    Elsewhere(
+        "live page: agent reply visible after its commit",
+        "p50 <= 150 ms, p99 <= 500 ms",
+        "live-page rows (to come)",
+    ),
+    Elsewhere(
+        "500 idle conversation pages, one web process",
+        "<= 10 % of a core, 0 queries/s",
+        "live-page rows (to come)",
+    ),
     Ratio("drain, 10 events per inbox, vs procrastinate", "drain.x10", 5, ">= 5 x procrastinate"),
     Ratio("drain, 1 event per inbox, vs procrastinate", "drain.x1", 1.5, ">= 1.5 x procrastinate"),
-    Elsewhere("NOTIFY wake, run cycle at 1M events, worker memory", "stay where they are", "python -m bench.steady"),
+    Elsewhere(
+        "NOTIFY wake, run cycle at 1M events, worker memory",
+        "stay where they are",
+        "python -m bench.steady",
+    ),
 )
 
 

@@ -100,8 +100,8 @@ def measure(url, quick, repeats, interleave, inboxes, phase) -> list[dict]:
     statements plan under `phase`'s statistics). `interleave(pair, repeats)` runs an
     (alwayson, reference) pair of callables alternately and returns medians and the load."""
     ids, slugs, one = inboxes["ids"], inboxes["slugs"], inboxes["one"]
-    events = 300 if quick else 3000
-    per_process = 60 if quick else 400
+    events = 200 if quick else 1500
+    per_process = 40 if quick else 250
     pool = Pool(url, 8)
     counter = Counter()
 
@@ -134,26 +134,63 @@ def measure(url, quick, repeats, interleave, inboxes, phase) -> list[dict]:
         stored = keys("dup", events)
         pool.run([("alwayson", ids, "dup", stored)])
         shapes = [
-            ("ingest.id.1", "ingest by id, 1 connection, 100 inboxes", 1,
-             single("alwayson", ids, "id1"), single("reference", ids, "r1")),
-            ("ingest.slug.1", "ingest by slug, 1 connection, 100 inboxes", 1,
-             single("alwayson", slugs, "slug1"), single("reference", ids, "r1")),
-            ("ingest.id.8", "ingest by id, 8 connections, 100 inboxes", 8,
-             eight("alwayson", ids, "id8"), eight("reference", ids, "r8")),
-            ("ingest.slug.8", "ingest by slug, 8 connections, 100 inboxes", 8,
-             eight("alwayson", slugs, "slug8"), eight("reference", ids, "r8")),
-            ("ingest.one.8", "ingest by id, 8 connections, 1 inbox", 8,
-             eight("alwayson", one, "one8"), eight("reference", one, "rone8")),
-            ("duplicate.id", "duplicate by id, 1 connection, 100 inboxes", 1,
-             again("alwayson", ids, "dup", stored), again("reference-duplicate", ids, "dup", stored)),
-            ("duplicate.slug", "duplicate by slug, 1 connection, 100 inboxes", 1,
-             again("alwayson", slugs, "dup", stored), again("reference-duplicate", ids, "dup", stored)),
+            (
+                "ingest.id.1",
+                "ingest by id, 1 connection, 100 inboxes",
+                1,
+                single("alwayson", ids, "id1"),
+                single("reference", ids, "r1"),
+            ),
+            (
+                "ingest.slug.1",
+                "ingest by slug, 1 connection, 100 inboxes",
+                1,
+                single("alwayson", slugs, "slug1"),
+                single("reference", ids, "r1"),
+            ),
+            (
+                "ingest.id.8",
+                "ingest by id, 8 connections, 100 inboxes",
+                8,
+                eight("alwayson", ids, "id8"),
+                eight("reference", ids, "r8"),
+            ),
+            (
+                "ingest.slug.8",
+                "ingest by slug, 8 connections, 100 inboxes",
+                8,
+                eight("alwayson", slugs, "slug8"),
+                eight("reference", ids, "r8"),
+            ),
+            (
+                "ingest.one.8",
+                "ingest by id, 8 connections, 1 inbox",
+                8,
+                eight("alwayson", one, "one8"),
+                eight("reference", one, "rone8"),
+            ),
+            (
+                "duplicate.id",
+                "duplicate by id, 1 connection, 100 inboxes",
+                1,
+                again("alwayson", ids, "dup", stored),
+                again("reference-duplicate", ids, "dup", stored),
+            ),
+            (
+                "duplicate.slug",
+                "duplicate by slug, 1 connection, 100 inboxes",
+                1,
+                again("alwayson", slugs, "dup", stored),
+                again("reference-duplicate", ids, "dup", stored),
+            ),
         ]
         rows = []
         for key, name, clients, ours, theirs in shapes:
             result = interleave((ours, theirs), repeats)
             rows.append(
-                common.row(name, unit="events/s", goal=0.9, key=key, phase=phase, clients=clients, **result)
+                common.row(
+                    name, unit="events/s", goal=0.9, key=key, phase=phase, clients=clients, **result
+                )
             )
         return rows
     finally:

@@ -78,6 +78,8 @@ def phased_rows(url, args, repeats, only, meta) -> list[dict]:
     if "ingest" in only:
         prepared["ingest"] = ingest.setup()
     if set(WEB) & set(only):
+        # As a release does: gunicorn serves the pages' static files by their hashed names.
+        call_command("collectstatic", interactive=False, verbosity=0)
         prepared["web"] = web.setup(args.quick, repeats, phases.PHASES)
     rows = []
     meta["phases"] = {}
@@ -132,7 +134,7 @@ def main(argv=None):
         try:
             meta["postgresql"] = common.durability(url)
             if "ceiling" in only:
-                found = ceiling.measure(url, 3 if args.quick else 8)
+                found = ceiling.measure(url, 2 if args.quick else 5)
                 meta["ceiling_tps"] = found
                 print(
                     "ceiling (pgbench, one-row INSERT transactions): "

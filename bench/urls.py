@@ -47,7 +47,9 @@ def raw_insert(request, slug):
     body = request.body
     given = request.headers.get("X-Hub-Signature-256", "")
     signed = any(
-        hmac.compare_digest(given, "sha256=" + hmac.new(s.encode(), body, hashlib.sha256).hexdigest())
+        hmac.compare_digest(
+            given, "sha256=" + hmac.new(s.encode(), body, hashlib.sha256).hexdigest()
+        )
         for s in _github_secrets()
     )
     if not signed:
