@@ -57,6 +57,10 @@ def parse_only(parser, raw) -> list[str]:
     return only
 
 
+def log(started, what) -> None:
+    print(f"[{time.monotonic() - started:6.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def mark(inbox_ids) -> None:
     """One pending event in each inbox, through the product: the marker is what it sets."""
     from inbox.services import ingest
@@ -73,6 +77,7 @@ def phased_rows(url, args, repeats, only, meta) -> list[dict]:
 
     from bench import ingest, web
 
+    started = time.monotonic()
     call_command("migrate", verbosity=0)
     prepared = {}
     if "ingest" in only:
@@ -81,6 +86,7 @@ def phased_rows(url, args, repeats, only, meta) -> list[dict]:
         # As a release does: gunicorn serves the pages' static files by their hashed names.
         call_command("collectstatic", interactive=False, verbosity=0)
         prepared["web"] = web.setup(args.quick, repeats, phases.PHASES)
+    log(started, "set up: migrated, inboxes and approvals made")
     rows = []
     meta["phases"] = {}
     for phase in phases.PHASES:
@@ -92,8 +98,10 @@ def phased_rows(url, args, repeats, only, meta) -> list[dict]:
         print(phases.summary(phase, described), flush=True)
         if "ingest" in only:
             rows += ingest.measure(url, args.quick, repeats, interleave, prepared["ingest"], phase)
+            log(started, f"ingest rows measured under {phase} statistics")
         if set(WEB) & set(only):
             rows += web.measure(url, args.quick, repeats, interleave, prepared["web"], phase, only)
+            log(started, f"gunicorn rows measured under {phase} statistics")
     return rows
 
 

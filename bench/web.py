@@ -31,8 +31,6 @@ from . import common
 GITHUB_SECRET = common.BENCH_ENV["ALWAYSON_GITHUB_SECRETS"]
 # Requests that warm each view (its code, the workers' connections and statements) untimed.
 WARM = 20
-# Requests that warm each view (its code, the workers' connections and statements) untimed.
-WARM = 20
 USERNAME, PASSWORD = "bench", "bench-password-0123"
 CONCURRENCY = 4
 WORKERS = 2
