@@ -49,6 +49,8 @@ def prepare(cursor, phase, mark=None) -> dict:
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
+    if phase == "marked" and mark is None:
+        raise ValueError("the marked phase needs mark(inbox_ids) to set the markers")
     freeze(cursor)
     if phase == "fresh":
         cursor.execute("SELECT count(*) FROM inbox_lease WHERE work_at IS NOT NULL")
@@ -57,8 +59,6 @@ def prepare(cursor, phase, mark=None) -> dict:
             raise RuntimeError(f"fresh statistics need every work_at NULL; {marked} are set")
         cursor.execute("VACUUM ANALYZE")
     else:
-        if mark is None:
-            raise ValueError("the marked phase needs mark(inbox_ids) to set the markers")
         unmarked = unmarked_inboxes(cursor)
         if unmarked:
             mark(unmarked)
