@@ -18,17 +18,62 @@ shared. --quick takes about three minutes (fewer events per run, shorter pgbench
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import ceiling, common, goals, phases  # noqa: E402
 
-# Rows measured under each statistics phase, in this order, on the bench database. A new
-# kind of row (the live pages) adds its names here and a branch in `phased_rows`.
-PHASED = ("ingest", "webhook", "chat", "answer")
-WEB = ("webhook", "chat", "answer")
-MEASURES = ("ceiling", *PHASED, "drain")
+
+@dataclass(frozen=True)
+class Phased:
+    """Rows measured under each statistics phase, on the bench database: `setup(args,
+    repeats)` runs once before the first phase's statistics are gathered (what it makes is
+    in them); `measure(url, args, repeats, prepared, phase, only)` returns the rows of the
+    `names` asked for. A new kind of row (the live pages) is one more entry in PHASED."""
+
+    names: tuple
+    setup: Callable
+    measure: Callable
+    label: str
+
+
+def _ingest_setup(args, repeats):
+    from bench import ingest
+
+    return ingest.setup()
+
+
+def _ingest_measure(url, args, repeats, prepared, phase, only):
+    from bench import ingest
+
+    return ingest.measure(url, args.quick, repeats, interleave, prepared, phase)
+
+
+def _web_setup(args, repeats):
+    from django.core.management import call_command
+
+    from bench import web
+
+    # As a release does: gunicorn serves the pages' static files by their hashed names.
+    call_command("collectstatic", interactive=False, verbosity=0)
+    return web.setup(args.quick, repeats, phases.PHASES)
+
+
+def _web_measure(url, args, repeats, prepared, phase, only):
+    from bench import web
+
+    return web.measure(url, args.quick, repeats, interleave, prepared, phase, only)
+
+
+PHASED = (
+    Phased(("ingest",), _ingest_setup, _ingest_measure, "ingest rows"),
+    Phased(("webhook", "chat", "answer"), _web_setup, _web_measure, "gunicorn rows"),
+)
+PHASED_NAMES = tuple(name for kind in PHASED for name in kind.names)
+MEASURES = ("ceiling", *PHASED_NAMES, "drain")
 
 
 def interleave(pair, repeats) -> dict:
@@ -75,18 +120,11 @@ def phased_rows(url, args, repeats, only, meta) -> list[dict]:
     from django.core.management import call_command
     from django.db import connection
 
-    from bench import ingest, web
-
     started = time.monotonic()
     call_command("migrate", verbosity=0)
-    prepared = {}
-    if "ingest" in only:
-        prepared["ingest"] = ingest.setup()
-    if set(WEB) & set(only):
-        # As a release does: gunicorn serves the pages' static files by their hashed names.
-        call_command("collectstatic", interactive=False, verbosity=0)
-        prepared["web"] = web.setup(args.quick, repeats, phases.PHASES)
-    log(started, "set up: migrated, inboxes and approvals made")
+    kinds = [kind for kind in PHASED if set(kind.names) & set(only)]
+    prepared = {kind.label: kind.setup(args, repeats) for kind in kinds}
+    log(started, "set up: migrated, " + ", ".join(f"{kind.label} prepared" for kind in kinds))
     rows = []
     meta["phases"] = {}
     for phase in phases.PHASES:
@@ -96,12 +134,9 @@ def phased_rows(url, args, repeats, only, meta) -> list[dict]:
         connection.close()
         meta["phases"][phase] = described
         print(phases.summary(phase, described), flush=True)
-        if "ingest" in only:
-            rows += ingest.measure(url, args.quick, repeats, interleave, prepared["ingest"], phase)
-            log(started, f"ingest rows measured under {phase} statistics")
-        if set(WEB) & set(only):
-            rows += web.measure(url, args.quick, repeats, interleave, prepared["web"], phase, only)
-            log(started, f"gunicorn rows measured under {phase} statistics")
+        for kind in kinds:
+            rows += kind.measure(url, args, repeats, prepared[kind.label], phase, only)
+            log(started, f"{kind.label} measured under {phase} statistics")
     return rows
 
 
@@ -137,7 +172,7 @@ def main(argv=None):
     }
     rows = []
     found = {}
-    if ({"ceiling", *PHASED}) & set(only):
+    if {"ceiling", *PHASED_NAMES} & set(only):
         common.create_database(url)
         try:
             meta["postgresql"] = common.durability(url)
@@ -149,11 +184,11 @@ def main(argv=None):
                     + ", ".join(f"{tps:,.0f} tps at {n} client(s)" for n, tps in found.items()),
                     flush=True,
                 )
-            if set(PHASED) & set(only):
+            if set(PHASED_NAMES) & set(only):
                 common.setup_django(url)
                 rows += phased_rows(url, args, repeats, only, meta)
         finally:
-            if set(PHASED) & set(only):
+            if set(PHASED_NAMES) & set(only):
                 from django.db import connections
 
                 connections.close_all()
