@@ -45,7 +45,7 @@ def counts(quick) -> dict:
         else {
             "webhook": 1000,
             "chat": 400,
-            "answer": 200,
+            "answer": 100,
         }
     )
 
