@@ -69,10 +69,16 @@ class Pool:
         return sum(n for _, _, n in spans) / (ended - started)
 
     def close(self):
+        """Stop every worker: after its task, or at once when the run was interrupted
+        mid-task (the database is dropped next)."""
         for queue in self.queues:
             queue.put(None)
+        deadline = time.monotonic() + 30
         for process in self.processes:
-            process.join(30)
+            process.join(max(0.1, deadline - time.monotonic()))
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
 
 
 def make_inboxes(count, prefix):
