@@ -39,14 +39,16 @@ format: install
 	$(PY) -m ruff check --fix .
 
 # Speed, side by side with each measure's reference in one run (PostgreSQL; BENCH_DATABASE_URL
-# names a database the bench makes and drops, default .../bench). Prints the table, writes JSON.
+# names a database the bench makes and drops, default .../bench): the table under fresh and
+# marked statistics, each rate as a fraction of pgbench's ceiling, then issue 25's goals;
+# writes JSON. `make bench ONLY=ingest,chat` runs those rows only (bench/run.py --help).
 # The references (procrastinate) are a benchmark-only extra.
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
 bench: $(VENV)/.bench-installed
-	$(PY) bench/run.py --json bench-results.json
+	$(PY) bench/run.py --json bench-results.json $(if $(ONLY),--only $(ONLY))
 
 bench-quick: $(VENV)/.bench-installed
-	$(PY) bench/run.py --quick --json bench-results.json
+	$(PY) bench/run.py --quick --json bench-results.json $(if $(ONLY),--only $(ONLY))

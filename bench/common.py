@@ -118,33 +118,58 @@ def _figure(value) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
-def print_table(rows, out=sys.stdout) -> None:
-    header = ["measure", "alwayson", "reference", "ratio", "goal", "met"]
-    lines = [header]
-    for entry in rows:
-        unit = entry.get("unit", "")
-        lines.append(
-            [
-                entry["measure"],
-                f"{_figure(entry.get('alwayson'))} {unit}".strip(),
-                f"{_figure(entry.get('reference'))} {unit}".strip(),
-                "-" if entry.get("ratio") is None else f"{entry['ratio']:.2f}",
-                "-" if entry.get("goal") is None else f">= {entry['goal']:g}",
-                met(entry),
-            ]
-        )
+def ceiling_cell(entry) -> str:
+    """alwayson's and the reference's rate as fractions of the machine's ceiling."""
+    ours, theirs = entry.get("alwayson_of_ceiling"), entry.get("reference_of_ceiling")
+    if ours is None and theirs is None:
+        return "-"
+    return " / ".join("-" if value is None else f"{value:.2f}" for value in (ours, theirs))
+
+
+HEADER = ["measure", "stats", "alwayson", "reference", "ratio", "goal", "met", "of ceiling"]
+
+
+def cells(entry) -> list[str]:
+    """A row's cells: the measure, the statistics phase it ran under, both medians, their
+    ratio, the goal, and both rates as a fraction of the ceiling (pgbench's one-row INSERT)."""
+    unit = entry.get("unit", "")
+    return [
+        entry["measure"],
+        entry.get("phase") or "-",
+        f"{_figure(entry.get('alwayson'))} {unit}".strip(),
+        f"{_figure(entry.get('reference'))} {unit}".strip(),
+        "-" if entry.get("ratio") is None else f"{entry['ratio']:.2f}",
+        "-" if entry.get("goal") is None else f">= {entry['goal']:g}",
+        met(entry),
+        ceiling_cell(entry),
+    ]
+
+
+def print_table(rows, out=None) -> None:
+    print_grid(HEADER, [cells(entry) for entry in rows], out)
+
+
+def print_grid(header, lines, out=None) -> None:
+    """A plain-text table, columns padded to their widest cell, a rule under the header."""
+    out = out or sys.stdout
+    lines = [header, *lines]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     for n, line in enumerate(lines):
-        print(
-            " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)),
-            file=out,
-        )
+        cells_ = (cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        print(" | ".join(cells_).rstrip(), file=out)
         if n == 0:
             print("-+-".join("-" * width for width in widths), file=out)
 
 
-def write_json(path, rows, meta) -> None:
-    Path(path).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
+def markdown_table(header, lines) -> str:
+    """The same grid as Markdown (the tables in docs/explanation/performance.md)."""
+    rows = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    return "\n".join(rows + ["| " + " | ".join(line) + " |" for line in lines])
+
+
+def write_json(path, rows, meta, goals=()) -> None:
+    document = {"meta": meta, "rows": rows, "goals": list(goals)}
+    Path(path).write_text(json.dumps(document, indent=2, default=str) + "\n")
 
 
 def machine() -> dict:

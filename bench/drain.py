@@ -90,6 +90,8 @@ def _row(shape, samples, repeats):
         "unit": "events/s",
         "ratio": round(rate / reference, 2),
         "goal": GOALS[per_inbox],
+        "key": f"drain.x{per_inbox}",
+        "clients": PROCESSES * CONCURRENCY,
         "reference_system": "procrastinate, lock=inbox:{i}, same processes and concurrency",
         "alwayson_cpu_ms_per_event": round(median(ours, "cpu_ms"), 3),
         "reference_cpu_ms_per_event": round(median(theirs, "cpu_ms"), 3),

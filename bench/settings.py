@@ -1,7 +1,8 @@
-"""The product's settings, serving one more address for the benchmark's reference view.
+"""The product's settings, serving more addresses: the benchmark's reference views
+(bench/urls.py).
 
-Both the real webhook endpoint and the reference run in the same gunicorn processes, through
-the same middleware, on the same persistent database connections.
+The product's views and their references run in the same gunicorn processes, through the
+same middleware, on the same persistent database connections.
 """
 
 from alwayson.settings import *  # noqa: F403

@@ -1,0 +1,166 @@
+"""Issue 25's goals, each beside what this run measured, printed after the table.
+
+A goal is on a ratio of rows of the table (found by their `key`); where a row was measured
+under several statistics phases the worst phase counts ("any statistics"). A goal whose rows
+did not run (another `--only`, or a measure this suite does not have yet) says so.
+"""
+
+from dataclasses import dataclass
+
+from . import common
+
+NOT_MEASURED = "not measured"
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """alwayson / reference of row `key`, at least `threshold`."""
+
+    measure: str
+    key: str
+    threshold: float
+    goal: str
+
+    def value(self, rows):
+        return _worst(
+            (entry.get("phase"), entry.get("ratio"))
+            for entry in rows
+            if entry.get("key") == self.key
+        )
+
+
+@dataclass(frozen=True)
+class Between:
+    """alwayson of row `key` over alwayson of row `other` in the same phase, at least
+    `threshold`: one way of calling against another (by slug against by id)."""
+
+    measure: str
+    key: str
+    other: str
+    threshold: float
+    goal: str
+
+    def value(self, rows):
+        others = {entry.get("phase"): entry for entry in rows if entry.get("key") == self.other}
+        pairs = []
+        for entry in rows:
+            if entry.get("key") == self.key and entry.get("phase") in others:
+                theirs = others[entry.get("phase")].get("alwayson")
+                ours = entry.get("alwayson")
+                pairs.append((entry.get("phase"), ours / theirs if ours and theirs else None))
+        return _worst(pairs)
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """A goal another benchmark (or a later row) measures."""
+
+    measure: str
+    goal: str
+    where: str
+    threshold: float = None
+
+    def value(self, rows):
+        return None, None
+
+
+def _worst(pairs):
+    """(the lowest ratio, the phase it was measured in); (None, None) without any."""
+    found = [(ratio, phase) for phase, ratio in pairs if ratio is not None]
+    if not found:
+        return None, None
+    ratio, phase = min(found, key=lambda pair: pair[0])
+    return ratio, phase
+
+
+GOALS = (
+    Ratio(
+        "ingest by slug, 1 connection, 100 inboxes, any statistics",
+        "ingest.slug.1",
+        0.9,
+        ">= 0.9 x raw psycopg",
+    ),
+    Between(
+        "ingest by slug vs by id, 1 connection",
+        "ingest.slug.1",
+        "ingest.id.1",
+        0.9,
+        "within 10 % of by id",
+    ),
+    Ratio(
+        "ingest by slug, 8 connections, 100 inboxes, any statistics",
+        "ingest.slug.8",
+        0.9,
+        ">= 0.9 x raw psycopg",
+    ),
+    Between(
+        "ingest by slug vs by id, 8 connections",
+        "ingest.slug.8",
+        "ingest.id.8",
+        0.9,
+        "within 10 % of by id",
+    ),
+    Ratio("duplicate by slug, any statistics", "duplicate.slug", 0.9, ">= 0.9 x raw psycopg"),
+    Ratio(
+        "webhook (GitHub, by slug, signed) through gunicorn",
+        "web.webhook",
+        0.8,
+        ">= 0.8 x same-shape view",
+    ),
+    Ratio("chat form post through gunicorn", "web.chat", 0.8, ">= 0.8 x same-shape view"),
+    Ratio("approval answer post through gunicorn", "web.answer", 0.8, ">= 0.8 x same-shape view"),
+    Elsewhere(
+        "live page: agent reply visible after its commit",
+        "p50 <= 150 ms, p99 <= 500 ms",
+        "live-page rows (to come)",
+    ),
+    Elsewhere(
+        "500 idle conversation pages, one web process",
+        "<= 10 % of a core, 0 queries/s",
+        "live-page rows (to come)",
+    ),
+    Ratio("drain, 10 events per inbox, vs procrastinate", "drain.x10", 5, ">= 5 x procrastinate"),
+    Ratio("drain, 1 event per inbox, vs procrastinate", "drain.x1", 1.5, ">= 1.5 x procrastinate"),
+    Elsewhere(
+        "NOTIFY wake, run cycle at 1M events, worker memory",
+        "stay where they are",
+        "python -m bench.steady",
+    ),
+)
+
+
+def evaluate(rows, goals=GOALS) -> list[dict]:
+    """Each goal: the measured value (text), the goal, and "yes", "no" or "not measured"."""
+    lines = []
+    for goal in goals:
+        value, phase = goal.value(rows)
+        if value is None:
+            where = getattr(goal, "where", None)
+            lines.append(
+                {
+                    "measure": goal.measure,
+                    "value": f"- ({where})" if where else "- (not in this run)",
+                    "goal": goal.goal,
+                    "met": NOT_MEASURED,
+                }
+            )
+            continue
+        shown = f"{value:.2f}" + (f" (worst: {phase} statistics)" if phase else "")
+        lines.append(
+            {
+                "measure": goal.measure,
+                "value": shown,
+                "ratio": value,
+                "goal": goal.goal,
+                "met": "yes" if value >= goal.threshold else "no",
+            }
+        )
+    return lines
+
+
+def print_goals(lines, out=None) -> None:
+    common.print_grid(
+        ["goal", "measured", "target", "met"],
+        [[line["measure"], line["value"], line["goal"], line["met"]] for line in lines],
+        out,
+    )
