@@ -6,7 +6,7 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils.text import capfirst
 
-from inbox.models import Event, Inbox, Role, is_person
+from inbox.models import Event, Inbox, Role, granted_role, is_person
 from timers.models import RESERVED_KEY_PREFIX
 
 # The inbox event that carries an approval's outcome: ("approval", request_id). Whichever is
@@ -40,6 +40,16 @@ class ApprovalQuerySet(models.QuerySet):
         if is_operator(user):
             return self
         return self.filter(inbox__in=Inbox.objects.with_role(user, Role.VIEWER))
+
+    def get_visible(self, user, **lookup) -> "Approval":
+        """The approval matching `lookup` that `user` may see (visible_to's rule), with their
+        role in its inbox read in the same query, so may_answer asks nothing more.
+        Approval.DoesNotExist for one they may not see and one that does not exist alike."""
+        approval = self.annotate(inbox_role_granted=granted_role(user, "inbox")).get(**lookup)
+        approval.inbox.remember_role(user, approval.inbox_role_granted)
+        if not is_operator(user) and approval.inbox.role_of(user) is None:
+            raise Approval.DoesNotExist(f"no approval {lookup} that {user} may see")
+        return approval
 
     def waiting(self, now):
         return self.filter(answer="", expires_at__gt=now)
@@ -197,17 +207,21 @@ def record_answer(sender, event: Event, now, **kwargs):
     answer = event.payload.get("answer")
     if answer not in Approval.Answer.values:
         return
-    approval = Approval.objects.filter(
+    unsettled = Approval.objects.filter(
         inbox_id=event.inbox_id, request_id=event.source_id, answer=""
-    ).first()
+    )
+    if answer != Approval.Answer.EXPIRED:
+        # A person's answer: its audit entry is the answerer's (answer_approval); one UPDATE.
+        unsettled.update(answer=answer, answered_at=now)
+        return
+    approval = unsettled.first()
     if approval is None:
         return
     approval.answer, approval.answered_at = answer, now
     approval.save(update_fields=["answer", "answered_at"])
-    if answer == Approval.Answer.EXPIRED:
-        AuditEntry.record(
-            approval, None, answer, AuditEntry.Via.DEADLINE, AuditEntry.Result.EXPIRED, now
-        )
+    AuditEntry.record(
+        approval, None, answer, AuditEntry.Via.DEADLINE, AuditEntry.Result.EXPIRED, now
+    )
 
 
 class AuditEntry(models.Model):

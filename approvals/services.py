@@ -121,7 +121,17 @@ class MayNotAnswer(PermissionDenied):
 
 
 def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API) -> str:
-    """Store a person's answer unless the deadline passed; return the outcome that stands:
+    """Store a person's answer; the outcome that stands (see decide_answer)."""
+    return decide_answer(inbox, request_id, answer, now, by=by, via=via)[1]
+
+
+def decide_answer(
+    inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API
+) -> tuple[str | None, str]:
+    """answer_approval's work, returning also what the answer did, the audit's result (None
+    for a request never made), for the page that tells the person.
+
+    Store a person's answer unless the deadline passed; return the outcome that stands:
     "yes"/"no", "expired", "unknown" for a request never made, or "waiting" while a request
     that needs two approvers has its first "yes" only.
 
@@ -160,10 +170,10 @@ def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEn
             .first()
         )
         if approval is None:
-            return UNKNOWN
+            return None, UNKNOWN
         result, stands = _decide(approval, answer, by, now)
         AuditEntry.record(approval, by, answer, via, result, now)
-        return stands
+        return result, stands
 
 
 def _decide(approval, answer, by, now) -> tuple[str, str]:

@@ -90,8 +90,12 @@ _handler = None
 def _setup(count):
     """An approver of one inbox, logged in (session cookie + CSRF cookie), and `count`
     waiting approvals per run to answer."""
-    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
-    from django.contrib.auth import get_user_model
+    from django.contrib.auth import (
+        BACKEND_SESSION_KEY,
+        HASH_SESSION_KEY,
+        SESSION_KEY,
+        get_user_model,
+    )
     from django.contrib.sessions.backends.db import SessionStore
     from django.middleware.csrf import _get_new_csrf_string
 
@@ -160,11 +164,10 @@ def _post_all(requests, cookies, csrf, worker):
 
 def _count_queries(inbox, approver, csrf):
     """Queries per post, through Django's test client in this process."""
+    from django.conf import settings
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
-
-    from django.conf import settings
 
     settings.ROOT_URLCONF = "bench.views"
     client = Client()
@@ -236,18 +239,24 @@ def main(argv=None):
                     result = _post_all(requests, cookies, csrf, worker)
                     if n:
                         figures[kind].append(result)
-        print(f"gunicorn, 1 sync worker, 1 keep-alive connection, {args.requests} posts x "
-              f"{args.repeats} runs, interleaved; load {common.load():.2f}")
-        print(f"{'post':<12} {'wall µs':>9} {'cpu µs':>8} {'queries':>8} "
-              f"{'ref wall':>9} {'ref cpu':>8} {'ref q':>6} {'ratio wall':>10} {'ratio cpu':>9}")
+        print(
+            f"gunicorn, 1 sync worker, 1 keep-alive connection, {args.requests} posts x "
+            f"{args.repeats} runs, interleaved; load {common.load():.2f}"
+        )
+        print(
+            f"{'post':<12} {'wall µs':>9} {'cpu µs':>8} {'queries':>8} "
+            f"{'ref wall':>9} {'ref cpu':>8} {'ref q':>6} {'ratio wall':>10} {'ratio cpu':>9}"
+        )
         for kind, ref in pairs:
             wall = common.median([w for w, _ in figures[kind]])
             cpu = common.median([c for _, c in figures[kind]])
             ref_wall = common.median([w for w, _ in figures[ref]])
             ref_cpu = common.median([c for _, c in figures[ref]])
-            print(f"{kind:<12} {wall:>9,.0f} {cpu:>8,.0f} {counts[kind]:>8} "
-                  f"{ref_wall:>9,.0f} {ref_cpu:>8,.0f} {counts[ref]:>6} "
-                  f"{ref_wall / wall:>10.2f} {ref_cpu / cpu:>9.2f}")
+            print(
+                f"{kind:<12} {wall:>9,.0f} {cpu:>8,.0f} {counts[kind]:>8} "
+                f"{ref_wall:>9,.0f} {ref_cpu:>8,.0f} {counts[ref]:>6} "
+                f"{ref_wall / wall:>10.2f} {ref_cpu / cpu:>9.2f}"
+            )
     finally:
         if server is not None:
             server.terminate()
