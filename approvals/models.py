@@ -1,8 +1,9 @@
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Subquery
 from django.urls import reverse
 from django.utils.text import capfirst
 
@@ -211,8 +212,15 @@ def record_answer(sender, event: Event, now, **kwargs):
         inbox_id=event.inbox_id, request_id=event.source_id, answer=""
     )
     if answer != Approval.Answer.EXPIRED:
-        # A person's answer: its audit entry is the answerer's (answer_approval); one UPDATE.
-        unsettled.update(answer=answer, answered_at=now)
+        # A person's answer, and who gave it (the payload names them), in one UPDATE; its
+        # audit entry is the answerer's (answer_approval).
+        settled = {"answer": answer, "answered_at": now}
+        if username := event.payload.get("answered_by"):
+            users = get_user_model()
+            settled["answered_by"] = Subquery(
+                users.objects.filter(**{users.USERNAME_FIELD: username}).values("pk")[:1]
+            )
+        unsettled.update(**settled)
         return
     approval = unsettled.first()
     if approval is None:

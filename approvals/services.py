@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 
 from inbox import clock
 from inbox.models import Event, Inbox
@@ -163,9 +164,14 @@ def decide_answer(
         lock_inbox(inbox.pk)
         now = clock.resolve(now)
         # The row too, as prune takes it (skip_locked): an answer and a delete never cross.
+        # Its answer event, if one is stored, comes with it (read under the same lock).
+        answer_event = Event.objects.filter(
+            inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
+        )
         approval = (
             Approval.objects.filter(inbox=inbox, request_id=request_id)
             .select_related("first_approved_by")
+            .annotate(stored_payload=Subquery(answer_event.values("payload")[:1]))
             .select_for_update(of=("self",))
             .first()
         )
@@ -187,13 +193,9 @@ def _decide(approval, answer, by, now) -> tuple[str, str]:
     Result = AuditEntry.Result
     if approval.answer:
         return Result.ALREADY_SETTLED, approval.answer
-    stored = (
-        Event.objects.filter(
-            inbox_id=approval.inbox_id, source=APPROVAL_SOURCE, source_id=approval.request_id
-        )
-        .values_list("payload", flat=True)
-        .first()
-    )
+    # The answer event stored (answer_approval reads it with the row): one the row does not
+    # know, as after a request id is asked again once its first request was pruned.
+    stored = approval.stored_payload
     if stored is not None:
         return Result.ALREADY_SETTLED, stored["answer"]
     if approval.has_expired(now):
@@ -218,8 +220,7 @@ def _decide(approval, answer, by, now) -> tuple[str, str]:
 
 
 def _settle(approval, answer, by, approved_by, now):
-    """Store the answer event (its payload is what the agent receives) and who gave it."""
+    """Store the answer event (its payload is what the agent receives); record_answer copies
+    the answer and who gave it onto the row, in this transaction."""
     payload = approval.outcome_payload(answer, by, [user for user in approved_by if user])
-    stored = store_event(approval.inbox_id, APPROVAL_SOURCE, approval.request_id, payload, now)
-    if stored and by is not None:
-        Approval.objects.filter(pk=approval.pk).update(answered_by=by)
+    store_event(approval.inbox_id, APPROVAL_SOURCE, approval.request_id, payload, now)
