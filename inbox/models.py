@@ -1,7 +1,9 @@
+import functools
+
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import Exists, Max, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Now
 
@@ -48,6 +50,24 @@ class InboxQuerySet(models.QuerySet):
         return self.filter(Q(owner=user) | Exists(granted))
 
 
+# Stand-ins for one user's id and one slug in the statement _role_read builds once.
+_ANY_USER_ID = -918_273_645
+_ANY_SLUG = "\x00any slug"
+
+
+@functools.cache
+def _role_read(vendor) -> tuple[str, tuple]:
+    """get_with_role's statement, built by the ORM (granting() stays the one rule) once per
+    process and database: building and compiling it costs several times its execution, and
+    it starts every page of an inbox. Its parameters hold the stand-ins to replace."""
+    anyone = get_user_model()(pk=_ANY_USER_ID)
+    query = Inbox.objects.annotate(role_granted=granted_role(anyone)).filter(slug=_ANY_SLUG)
+    query = query.order_by()
+    alias = next(alias for alias in connections if connections[alias].vendor == vendor)
+    sql, params = query.query.get_compiler(alias).as_sql()
+    return sql, tuple(params)
+
+
 class InboxManager(models.Manager.from_queryset(InboxQuerySet)):
     def lookup(self, ref) -> tuple[str, object]:
         """The field and value naming the inbox `ref` (an Inbox, a primary key or a slug),
@@ -62,14 +82,21 @@ class InboxManager(models.Manager.from_queryset(InboxQuerySet)):
             return "slug", ref
         raise UnknownInbox(ref)
 
-    def get_with_role(self, user, **lookup) -> "Inbox":
-        """The inbox matching `lookup` where `user` holds a role, that role read in the same
-        query (role_of and has_role then ask nothing more). Inbox.DoesNotExist when there is
-        no such inbox and when `user` holds no role in it alike."""
-        inbox = self.annotate(role_granted=granted_role(user)).get(**lookup)
-        inbox.remember_role(user, inbox.role_granted)
-        if inbox.role_of(user) is None:
-            raise Inbox.DoesNotExist(f"no inbox {lookup} where {user} holds a role")
+    def get_with_role(self, user, slug) -> "Inbox":
+        """The inbox `slug` where `user` holds a role, that role read in the same query
+        (role_of and has_role then ask nothing more): every page of one inbox starts here.
+        Inbox.DoesNotExist when there is no such inbox and when `user` holds no role in it
+        alike."""
+        inbox = None
+        if is_person(user) and isinstance(slug, str) and not UNSTORABLE.search(slug):
+            sql, params = _role_read(connections[self.db].vendor)
+            values = {_ANY_USER_ID: user.pk, _ANY_SLUG: slug}
+            found = list(self.raw(sql, [values.get(param, param) for param in params]))
+            inbox = found[0] if found else None
+        if inbox is not None:
+            inbox.remember_role(user, inbox.role_granted)
+        if inbox is None or inbox.role_of(user) is None:
+            raise Inbox.DoesNotExist(f"no inbox {slug!r} where {user} holds a role")
         return inbox
 
     def pk_of(self, ref) -> int:

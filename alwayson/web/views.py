@@ -56,7 +56,7 @@ def home(request):
 def inbox_page(request, slug):
     # One query for the inbox and the user's role in it; the role answers every check below.
     try:
-        inbox = Inbox.objects.get_with_role(request.user, slug=slug)
+        inbox = Inbox.objects.get_with_role(request.user, slug)
     except Inbox.DoesNotExist:
         raise Http404("No inbox matches the given query.") from None
     writer = inbox.has_role(request.user, Role.APPROVER)

@@ -59,22 +59,22 @@ def test_a_role_read_with_the_inbox_answers_for_that_user_only(grouped, django_u
     desk, user, _ = grouped
     other = django_user_model.objects.create_user(username="lee")
     Membership.objects.create(inbox=desk, user=other, role=Role.VIEWER)
-    inbox = Inbox.objects.get_with_role(user, slug="desk")
+    inbox = Inbox.objects.get_with_role(user, "desk")
 
     assert inbox.role_of(user) == Role.APPROVER
     # Another user's role is asked, not taken from the one read for dana.
     assert inbox.role_of(other) == Role.VIEWER
     assert not inbox.has_role(other, Role.APPROVER)
-    assert Inbox.objects.get_with_role(other, slug="desk").role_of(other) == Role.VIEWER
+    assert Inbox.objects.get_with_role(other, "desk").role_of(other) == Role.VIEWER
 
 
 def test_no_role_is_the_same_does_not_exist_as_no_inbox(grouped, django_user_model):
     outsider = django_user_model.objects.create_user(username="sam")
     for slug in ("desk", "no-such-desk"):
         with pytest.raises(Inbox.DoesNotExist):
-            Inbox.objects.get_with_role(outsider, slug=slug)
+            Inbox.objects.get_with_role(outsider, slug)
     outsider.is_active = False
     desk, user, _ = grouped
     user.is_active = False
     with pytest.raises(Inbox.DoesNotExist):
-        Inbox.objects.get_with_role(user, slug="desk")
+        Inbox.objects.get_with_role(user, "desk")
