@@ -78,3 +78,33 @@ def test_no_role_is_the_same_does_not_exist_as_no_inbox(grouped, django_user_mod
     user.is_active = False
     with pytest.raises(Inbox.DoesNotExist):
         Inbox.objects.get_with_role(user, "desk")
+
+
+def test_the_role_read_with_the_inbox_is_role_of_for_every_kind_of_member(
+    grouped, django_user_model, owner
+):
+    """The statement built once (for a stand-in user and slug) finds each user's own role:
+    owner, direct member of each role, member through a group, and anyone else."""
+    desk, dana, _ = grouped
+    people = {"owner": owner, "dana": dana}
+    for name, role in (("viewer", Role.VIEWER), ("approver", Role.APPROVER), ("manager", 3)):
+        people[name] = django_user_model.objects.create_user(username=name)
+        Membership.objects.create(inbox=desk, user=people[name], role=role)
+    people["both"] = django_user_model.objects.create_user(username="both")
+    Membership.objects.create(inbox=desk, user=people["both"], role=Role.VIEWER)
+    people["both"].groups.add(Group.objects.get(name="finance"))
+
+    for name, user in people.items():
+        fresh = Inbox.objects.get(slug="desk")  # role_of asks the database
+        read = Inbox.objects.get_with_role(user, "desk").role_of(user)
+        assert read == fresh.role_of(user) is not None, name
+    assert Inbox.objects.get_with_role(people["both"], "desk").role_of(people["both"]) == (
+        Role.APPROVER
+    )
+
+
+@pytest.mark.parametrize("slug", ["de\x00sk", "", None, 7])
+def test_a_slug_no_inbox_can_have_is_does_not_exist(grouped, slug):
+    _, dana, _ = grouped
+    with pytest.raises(Inbox.DoesNotExist):
+        Inbox.objects.get_with_role(dana, slug)
