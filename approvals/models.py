@@ -7,7 +7,7 @@ from django.db.models import Q, Subquery
 from django.urls import reverse
 from django.utils.text import capfirst
 
-from inbox.models import Event, Inbox, Role, granted_role, is_person
+from inbox.models import Event, Inbox, Role, is_person
 from timers.models import RESERVED_KEY_PREFIX
 
 # The inbox event that carries an approval's outcome: ("approval", request_id). Whichever is
@@ -42,14 +42,20 @@ class ApprovalQuerySet(models.QuerySet):
             return self
         return self.filter(inbox__in=Inbox.objects.with_role(user, Role.VIEWER))
 
-    def get_visible(self, user, **lookup) -> "Approval":
-        """The approval matching `lookup` that `user` may see (visible_to's rule), with their
-        role in its inbox read in the same query, so may_answer asks nothing more.
-        Approval.DoesNotExist for one they may not see and one that does not exist alike."""
-        approval = self.annotate(inbox_role_granted=granted_role(user, "inbox")).get(**lookup)
-        approval.inbox.remember_role(user, approval.inbox_role_granted)
-        if not is_operator(user) and approval.inbox.role_of(user) is None:
-            raise Approval.DoesNotExist(f"no approval {lookup} that {user} may see")
+    def get_visible(self, user, slug, request_id) -> "Approval":
+        """The approval `request_id` of inbox `slug` if `user` may see it (visible_to's rule),
+        its inbox read with their role in it (Inbox.objects.get_with_role), so may_answer
+        asks nothing more. Approval.DoesNotExist for one they may not see and one that does
+        not exist alike."""
+        try:
+            inbox = Inbox.objects.get_with_role(user, slug)
+        except Inbox.DoesNotExist:
+            # Operators see every inbox's approvals, a role or none.
+            inbox = Inbox.objects.filter(slug=slug).first() if is_operator(user) else None
+        if inbox is None:
+            raise Approval.DoesNotExist(f"no approval {request_id!r} of {slug!r} for {user}")
+        approval = self.get(inbox=inbox, request_id=request_id)
+        approval.inbox = inbox
         return approval
 
     def waiting(self, now):

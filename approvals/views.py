@@ -40,10 +40,9 @@ def approval_list(request):
 def approval_detail(request, slug, request_id):
     # The same 404 for somebody else's request, an unknown one and a forged id: whether a
     # request exists is not for other people to learn.
-    # Its inbox's role for this user comes in the same query: may_answer asks nothing more.
     try:
-        approval = Approval.objects.select_related(*PEOPLE).get_visible(
-            request.user, inbox__slug=slug, request_id=request_id
+        approval = Approval.objects.select_related(*PEOPLE[1:]).get_visible(
+            request.user, slug, request_id
         )
     except Approval.DoesNotExist:
         raise Http404("No approval matches the given query.") from None
