@@ -1,8 +1,9 @@
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import models
-from django.db.models import Q
+from django.db.models import Q, Subquery
 from django.urls import reverse
 from django.utils.text import capfirst
 
@@ -40,6 +41,22 @@ class ApprovalQuerySet(models.QuerySet):
         if is_operator(user):
             return self
         return self.filter(inbox__in=Inbox.objects.with_role(user, Role.VIEWER))
+
+    def get_visible(self, user, slug, request_id) -> "Approval":
+        """The approval `request_id` of inbox `slug` if `user` may see it (visible_to's rule),
+        its inbox read with their role in it (Inbox.objects.get_with_role), so may_answer
+        asks nothing more. Approval.DoesNotExist for one they may not see and one that does
+        not exist alike."""
+        try:
+            inbox = Inbox.objects.get_with_role(user, slug)
+        except Inbox.DoesNotExist:
+            # Operators see every inbox's approvals, a role or none.
+            inbox = Inbox.objects.filter(slug=slug).first() if is_operator(user) else None
+        if inbox is None:
+            raise Approval.DoesNotExist(f"no approval {request_id!r} of {slug!r} for {user}")
+        approval = self.get(inbox=inbox, request_id=request_id)
+        approval.inbox = inbox
+        return approval
 
     def waiting(self, now):
         return self.filter(answer="", expires_at__gt=now)
@@ -197,17 +214,28 @@ def record_answer(sender, event: Event, now, **kwargs):
     answer = event.payload.get("answer")
     if answer not in Approval.Answer.values:
         return
-    approval = Approval.objects.filter(
+    unsettled = Approval.objects.filter(
         inbox_id=event.inbox_id, request_id=event.source_id, answer=""
-    ).first()
+    )
+    if answer != Approval.Answer.EXPIRED:
+        # A person's answer, and who gave it (the payload names them), in one UPDATE; its
+        # audit entry is the answerer's (answer_approval).
+        settled = {"answer": answer, "answered_at": now}
+        if username := event.payload.get("answered_by"):
+            users = get_user_model()
+            settled["answered_by"] = Subquery(
+                users.objects.filter(**{users.USERNAME_FIELD: username}).values("pk")[:1]
+            )
+        unsettled.update(**settled)
+        return
+    approval = unsettled.first()
     if approval is None:
         return
     approval.answer, approval.answered_at = answer, now
     approval.save(update_fields=["answer", "answered_at"])
-    if answer == Approval.Answer.EXPIRED:
-        AuditEntry.record(
-            approval, None, answer, AuditEntry.Via.DEADLINE, AuditEntry.Result.EXPIRED, now
-        )
+    AuditEntry.record(
+        approval, None, answer, AuditEntry.Via.DEADLINE, AuditEntry.Result.EXPIRED, now
+    )
 
 
 class AuditEntry(models.Model):

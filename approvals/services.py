@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 
 from inbox import clock
 from inbox.models import Event, Inbox
@@ -121,7 +122,17 @@ class MayNotAnswer(PermissionDenied):
 
 
 def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API) -> str:
-    """Store a person's answer unless the deadline passed; return the outcome that stands:
+    """Store a person's answer; the outcome that stands (see decide_answer)."""
+    return decide_answer(inbox, request_id, answer, now, by=by, via=via)[1]
+
+
+def decide_answer(
+    inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API
+) -> tuple[str | None, str]:
+    """answer_approval's work, returning also what the answer did, the audit's result (None
+    for a request never made), for the page that tells the person.
+
+    Store a person's answer unless the deadline passed; return the outcome that stands:
     "yes"/"no", "expired", "unknown" for a request never made, or "waiting" while a request
     that needs two approvers has its first "yes" only.
 
@@ -153,17 +164,22 @@ def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEn
         lock_inbox(inbox.pk)
         now = clock.resolve(now)
         # The row too, as prune takes it (skip_locked): an answer and a delete never cross.
+        # Its answer event, if one is stored, comes with it (read under the same lock).
+        answer_event = Event.objects.filter(
+            inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
+        )
         approval = (
             Approval.objects.filter(inbox=inbox, request_id=request_id)
             .select_related("first_approved_by")
+            .annotate(stored_payload=Subquery(answer_event.values("payload")[:1]))
             .select_for_update(of=("self",))
             .first()
         )
         if approval is None:
-            return UNKNOWN
+            return None, UNKNOWN
         result, stands = _decide(approval, answer, by, now)
         AuditEntry.record(approval, by, answer, via, result, now)
-        return stands
+        return result, stands
 
 
 def _decide(approval, answer, by, now) -> tuple[str, str]:
@@ -177,13 +193,9 @@ def _decide(approval, answer, by, now) -> tuple[str, str]:
     Result = AuditEntry.Result
     if approval.answer:
         return Result.ALREADY_SETTLED, approval.answer
-    stored = (
-        Event.objects.filter(
-            inbox_id=approval.inbox_id, source=APPROVAL_SOURCE, source_id=approval.request_id
-        )
-        .values_list("payload", flat=True)
-        .first()
-    )
+    # The answer event stored (answer_approval reads it with the row): one the row does not
+    # know, as after a request id is asked again once its first request was pruned.
+    stored = approval.stored_payload
     if stored is not None:
         return Result.ALREADY_SETTLED, stored["answer"]
     if approval.has_expired(now):
@@ -208,8 +220,7 @@ def _decide(approval, answer, by, now) -> tuple[str, str]:
 
 
 def _settle(approval, answer, by, approved_by, now):
-    """Store the answer event (its payload is what the agent receives) and who gave it."""
+    """Store the answer event (its payload is what the agent receives); record_answer copies
+    the answer and who gave it onto the row, in this transaction."""
     payload = approval.outcome_payload(answer, by, [user for user in approved_by if user])
-    stored = store_event(approval.inbox_id, APPROVAL_SOURCE, approval.request_id, payload, now)
-    if stored and by is not None:
-        Approval.objects.filter(pk=approval.pk).update(answered_by=by)
+    store_event(approval.inbox_id, APPROVAL_SOURCE, approval.request_id, payload, now)

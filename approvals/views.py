@@ -1,7 +1,7 @@
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponseBadRequest
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import Http404, HttpResponseBadRequest
+from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods
 
@@ -9,7 +9,7 @@ from inbox import clock
 from inbox.exceptions import InboxBusy
 
 from .models import Approval, AuditEntry, may_answer
-from .services import WAITING, answer_approval
+from .services import decide_answer
 
 RECENT = 20
 PEOPLE = ("inbox", "first_approved_by", "answered_by")
@@ -40,11 +40,12 @@ def approval_list(request):
 def approval_detail(request, slug, request_id):
     # The same 404 for somebody else's request, an unknown one and a forged id: whether a
     # request exists is not for other people to learn.
-    approval = get_object_or_404(
-        Approval.objects.visible_to(request.user).select_related(*PEOPLE),
-        inbox__slug=slug,
-        request_id=request_id,
-    )
+    try:
+        approval = Approval.objects.select_related(*PEOPLE[1:]).get_visible(
+            request.user, slug, request_id
+        )
+    except Approval.DoesNotExist:
+        raise Http404("No approval matches the given query.") from None
     answerer = may_answer(request.user, approval.inbox)
     status = 200
     refused = ""
@@ -84,23 +85,22 @@ def _answer(request, approval, answer):
     via = AuditEntry.Via.PAGE
     if request.POST.get("via") == AuditEntry.Via.CONVERSATION:
         via = AuditEntry.Via.CONVERSATION
-    already = approval.standing_answer(clock.database_now())
-    approved_before = approval.first_approved_by_id == request.user.pk
     try:
-        stands = answer_approval(
+        # What the answer did is decided under the inbox's lock: no reading ahead of it.
+        result, _ = decide_answer(
             approval.inbox, approval.request_id, answer, by=request.user, via=via
         )
     except InboxBusy:
         messages.error(request, "The inbox is busy and your answer was not recorded yet.")
         return None
-    if already or stands not in (answer, WAITING):
+    if result in (None, AuditEntry.Result.ALREADY_SETTLED, AuditEntry.Result.TOO_LATE):
         messages.info(request, "This request was already settled; the first outcome stands.")
-    elif stands == WAITING and approved_before:
+    elif result == AuditEntry.Result.NOT_COUNTED:
         messages.info(
             request,
             "You already approved this request. It needs a second, different approver.",
         )
-    elif stands == WAITING:
+    elif result == AuditEntry.Result.FIRST_APPROVAL:
         messages.success(
             request,
             "Your approval is recorded. A second, different approver must also approve"

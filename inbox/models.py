@@ -1,8 +1,10 @@
+import functools
+
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
-from django.db.models import Exists, Max, OuterRef, Q
+from django.db import connections, models, transaction
+from django.db.models import Exists, Max, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Now
 
 from .exceptions import UnknownInbox
@@ -22,6 +24,22 @@ def is_person(user) -> bool:
     return bool(getattr(user, "is_authenticated", False) and user.is_active)
 
 
+def granted_role(user, inbox="pk"):
+    """The highest role a membership gives `user` in the inbox whose id the outer query's
+    field `inbox` holds (its own "pk" in a query of inboxes), as an expression to read along
+    with the rows that need it; NULL for none, and for the owner, who needs no membership."""
+    if not is_person(user):
+        return Value(None, output_field=models.PositiveSmallIntegerField())
+    return Subquery(
+        Membership.objects.filter(inbox=OuterRef(inbox))
+        .granting(user, Role.VIEWER)
+        .order_by()
+        .values("inbox")
+        .annotate(best=Max("role"))
+        .values("best")
+    )
+
+
 class InboxQuerySet(models.QuerySet):
     def with_role(self, user, role=Role.VIEWER):
         """Inboxes where `user` holds at least `role`: as the owner (always a manager), as a
@@ -30,6 +48,24 @@ class InboxQuerySet(models.QuerySet):
             return self.none()
         granted = Membership.objects.granting(user, role).filter(inbox=OuterRef("pk"))
         return self.filter(Q(owner=user) | Exists(granted))
+
+
+# Stand-ins for one user's id and one slug in the statement _role_read builds once.
+_ANY_USER_ID = -918_273_645
+_ANY_SLUG = "\x00any slug"
+
+
+@functools.cache
+def _role_read(vendor) -> tuple[str, tuple]:
+    """get_with_role's statement, built by the ORM (granting() stays the one rule) once per
+    process and database: building and compiling it costs several times its execution, and
+    it starts every page of an inbox. Its parameters hold the stand-ins to replace."""
+    anyone = get_user_model()(pk=_ANY_USER_ID)
+    query = Inbox.objects.annotate(role_granted=granted_role(anyone)).filter(slug=_ANY_SLUG)
+    query = query.order_by()
+    alias = next(alias for alias in connections if connections[alias].vendor == vendor)
+    sql, params = query.query.get_compiler(alias).as_sql()
+    return sql, tuple(params)
 
 
 class InboxManager(models.Manager.from_queryset(InboxQuerySet)):
@@ -45,6 +81,23 @@ class InboxManager(models.Manager.from_queryset(InboxQuerySet)):
         if isinstance(ref, str) and ref and not UNSTORABLE.search(ref):
             return "slug", ref
         raise UnknownInbox(ref)
+
+    def get_with_role(self, user, slug) -> "Inbox":
+        """The inbox `slug` where `user` holds a role, that role read in the same query
+        (role_of and has_role then ask nothing more): every page of one inbox starts here.
+        Inbox.DoesNotExist when there is no such inbox and when `user` holds no role in it
+        alike."""
+        inbox = None
+        if is_person(user) and isinstance(slug, str) and not UNSTORABLE.search(slug):
+            sql, params = _role_read(connections[self.db].vendor)
+            values = {_ANY_USER_ID: user.pk, _ANY_SLUG: slug}
+            found = list(self.raw(sql, [values.get(param, param) for param in params]))
+            inbox = found[0] if found else None
+        if inbox is not None:
+            inbox.remember_role(user, inbox.role_granted)
+        if inbox is None or inbox.role_of(user) is None:
+            raise Inbox.DoesNotExist(f"no inbox {slug!r} where {user} holds a role")
+        return inbox
 
     def pk_of(self, ref) -> int:
         """The primary key, without a query when `ref` is an Inbox or already an id (the
@@ -93,17 +146,28 @@ class Inbox(models.Model):
                 Session.objects.create(inbox=self)
 
     def role_of(self, user) -> Role | None:
-        """The highest role `user` holds here (the owner is a manager), or None."""
+        """The highest role `user` holds here (the owner is a manager), or None. No query
+        when it was read with the inbox for this same user (remember_role)."""
         if not is_person(user):
             return None
         if self.owner_id == user.pk:
             return Role.MANAGER
-        best = (
-            Membership.objects.filter(inbox=self)
-            .granting(user, Role.VIEWER)
-            .aggregate(best=Max("role"))["best"]
-        )
+        remembered = getattr(self, "_granted_role", None)
+        if remembered is not None and remembered[0] == user.pk:
+            best = remembered[1]
+        else:
+            best = (
+                Membership.objects.filter(inbox=self)
+                .granting(user, Role.VIEWER)
+                .aggregate(best=Max("role"))["best"]
+            )
         return Role(best) if best else None
+
+    def remember_role(self, user, granted) -> None:
+        """Keep `granted`, the role a membership gives `user` here as read along with this
+        row (granted_role), for role_of: for the rest of this request, not a cache."""
+        if is_person(user):
+            self._granted_role = (user.pk, granted)
 
     def has_role(self, user, role) -> bool:
         held = self.role_of(user)

@@ -14,8 +14,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
 
@@ -54,7 +54,11 @@ def home(request):
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 def inbox_page(request, slug):
-    inbox = get_object_or_404(Inbox.objects.with_role(request.user), slug=slug)
+    # One query for the inbox and the user's role in it; the role answers every check below.
+    try:
+        inbox = Inbox.objects.get_with_role(request.user, slug)
+    except Inbox.DoesNotExist:
+        raise Http404("No inbox matches the given query.") from None
     writer = inbox.has_role(request.user, Role.APPROVER)
     status = 200
     if request.method == "POST":

@@ -1,0 +1,94 @@
+"""What an answer posted on the approval's page costs the database, counted (structural, not
+timing: bench/views.py measures the time), with the guarantees the fewer queries keep: the
+message says what the answer did as decided under the lock, who answered is on the row.
+"""
+
+import pytest
+from django.contrib.auth.models import Group
+from django.db import connection
+from django.test import Client
+
+from approvals.models import Approval, AuditEntry
+from inbox.models import Event, Membership, Role
+from tests.support.pages import ask, detail_url, text_of
+
+pytestmark = pytest.mark.django_db
+
+# The session, the user, the inbox with the role in it (a statement built once), the
+# approval; then the inbox's transaction (in a test, a savepoint in the test's): on PostgreSQL
+# the lock's bound and the lease row, the clock, the approval row locked with its answer
+# event, the event stored, the row settled with who answered, the audit entry. Outside a
+# test the commit also adds the settled count (alwayson/ops/metrics.py, its own transaction).
+ANSWER_POST = {"postgresql": 13, "sqlite": 15}
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def people(django_user_model, make_inbox, owner):
+    desk = make_inbox("desk", owner=owner)
+    finance = Group.objects.create(name="finance")
+    Membership.objects.create(inbox=desk, group=finance, role=Role.APPROVER)
+    clients = {}
+    for name in ("dana", "lee"):
+        user = django_user_model.objects.create_user(username=name)
+        user.groups.add(finance)
+        clients[name] = Client()
+        clients[name].force_login(user)
+    return desk, clients
+
+
+def test_an_answer_post_costs_these_queries(people, django_assert_num_queries):
+    desk, clients = people
+    approval = ask(desk)
+
+    with django_assert_num_queries(ANSWER_POST[connection.vendor]):
+        response = clients["dana"].post(detail_url("desk", "refund-881"), {"answer": "yes"})
+
+    assert (response.status_code, response["Location"]) == (302, approval.get_absolute_url())
+    approval.refresh_from_db()
+    assert (approval.answer, approval.answered_by.username) == ("yes", "dana")
+    event = Event.objects.get(inbox=desk, source="approval", source_id="refund-881")
+    assert (event.payload["answer"], event.payload["answered_by"]) == ("yes", "dana")
+    assert "Your answer was recorded." in text_of(clients["dana"].get(response["Location"]))
+
+
+def test_a_late_second_answer_is_told_the_first_stands(people):
+    desk, clients = people
+    ask(desk)
+    url = detail_url("desk", "refund-881")
+    clients["dana"].post(url, {"answer": "no"})
+
+    page = clients["lee"].post(url, {"answer": "yes"}, follow=True)
+
+    assert "already settled; the first outcome stands" in text_of(page)
+    approval = Approval.objects.get()
+    assert (approval.answer, approval.answered_by.username) == ("no", "dana")
+    results = list(AuditEntry.objects.order_by("id").values_list("username", "result"))
+    assert results == [("dana", "denied"), ("lee", "already_settled")]
+
+
+def test_an_answer_event_the_row_does_not_know_is_what_stands(people):
+    """An answer event stored while the row says nothing (a request id asked again after the
+    first request's row was pruned, its event not yet): read with the row, it stands."""
+    desk, clients = people
+    ask(desk)
+    Event.objects.create(
+        inbox=desk,
+        source="approval",
+        source_id="refund-881",
+        payload={"answer": "no"},
+        available_at=Approval.objects.get().requested_at,
+        created=Approval.objects.get().requested_at,
+        updated=Approval.objects.get().requested_at,
+    )
+
+    page = clients["dana"].post(detail_url("desk", "refund-881"), {"answer": "yes"}, follow=True)
+
+    assert "already settled; the first outcome stands" in text_of(page)
+    assert Event.objects.filter(source="approval").count() == 1
+    assert AuditEntry.objects.get().result == "already_settled"
+    assert Approval.objects.get().answer == ""
