@@ -145,11 +145,12 @@ def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEn
         raise ValueError(f"by must be a user (or None), not {by!r}")
     if via not in (AuditEntry.Via.PAGE, AuditEntry.Via.CONVERSATION, AuditEntry.Via.API):
         raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
-    inbox = Inbox.objects.resolve(inbox)
-    if by is not None and not may_answer(by, inbox):
-        raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
     # A person is waiting on the answer: bounded like a delivery (InboxBusy past the wait).
-    with bounded_write(inbox.pk, settings.ALWAYSON_INGEST_LOCK_WAIT):
+    # The inbox and the role are read inside, where every statement is planned by index.
+    with bounded_write(Inbox.objects.lookup(inbox)[1], settings.ALWAYSON_INGEST_LOCK_WAIT):
+        inbox = Inbox.objects.resolve(inbox)
+        if by is not None and not may_answer(by, inbox):
+            raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
         lock_inbox(inbox.pk)
         now = clock.resolve(now)
         # The row too, as prune takes it (skip_locked): an answer and a delete never cross.
