@@ -154,9 +154,10 @@ def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEn
         lock_inbox(inbox.pk)
         now = clock.resolve(now)
         # The row too, as prune takes it (skip_locked): an answer and a delete never cross.
+        # Without its first approver joined: the planner may walk the whole users' index for
+        # that join; the second approval, the one step that needs the user, reads it by key.
         approval = (
             Approval.objects.filter(inbox=inbox, request_id=request_id)
-            .select_related("first_approved_by")
             .select_for_update(of=("self",))
             .first()
         )
