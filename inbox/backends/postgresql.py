@@ -57,10 +57,18 @@ finish or a worker's take holding the row, a key stored since the statement's sn
 comes back as "again", having written nothing, and the statement above runs: the first
 delivery to an idle inbox is two statements and one commit.
 
-One event's statements are prepared, with scalar parameters: their generic plan is one
-probe of each key whatever the tables' sizes (see Event.inbox on the index it has not). The
-try runs through libpq itself (_Direct). A batch's (insert_many.sql) is planned each time:
-its plan depends on the batch's size.
+One event's statements are prepared, with scalar parameters. A prepared statement keeps
+its generic plan, made from the statistics of the moment, and statistics gathered while
+every marker was NULL made the delivery by slug two nested sequential scans. So every hot
+statement here names its rows by key in scalar subqueries and key arrays (InitPlans), never
+by a join the planner could turn around, and is planned with sequential scans off: BY_INDEX
+goes before it in the same pipeline (one round trip, its transaction), AS_BEFORE after it
+inside a caller's transaction. No statement text could do the second part: on a table of a
+few pages a sequential scan costs less than any index probe, to the planner. Their generic
+plan is then one probe of each key whatever the statistics say
+(tests/contracts/test_plans_any_statistics_pg.py; see Event.inbox on the index it has not).
+The try runs through libpq itself (_Direct). A batch's (insert_many.sql) is planned each
+time: its plan depends on the batch's size.
 
 Three statements state the insert, each the fast form of its case, kept apart for speed:
 the try (never waits, fewest nodes), one event (prepared with scalar parameters: a stable
