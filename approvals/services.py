@@ -156,21 +156,23 @@ def decide_answer(
         raise ValueError(f"by must be a user (or None), not {by!r}")
     if via not in (AuditEntry.Via.PAGE, AuditEntry.Via.CONVERSATION, AuditEntry.Via.API):
         raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
-    inbox = Inbox.objects.resolve(inbox)
-    if by is not None and not may_answer(by, inbox):
-        raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
     # A person is waiting on the answer: bounded like a delivery (InboxBusy past the wait).
-    with bounded_write(inbox.pk, settings.ALWAYSON_INGEST_LOCK_WAIT):
+    # The inbox and the role are read inside, where every statement is planned by index.
+    with bounded_write(Inbox.objects.lookup(inbox)[1], settings.ALWAYSON_INGEST_LOCK_WAIT):
+        inbox = Inbox.objects.resolve(inbox)
+        if by is not None and not may_answer(by, inbox):
+            raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
         lock_inbox(inbox.pk)
         now = clock.resolve(now)
         # The row too, as prune takes it (skip_locked): an answer and a delete never cross.
-        # Its answer event, if one is stored, comes with it (read under the same lock).
+        # Its answer event, if one is stored, comes with it (read under the same lock); not
+        # its first approver joined: the planner may walk the whole users' index for that
+        # join; the second approval, the one step that needs the user, reads it by key.
         answer_event = Event.objects.filter(
             inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
         )
         approval = (
             Approval.objects.filter(inbox=inbox, request_id=request_id)
-            .select_related("first_approved_by")
             .annotate(stored_payload=Subquery(answer_event.values("payload")[:1]))
             .select_for_update(of=("self",))
             .first()

@@ -57,10 +57,18 @@ finish or a worker's take holding the row, a key stored since the statement's sn
 comes back as "again", having written nothing, and the statement above runs: the first
 delivery to an idle inbox is two statements and one commit.
 
-One event's statements are prepared, with scalar parameters: their generic plan is one
-probe of each key whatever the tables' sizes (see Event.inbox on the index it has not). The
-try runs through libpq itself (_Direct). A batch's (insert_many.sql) is planned each time:
-its plan depends on the batch's size.
+One event's statements are prepared, with scalar parameters. A prepared statement keeps
+its generic plan, made from the statistics of the moment, and statistics gathered while
+every marker was NULL made the delivery by slug two nested sequential scans. So every hot
+statement here names its rows by key in scalar subqueries and key arrays (InitPlans), never
+by a join the planner could turn around, and is planned with sequential scans off: BY_INDEX
+goes before it in the same pipeline (one round trip, its transaction), AS_BEFORE after it
+inside a caller's transaction. No statement text could do the second part: on a table of a
+few pages a sequential scan costs less than any index probe, to the planner. Their generic
+plan is then one probe of each key whatever the statistics say
+(tests/contracts/test_plans_any_statistics_pg.py; see Event.inbox on the index it has not).
+The try runs through libpq itself (_Direct). A batch's (insert_many.sql) is planned each
+time: its plan depends on the batch's size.
 
 Three statements state the insert, each the fast form of its case, kept apart for speed:
 the try (never waits, fewest nodes), one event (prepared with scalar parameters: a stable
@@ -70,6 +78,7 @@ generic plan) and a batch (arrays, planned for its size).
 import itertools
 import json
 import re
+import select
 import weakref
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
@@ -125,6 +134,15 @@ INSERT_ONE_SHARING = {
     for share in (True, False)
 }
 INSERT_MANY = _load("insert_many")
+# Sent before each hot statement, in its transaction and its round trip (_by_index): the
+# plan is made with sequential scans off, so every row is found through an index whatever
+# the tables' statistics say. AS_BEFORE puts the setting back inside a caller's transaction.
+BY_INDEX = (
+    "SELECT set_config('alwayson.enable_seqscan', current_setting('enable_seqscan'), true),"
+    " set_config('enable_seqscan', 'off', true)"
+)
+_BY_INDEX_BOUNDED = BY_INDEX + ", set_config('lock_timeout', %(lock_timeout)s, true)"
+AS_BEFORE = "SELECT set_config('enable_seqscan', current_setting('alwayson.enable_seqscan'), true)"
 
 _INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
 _EVENT_FIELDS = [field.attname for field in Event._meta.concrete_fields]
@@ -200,24 +218,43 @@ def _server_cursor():
     return connection._prepare_cursor(psycopg.Cursor(connection.connection))
 
 
-# Each connection's cursor for one event's statement, kept between calls.
-_one_cursors = weakref.WeakKeyDictionary()
+# Each connection's cursors for the hot statements, kept between calls.
+_kept_cursors = weakref.WeakKeyDictionary()
+
+
+def _by_index(db, statements) -> list:
+    """Send each (sql, params) of `statements` on a prepared cursor of `db` (the default
+    connection) after BY_INDEX, in one pipeline: one round trip, one implicit transaction
+    outside a caller's, and inside one AS_BEFORE after them. The cursors, in order, their
+    rows read after the pipeline is synced. The settings go on a cursor of psycopg's own,
+    unseen by Django's query log: they are how a statement is planned, not a query.
+
+    Through Django's cursor wrappers while something watches the queries (CaptureQueriesContext,
+    DEBUG, an execute wrapper); otherwise on cursors kept for the connection, with what the
+    wrapper would have done that matters here: the broken-transaction check and Django's
+    exceptions."""
+    db.ensure_connection()
+    if db.queries_logged or db.execute_wrappers:
+        setting = _PreparingCursor(db.connection)
+        cursors = [prepared_cursor() for _ in statements]
+    else:
+        kept = _kept(_kept_cursors, db, lambda raw: [])
+        while len(kept) <= len(statements):
+            kept.append(_PreparingCursor(db.connection))
+        setting, *cursors = kept[: len(statements) + 1]
+    with db.wrap_database_errors, db.connection.pipeline():
+        setting.execute(BY_INDEX)
+        for cursor, (sql, params) in zip(cursors, statements, strict=True):
+            cursor.execute(sql, params)
+        if db.in_atomic_block:
+            setting.execute(AS_BEFORE)
+    return cursors
 
 
 def _fetch_one(db, sql, params) -> dict | None:
-    """The first row `sql` answers, by name, prepared on `db` (the default connection,
-    connected). Through Django's cursor wrapper while something watches the queries
-    (CaptureQueriesContext, DEBUG, an execute wrapper); otherwise on a cursor kept for the
-    connection, with what the wrapper would have done that matters here: the
-    broken-transaction check and Django's exceptions."""
-    if db.queries_logged or db.execute_wrappers:
-        with prepared_cursor() as cursor:
-            cursor.execute(sql, params)
-            return _one(cursor, sql)
-    cursor = _kept(_one_cursors, db, _PreparingCursor)
-    with db.wrap_database_errors:
-        cursor.execute(sql, params)
-        return _one(cursor, sql)
+    """The first row `sql` answers, by name, prepared on `db`, planned by index."""
+    [cursor] = _by_index(db, [(sql, params)])
+    return _one(cursor, sql)
 
 
 def _kept(kept, db, make):
@@ -279,13 +316,15 @@ class _Direct:
         return statement
 
     def fetch_one(self, sql, params) -> dict | None:
+        """The first row of `sql`, after BY_INDEX in the same pipeline (its implicit
+        transaction: `sql` runs outside any other)."""
         for retrying in (False, True):
+            setting = self.statements.get(BY_INDEX) or self._prepare(BY_INDEX)
             statement = self.statements.get(sql) or self._prepare(sql)
             values = [_text(params[key]) for key in statement.params]
-            result = self.raw.pgconn.exec_prepared(
-                statement.name, values, result_format=pq.Format.BINARY
-            )
-            if result.status == pq.ExecStatus.TUPLES_OK:
+            results = self._pipeline([(setting, []), (statement, values)])
+            result = results[1]
+            if result.status == pq.ExecStatus.TUPLES_OK and len(results) == 2:
                 if not result.ntuples:
                     return None
                 if not statement.columns:
@@ -294,11 +333,51 @@ class _Direct:
                     )
                 self.loader.set_pgresult(result)
                 return dict(zip(statement.columns, self.loader.load_row(0, tuple), strict=True))
+            # The first error: the setting's, the statement's or the commit's (at the Sync).
+            aborted = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.PIPELINE_ABORTED)
+            result = next(result for result in results if result.status not in aborted)
             if not retrying and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
-                # A pooler's DISCARD ALL dropped it (invalid_sql_statement_name): again.
-                del self.statements[sql]
+                # A pooler's DISCARD ALL dropped them (invalid_sql_statement_name): again.
+                self.statements.clear()
                 continue
             raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
+
+    def _pipeline(self, calls) -> list:
+        """Each (statement, values) of `calls` sent in one pipeline, then one Sync: one round
+        trip, one implicit transaction. Their results, in order, and the commit's error if
+        it failed. The waits are on the socket (select, without the GIL); libpq's own would
+        hold it."""
+        pgconn = self.raw.pgconn
+        pgconn.enter_pipeline_mode()
+        try:
+            for statement, values in calls:
+                pgconn.send_query_prepared(statement.name, values, result_format=pq.Format.BINARY)
+            pgconn.pipeline_sync()
+            # Each statement's result, each followed by None; then, if the commit at the
+            # Sync failed, its error; then the Sync's own.
+            results = []
+            while (result := _result(pgconn)) is None or (
+                result.status != pq.ExecStatus.PIPELINE_SYNC
+            ):
+                if result is not None:
+                    results.append(result)
+            pgconn.exit_pipeline_mode()
+        except BaseException:
+            # Half a pipeline read: the connection's state is unknown, it is not used again.
+            self.raw.close()
+            raise
+        return results
+
+
+def _result(pgconn):
+    """libpq's next result, waiting for it on the socket."""
+    while pgconn.flush():
+        select.select([pgconn.socket], [pgconn.socket], [])
+        pgconn.consume_input()
+    while pgconn.is_busy():
+        select.select([pgconn.socket], [], [])
+        pgconn.consume_input()
+    return pgconn.get_result()
 
 
 def _text(value) -> bytes | None:
@@ -361,14 +440,20 @@ class PostgreSQL(Backend):
 
     @contextmanager
     def bounded(self, wait):
+        """Also planned by index throughout (BY_INDEX): a bounded write is a person waiting
+        on a few rows found by their keys. Both settings are local to the transaction (put
+        back at the end inside a caller's), so the next one on the connection is as usual."""
+        inside = connection.in_atomic_block
         with transaction.atomic():
-            if wait is not None:
-                with connection.cursor() as cursor:
-                    # Local to this transaction: the next one on the connection waits as usual.
-                    cursor.execute(
-                        "SELECT set_config('lock_timeout', %s, true)", [_lock_timeout(wait)]
-                    )
+            with _PreparingCursor(connection.connection) as cursor:
+                if wait is None:
+                    cursor.execute(BY_INDEX)
+                else:
+                    cursor.execute(_BY_INDEX_BOUNDED, {"lock_timeout": _lock_timeout(wait)})
             yield
+            if inside:
+                with _PreparingCursor(connection.connection) as cursor:
+                    cursor.execute(AS_BEFORE)
 
     def is_lock_timeout(self, exc) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
@@ -402,9 +487,10 @@ class PostgreSQL(Backend):
     def acquire(self, ref, holder, now):
         inbox_id = _inbox_id(ref, Inbox.objects.pk_of(ref))
         with transaction.atomic():
-            with prepared_cursor() as cursor:
-                cursor.execute(ACQUIRE, _lease_params(holder, now, inbox=inbox_id))
-                row = _one(cursor, ACQUIRE)
+            [cursor] = _by_index(
+                connection, [(ACQUIRE, _lease_params(holder, now, inbox=inbox_id))]
+            )
+            row = _one(cursor, ACQUIRE)
             if row is None:
                 raise UnknownInbox(ref)
             if row["generation"] is None:
@@ -414,27 +500,23 @@ class PostgreSQL(Backend):
 
     def acquire_next(self, holder, now):
         with transaction.atomic():
-            with prepared_cursor() as cursor:
-                cursor.execute(ACQUIRE_NEXT, _lease_params(holder, now))
-                row = _one(cursor, ACQUIRE_NEXT)
+            [cursor] = _by_index(connection, [(ACQUIRE_NEXT, _lease_params(holder, now))])
+            row = _one(cursor, ACQUIRE_NEXT)
             if row is None:
                 return None
             _taken(row)
             return row["inbox_id"], row["generation"]
 
     def fence(self, ref, inbox_id, holder, generation, now, release):
-        with prepared_cursor() as cursor:
-            cursor.execute(
-                FENCE,
-                {
-                    "now": now,
-                    "inbox": inbox_id,
-                    "release": release,
-                    "holder": holder,
-                    "generation": generation,
-                },
-            )
-            row = _one(cursor, FENCE)
+        params = {
+            "now": now,
+            "inbox": inbox_id,
+            "release": release,
+            "holder": holder,
+            "generation": generation,
+        }
+        [cursor] = _by_index(connection, [(FENCE, params)])
+        row = _one(cursor, FENCE)
         if row is not None:
             return row["now"]
         return self.refused(ref, inbox_id)
@@ -452,9 +534,8 @@ class PostgreSQL(Backend):
         only takes the lease, and the settling and the claim follow in a transaction under
         the lease row's lock (_claim_locked)."""
         take = _take(holder, now)
-        with prepared_cursor() as cursor:
-            cursor.execute(take.sql, take.params)
-            rows = _all(cursor, take.sql)
+        [cursor] = _by_index(connection, [(take.sql, take.params)])
+        rows = _all(cursor, take.sql)
         return take.claim(self, rows)
 
     def _claim_locked(self, inbox, holder, generation, now) -> Claim:
@@ -605,9 +686,9 @@ def _take(holder, now) -> _Take:
 
 
 def _claim_rows(inbox_id, generation, now) -> list[dict]:
-    with prepared_cursor() as cursor:
-        cursor.execute(CLAIM, {"inbox": inbox_id, "now": now, "generation": generation})
-        return _all(cursor, CLAIM)
+    params = {"inbox": inbox_id, "now": now, "generation": generation}
+    [cursor] = _by_index(connection, [(CLAIM, params)])
+    return _all(cursor, CLAIM)
 
 
 def _claimed(inbox, generation, rows, extras=None) -> Claim:
@@ -646,7 +727,7 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
     params = {**run, "count": len(run["ids"]), "release": release}
     if effects or connection.in_atomic_block or not psycopg.Pipeline.is_supported():
         with transaction.atomic():
-            locked, finished = _lock_and_finish(params)
+            locked, finished = _by_index(connection, [(LOCK, params), (FINISH_DONE, params)])
             if locked.fetchone() is None:
                 raise UnknownInbox(ref)
             finished = _one(finished, FINISH_DONE)
@@ -656,14 +737,14 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
                 effect(finished["now"])
             if take is None:
                 return True, []
-            with prepared_cursor() as cursor:
-                cursor.execute(take.sql, take.params)
-                return True, _all(cursor, take.sql)
+            [cursor] = _by_index(connection, [(take.sql, take.params)])
+            return True, _all(cursor, take.sql)
     connection.ensure_connection()
     raw = connection.connection
     try:
         with connection.wrap_database_errors, raw.pipeline():
             raw.execute("BEGIN", prepare=False)
+            _PreparingCursor(raw).execute(BY_INDEX)  # until COMMIT
             locked, finished = _lock_and_finish(params)
             if take is not None:
                 taken = prepared_cursor()

@@ -7,6 +7,10 @@
 -- a finish moved the marker while this statement waited to share the row, nothing was
 -- stored, run it again without `share`.
 --
+-- Each lease row is named by a scalar subquery (an InitPlan: `inbox_id = $n`), never by a join
+-- the planner could turn around into a walk of the whole index; with BY_INDEX (postgresql.py)
+-- that is one probe of each key whatever the statistics say.
+--
 -- `lock_timeout` (NULL: none set) bounds the wait for the row: `bound` joins the locking
 -- CTEs, so it is in force before the lock is requested, and lasts until the transaction
 -- ends. The inbox is named by `inbox_id` or, when that is NULL, by `slug`. `%(share)s` is
@@ -27,16 +31,17 @@ WITH target AS (
     SELECT CASE WHEN %(lock_timeout)s::text IS NOT NULL
         THEN set_config('lock_timeout', %(lock_timeout)s::text, true) END AS v
 ), seen AS (
-    SELECT l.inbox_id, %(share)s::boolean AND l.work_at <= c.now AS stands
-    FROM inbox_lease AS l, fresh AS f, clock AS c
-    WHERE l.inbox_id = f.id
+    SELECT l.inbox_id, %(share)s::boolean AND l.work_at <= (SELECT now FROM clock) AS stands
+    FROM inbox_lease AS l
+    WHERE l.inbox_id = (SELECT id FROM fresh)
 ), shared AS (
-    SELECT l.inbox_id, l.work_at FROM inbox_lease AS l, seen AS s, clock AS c, bound
-    WHERE l.inbox_id = s.inbox_id AND s.stands AND l.work_at <= c.now
+    SELECT l.inbox_id, l.work_at FROM inbox_lease AS l, bound
+    WHERE l.inbox_id = (SELECT inbox_id FROM seen WHERE stands IS TRUE)
+      AND l.work_at <= (SELECT now FROM clock)
     FOR SHARE OF l
 ), exclusive AS (
-    SELECT l.inbox_id, l.work_at FROM inbox_lease AS l, seen AS s, bound
-    WHERE l.inbox_id = s.inbox_id AND s.stands IS NOT TRUE
+    SELECT l.inbox_id, l.work_at FROM inbox_lease AS l, bound
+    WHERE l.inbox_id = (SELECT inbox_id FROM seen WHERE stands IS NOT TRUE)
     FOR UPDATE OF l
 ), lease AS (
     SELECT inbox_id FROM shared UNION ALL SELECT inbox_id FROM exclusive
@@ -51,7 +56,8 @@ WITH target AS (
 ), marked AS (
     UPDATE inbox_lease AS m SET work_at = s.available_at
     FROM stored AS s, exclusive AS k
-    WHERE m.inbox_id = k.inbox_id AND (k.work_at IS NULL OR k.work_at > s.available_at)
+    WHERE m.inbox_id = (SELECT inbox_id FROM exclusive)
+      AND (k.work_at IS NULL OR k.work_at > s.available_at)
     RETURNING m.inbox_id
 )
 SELECT t.id AS inbox_id, s.id, s.available_at,

@@ -7,8 +7,9 @@
 clock AS (SELECT COALESCE(%(now)s::timestamptz, clock_timestamp()) AS now),
 candidate AS (
     SELECT inbox_id, true AS free, holder AS old_holder, until AS old_until
-    FROM inbox_lease, clock
-    WHERE work_at <= clock.now AND (until IS NULL OR until < clock.now)
+    FROM inbox_lease
+    WHERE work_at <= (SELECT now FROM clock)
+      AND (until IS NULL OR until < (SELECT now FROM clock))
     ORDER BY work_at LIMIT 1
     FOR UPDATE OF inbox_lease SKIP LOCKED
 )

@@ -28,6 +28,6 @@ SELECT t.now, t.generation, t.leftovers, t.old_holder, t.old_until,
     i.name AS "inbox.name", i.created AS "inbox.created",
     c.*, s.state{extras}
 FROM checked AS t
-JOIN inbox_inbox AS i ON i.id = t.inbox_id
-LEFT JOIN inbox_session AS s ON s.inbox_id = t.inbox_id
+JOIN inbox_inbox AS i ON i.id = (SELECT inbox_id FROM taken)
+LEFT JOIN inbox_session AS s ON s.inbox_id = (SELECT inbox_id FROM taken)
 LEFT JOIN claimed AS c ON true

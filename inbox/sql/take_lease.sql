@@ -12,6 +12,7 @@ taken AS (
         generation = l.generation + CASE WHEN c.free THEN 1 ELSE 0 END,
         until = clock.now + %(ttl)s::interval
     FROM candidate AS c, clock
-    WHERE l.inbox_id = c.inbox_id AND (c.free OR c.old_holder = %(holder)s::text)
+    WHERE l.inbox_id = (SELECT inbox_id FROM candidate)
+      AND (c.free OR c.old_holder = %(holder)s::text)
     RETURNING l.inbox_id, l.generation, clock.now, c.free, c.old_holder, c.old_until
 )

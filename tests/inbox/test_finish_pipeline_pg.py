@@ -12,6 +12,8 @@ import pytest
 from django.db import OperationalError, connection
 
 from alwayson.runtime.api import acquire, finish, ingest
+from inbox.backends import postgresql
+from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease
 from inbox.services import finish_and_take, take_next
@@ -23,15 +25,26 @@ SECOND = timedelta(seconds=1)
 
 @pytest.fixture
 def pipelines(monkeypatch):
-    """Counts the pipelines the connection opens."""
-    opened = []
+    """Counts the pipelines the connection opens for finishes (every other hot statement
+    is a pipeline of its own too, with its plan setting: postgresql.BY_INDEX)."""
+    opened, finishing = [], []
     original = psycopg.Connection.pipeline
+    finish_done = postgresql._finish_done
 
     def counting(self):
-        opened.append(self)
+        if finishing:
+            opened.append(self)
         return original(self)
 
+    def finish(*args, **kwargs):
+        finishing.append(True)
+        try:
+            return finish_done(*args, **kwargs)
+        finally:
+            finishing.pop()
+
     monkeypatch.setattr(psycopg.Connection, "pipeline", counting)
+    monkeypatch.setattr(postgresql, "_finish_done", finish)
     return opened
 
 
@@ -227,7 +240,10 @@ def test_pipelined_runs_prepare_each_statement_once_per_connection(make_inbox, t
         "exclusive AS",
     ):
         assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
-    assert len(prepared) == 5, prepared
+    # The plan setting sent before each of them (BY_INDEX): once by psycopg's cursors, once
+    # by libpq's for the try.
+    assert prepared.count(BY_INDEX) == 2, prepared
+    assert len(prepared) == 7, prepared
 
 
 def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):

@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 
 from alwayson.runtime.api import acquire, claim_batch, finish, ingest, ingest_many
+from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import InboxBusy
 from inbox.models import Event, Lease
 from inbox.services import WORK_CHANNEL, release
@@ -61,9 +62,12 @@ def test_an_earlier_event_moves_the_marker_and_notifies(inbox, t0, listener):
 
 
 def prepared_by_alwayson():
+    """What _Direct prepared, but for the plan setting it sends before each statement."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements WHERE name LIKE 'alwayson_%'")
-        return [row[0] for row in cursor.fetchall()]
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert prepared.count(BY_INDEX) == 1, prepared
+    return [statement for statement in prepared if statement != BY_INDEX]
 
 
 @pytest.fixture
