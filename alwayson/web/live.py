@@ -210,7 +210,11 @@ def _fresh(refresh):
 async def release_request_connection():
     """The stream outlives its request: give back the database connection the request's
     middleware opened (sessions, the user) instead of holding it as long as the page is open."""
-    await sync_to_async(connection.close)()
+    await sync_to_async(_close_connection)()
+
+
+def _close_connection():
+    connection.close()  # this thread's: the one the request's middleware ran in
 
 
 def last_seen(request) -> str:
