@@ -19,8 +19,10 @@ Fallback. Without PostgreSQL or without ASGI the page polls `?since=<cursor>`: o
 
 import asyncio
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 from asgiref.sync import sync_to_async
@@ -39,6 +41,7 @@ log = logging.getLogger(__name__)
 CHANNEL = "alwayson_live"  # the triggers' (migration 0002); the worker's work channel is another
 HEARTBEAT = 15  # seconds: under the idle timeout of the proxies in front (nginx: 60 s)
 RETRY_MS = 1000  # how soon a browser reconnects after a drop
+REFRESH_THREADS = 4
 ANY = "any"  # the topic of every inbox's changes: the approvals list and the dashboard
 
 
@@ -90,6 +93,16 @@ class Hub:
         self.topics: dict[str, set[asyncio.Event]] = defaultdict(set)
         self.task: asyncio.Task | None = None
         self.listening = asyncio.Event()
+        # Where the streams read and render: a few threads, each keeping its database
+        # connection between refreshes, however many pages are open.
+        self.executor = ThreadPoolExecutor(REFRESH_THREADS, thread_name_prefix="live")
+
+    async def refresh(self, refresh, since):
+        def run():
+            close_old_connections()  # as a request's end would: too old or broken
+            return refresh(since)
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
 
     def subscribe(self, topic) -> asyncio.Event:
         if self.task is None or self.task.done():
@@ -109,6 +122,25 @@ class Hub:
         for topic in (f"inbox:{inbox_id}", ANY):
             for wake in self.topics.get(topic, ()):
                 wake.set()
+
+    async def stop(self):
+        """Close the LISTEN connection and the refreshing threads' (a test's loop ends; a
+        process just exits)."""
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        # One close per thread: each waits for the others, so no thread takes two.
+        everyone = threading.Barrier(REFRESH_THREADS)
+
+        def close():
+            everyone.wait(timeout=10)
+            connections.close_all()
+
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(loop.run_in_executor(self.executor, close) for _ in range(REFRESH_THREADS))
+        )
+        self.executor.shutdown()
 
     def wake_all(self):
         for wakes in self.topics.values():
@@ -173,7 +205,7 @@ def stream(topic: str, since: str, refresh: Callable, gap: float = 0) -> Streami
             yield f"retry: {RETRY_MS}\n\n"
             while True:
                 wake.clear()
-                result = await sync_to_async(_fresh(refresh), thread_sensitive=False)(cursor)
+                result = await live.refresh(refresh, cursor)
                 if result is GONE:
                     yield "event: gone\ndata: \n\n"
                     return
@@ -195,16 +227,6 @@ def stream(topic: str, since: str, refresh: Callable, gap: float = 0) -> Streami
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
     return response
-
-
-def _fresh(refresh):
-    def run(since):
-        # These run in a small pool of threads, each keeping its connection between calls
-        # (CONN_MAX_AGE): close the ones too old or broken, as a request's end would.
-        close_old_connections()
-        return refresh(since)
-
-    return run
 
 
 async def release_request_connection():
