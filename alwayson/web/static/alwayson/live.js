@@ -5,7 +5,7 @@
 // (Last-Event-ID), and the server sends what changed since. When the stream cannot come back
 // by itself (a proxy's 502 while the server restarts), one poll catches up and the stream opens
 // again, later each time. Without a stream: a poll a second, which costs the server one query
-// while nothing changes. A 403/404 (the role is gone) or a login page ends it.
+// while nothing changes. A 403/404 (the role is gone) or a redirect to the login page ends it.
 (function () {
   "use strict";
   var POLL_MS = 1000;
@@ -31,15 +31,18 @@
       document.dispatchEvent(new CustomEvent("live:updated", { detail: { id: id } }));
     }
 
-    // One poll: true while the page may go on (200 or 204), false once it may not.
+    // One poll: false once the page may not go on (the role is gone, or the login with
+    // it: a redirect to the login page), true otherwise; a server that is down or answers
+    // 5xx for a moment is asked again.
     function check() {
       var url = poll + "?since=" + encodeURIComponent(cursor());
       return fetch(url, { credentials: "same-origin", redirect: "manual", cache: "no-store" })
         .then(function (response) {
           if (response.status === 200) return response.text().then(function (html) { swap(html); return true; });
-          return response.status === 204;
+          if (response.type === "opaqueredirect") return false;
+          return [401, 403, 404, 410].indexOf(response.status) === -1;
         })
-        .catch(function () { return true; });  // the server is down: try again later
+        .catch(function () { return true; });
     }
 
     if (!stream || !window.EventSource) {
