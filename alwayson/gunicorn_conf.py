@@ -39,6 +39,7 @@ class Worker(UvicornWorker):
         "timeout_graceful_shutdown": 5,
     }
 
+
 # Requests in flight get this long to finish after SIGTERM: under runall's, compose's and
 # systemd's stop timeouts (15 s, 30 s, 30 s).
 graceful_timeout = 10

@@ -281,6 +281,9 @@ def idle_cost(web, url, inbox, cookie, count, seconds):
     )
 
     def sample():
+        watch()
+        if not first:  # the window opens: what the streams' opening ran is not counted
+            first.update({pid: set(starts) for pid, starts in started.items()})
         row = stats.execute(
             "SELECT pg_stat_force_next_flush(), xact_commit + xact_rollback"
             " FROM pg_stat_database WHERE datname = %s",
@@ -292,8 +295,7 @@ def idle_cost(web, url, inbox, cookie, count, seconds):
         for pid, query_start in stats.execute(activity, [name]).fetchall():
             started.setdefault(pid, set()).add(query_start)
 
-    watch()
-    first = {pid: set(starts) for pid, starts in started.items()}
+    first = {}
     before, after, alive = asyncio.run(
         hold_streams(web, path, cookie, count, seconds, sample, watch)
     )
@@ -301,7 +303,7 @@ def idle_cost(web, url, inbox, cookie, count, seconds):
     elapsed = after[0] - before[0]
     cpu = 100 * (after[1] - before[1]) / elapsed
     # The sampling's own transactions (one per sample, one per watch) are not the web's.
-    watches = round(seconds / 0.25)
+    watches = round(seconds / 0.25) + 2
     transactions = max(0, after[2] - before[2] - 1 - watches) / elapsed
     statements = sum(len(starts - first.get(pid, set())) for pid, starts in started.items())
     return cpu, transactions, statements / elapsed, alive

@@ -129,7 +129,9 @@ def open_conversation(context, server, seen):
     page = context.new_page()
     page.on("request", lambda request: seen.append(request.url))
     page.goto(f"{server.url}/inbox/desk/")
-    expect(page.locator("#conversation")).to_have_attribute("data-live-stream", "/inbox/desk/stream/")
+    expect(page.locator("#conversation")).to_have_attribute(
+        "data-live-stream", "/inbox/desk/stream/"
+    )
     return page
 
 
@@ -165,9 +167,7 @@ def test_a_reply_reaches_fifty_open_pages_pushed_and_none_of_them_polls(browser,
             context.close()
 
 
-def test_a_page_reconnects_after_its_web_process_is_killed_and_catches_up(
-    browser, server, desk
-):
+def test_a_page_reconnects_after_its_web_process_is_killed_and_catches_up(browser, server, desk):
     context = logged_in_context(browser, server)
     seen = []
     navigations = []
