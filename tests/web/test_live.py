@@ -256,3 +256,20 @@ def test_a_notification_wakes_the_streams_of_its_inbox_and_of_every_inbox_only()
         hub.task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_prune_keeps_each_inboxs_newest_change_and_so_its_cursor(desk, make_inbox):
+    from django.core.management import call_command
+
+    from alwayson.web.models import LiveChange
+
+    other = make_inbox("other")
+    for n in range(3):
+        say(desk, f"desk {n}")
+    say(other, "other")
+    cursors = live.inbox_cursor(desk.pk), live.inbox_cursor(other.pk)
+
+    call_command("prune", verbosity=0)
+
+    assert LiveChange.objects.filter(inbox=desk).count() == 1
+    assert (live.inbox_cursor(desk.pk), live.inbox_cursor(other.pk)) == cursors
