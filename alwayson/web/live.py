@@ -192,10 +192,14 @@ def sse(cursor: str, html: str) -> str:
     return f"id: {cursor}\n{data}\n"
 
 
-def stream(topic: str, since: str, refresh: Callable, gap: float = 0) -> StreamingHttpResponse:
+def stream(
+    topic: str, since: str, refresh: Callable, gap: float = 0, recheck=lambda cursor: False
+) -> StreamingHttpResponse:
     """The page's event stream. `refresh(since)` (synchronous, in a thread) returns GONE,
     None while `since` is still the cursor, or (cursor, fragment). After a push, the next
-    waits `gap` seconds, for a page costly to render: changes meanwhile are one push."""
+    waits `gap` seconds, for a page costly to render: changes meanwhile are one push. While
+    `recheck(cursor)`, a heartbeat also refreshes: a lease held now lapses without a write
+    if its run dies, and nothing else would tell the page it is no longer working."""
 
     async def events():
         live = hub()
@@ -220,6 +224,8 @@ def stream(topic: str, since: str, refresh: Callable, gap: float = 0) -> Streami
                         break
                     except TimeoutError:
                         yield ": heartbeat\n\n"
+                        if recheck(cursor):
+                            break
         finally:
             live.unsubscribe(topic, wake)
 

@@ -102,6 +102,7 @@ async def inbox_stream(request, slug):
         f"inbox:{inbox.pk}",
         live.last_seen(request),
         partial(_refresh_conversation, request, inbox.pk, user.pk),
+        recheck=lambda cursor: cursor.endswith(".1"),  # a run holds the lease
     )
 
 
@@ -191,4 +192,5 @@ async def dashboard_stream(request):
         live.last_seen(request),
         partial(_refresh_dashboard, request, user.pk),
         gap=DASHBOARD_GAP,
+        recheck=lambda cursor: not cursor.endswith(".0"),  # some lease is held
     )

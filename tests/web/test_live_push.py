@@ -146,3 +146,35 @@ def test_an_asgi_page_on_postgresql_is_offered_the_push(desk, owner):
         assert 'data-live-stream="/inbox/desk/stream/"' in html
 
     async_to_sync(scenario)()
+
+
+def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(
+    desk, owner, monkeypatch
+):
+    from datetime import timedelta
+
+    from inbox import clock
+    from inbox.models import Lease
+    from inbox.services import acquire
+
+    monkeypatch.setattr(live, "HEARTBEAT", 0.1)
+    acquire(desk, "worker-that-dies")
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        stream = await open_stream(client, "")
+        working = await next_event(stream)
+        assert "Your agent is working" in working
+
+        # The run's process dies: its lease lapses with no write, so no notification.
+        lapsed = await sync_to_async(clock.database_now)() - timedelta(seconds=1)
+        await sync_to_async(Lease.objects.filter(inbox=desk).update)(until=lapsed)
+
+        idle = await next_event(stream)
+        assert "Your agent is working" not in idle
+        assert idle.split("\n", 1)[0].endswith(".0")
+        await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
