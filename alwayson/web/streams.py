@@ -110,7 +110,7 @@ async def inbox_stream(request, slug):
 
 
 def _approvals(request, user, cursor):
-    context = {**list_context(user), "cursor": cursor, "push": live.push_available(request)}
+    context = {**list_context(user), "cursor": cursor}
     return render_to_string(APPROVALS, context, request=request)
 
 
@@ -151,7 +151,6 @@ def _dashboard(request, cursor):
     context = {
         **dashboard_context(clock.database_now()),
         "cursor": cursor,
-        "push": live.push_available(request),
     }
     return render_to_string(DASHBOARD, context, request=request)
 

@@ -85,8 +85,8 @@ def inbox_page(request, slug):
 
 
 def conversation_context(request, inbox, cursor):
-    """What the conversation shows, with the live cursor it was read at (alwayson/web/live.py)
-    and how the page hears of changes: pushed when this server can, else polled."""
+    """What the conversation shows, with the live cursor it was read at (alwayson/web/live.py):
+    its page carries it, to be told of what comes after."""
     now = clock.database_now()
     return {
         "inbox": inbox,
@@ -95,7 +95,6 @@ def conversation_context(request, inbox, cursor):
         "working": conversation.is_working(inbox, now),
         "answerer": may_answer(request.user, inbox),
         "cursor": cursor,
-        "push": live_updates.push_available(request),
     }
 
 
