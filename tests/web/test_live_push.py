@@ -148,9 +148,7 @@ def test_an_asgi_page_on_postgresql_is_offered_the_push(desk, owner):
     async_to_sync(scenario)()
 
 
-def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(
-    desk, owner, monkeypatch
-):
+def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(desk, owner, monkeypatch):
     from datetime import timedelta
 
     from inbox import clock
