@@ -44,9 +44,11 @@ def listeners():
 
 
 async def next_event(stream):
-    """The next event of a stream, heartbeats skipped."""
+    """The next event of a stream, heartbeats skipped; a failure after WAIT seconds."""
+    deadline = asyncio.get_running_loop().time() + WAIT
     while True:
-        chunk = await asyncio.wait_for(anext(stream), WAIT)
+        left = deadline - asyncio.get_running_loop().time()
+        chunk = await asyncio.wait_for(anext(stream), max(left, 0))
         chunk = chunk.decode() if isinstance(chunk, bytes) else chunk
         if not chunk.startswith(":"):
             return chunk
@@ -161,6 +163,9 @@ def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(desk, o
     async def scenario():
         client = AsyncClient()
         await client.aforce_login(owner)
+        # The hub listening first: its first connection wakes every stream open then.
+        first = await open_stream(client, "")
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
         stream = await open_stream(client, "")
         working = await next_event(stream)
         assert "Your agent is working" in working
@@ -173,6 +178,7 @@ def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(desk, o
         assert "Your agent is working" not in idle
         assert idle.split("\n", 1)[0].endswith(".0")
         await stream.aclose()
+        await first.aclose()
         await live.hub().stop()
 
     async_to_sync(scenario)()
