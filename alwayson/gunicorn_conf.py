@@ -1,7 +1,16 @@
 """gunicorn's settings for the web process: `gunicorn --config python:alwayson.gunicorn_conf
-alwayson.wsgi` (alwayson/ops/processes.py). Read from the environment, strictly, like the rest."""
+--worker-class alwayson.gunicorn_conf.Worker alwayson.asgi` (alwayson/ops/processes.py). Read
+from the environment, strictly, like the rest.
+
+Its workers (Worker, below) are uvicorn's, serving the ASGI application: the live pages'
+streams (alwayson/web/live.py) stay open for as long as a page is, which only an event loop
+holds cheaply. Named on the command line, not here, so `gunicorn --config ... alwayson.wsgi`
+still serves WSGI with gunicorn's own workers (pages then poll).
+"""
 
 import os
+
+from uvicorn_worker import UvicornWorker
 
 
 def _positive(name, default):
@@ -13,8 +22,24 @@ def _positive(name, default):
 
 # Where the web server listens: 0.0.0.0:8000 in a container, 127.0.0.1:8000 behind a proxy.
 bind = [os.environ.get("ALWAYSON_WEB_BIND", "127.0.0.1:8000")]
-# Worker processes; each request is short (webhooks answer at once, agents run elsewhere).
+# Worker processes; each request is short (webhooks answer at once, agents run elsewhere), and
+# each process holds its open pages' streams on one LISTEN connection.
 workers = _positive("WEB_CONCURRENCY", 2)
+
+
+class Worker(UvicornWorker):
+    """uvicorn's gunicorn worker. On a stop, what is still running after 5 s is cancelled:
+    the open pages' streams, which never end by themselves (their browsers reconnect to a
+    running process), rather than holding the stop for graceful_timeout. Django speaks no
+    ASGI lifespan."""
+
+    CONFIG_KWARGS = {
+        **UvicornWorker.CONFIG_KWARGS,
+        "lifespan": "off",
+        "timeout_graceful_shutdown": 5,
+    }
+
+
 # Requests in flight get this long to finish after SIGTERM: under runall's, compose's and
 # systemd's stop timeouts (15 s, 30 s, 30 s).
 graceful_timeout = 10

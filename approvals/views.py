@@ -22,17 +22,19 @@ REFUSED = (
 
 @login_required
 def approval_list(request):
+    return render(request, "approvals/list.html", list_context(request.user))
+
+
+def list_context(user):
+    """What the approvals list shows `user`; its live updates render the same
+    (alwayson/web/streams.py)."""
     now = clock.database_now()
-    visible = Approval.objects.visible_to(request.user).select_related(*PEOPLE)
-    return render(
-        request,
-        "approvals/list.html",
-        {
-            "now": now,
-            "waiting": visible.waiting(now).order_by("expires_at", "id"),
-            "settled": visible.settled(now).order_by("-requested_at", "-id")[:RECENT],
-        },
-    )
+    visible = Approval.objects.visible_to(user).select_related(*PEOPLE)
+    return {
+        "now": now,
+        "waiting": visible.waiting(now).order_by("expires_at", "id"),
+        "settled": visible.settled(now).order_by("-requested_at", "-id")[:RECENT],
+    }
 
 
 @login_required

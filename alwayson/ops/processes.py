@@ -21,7 +21,16 @@ RELEASE = {
 # per socket; each of the three loops beats its Process row, which /healthz and
 # `manage.py status` read.
 PROCESSES = {
-    "web": ("gunicorn", "--config", "python:alwayson.gunicorn_conf", "alwayson.wsgi"),
+    # uvicorn's workers under gunicorn, serving ASGI: the live pages' streams stay open
+    # (alwayson/web/live.py); /healthz and every other page as before.
+    "web": (
+        "gunicorn",
+        "--config",
+        "python:alwayson.gunicorn_conf",
+        "--worker-class",
+        "alwayson.gunicorn_conf.Worker",
+        "alwayson.asgi",
+    ),
     # The one process with the credentials; the worker is sealed and calls through its
     # socket, ALWAYSON_EGRESS_SOCKET (docs/how-to/egress.md#the-sealed-worker).
     "egress": ("python", "manage.py", "runegress"),

@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from inbox.admin import ViewOnlyAdmin
 
-from .models import PasswordResetRequest
+from .models import LiveChange, PasswordResetRequest
 
 
 @admin.register(PasswordResetRequest)
@@ -14,4 +14,17 @@ class PasswordResetRequestAdmin(ViewOnlyAdmin):
     ordering = ("-id",)
     show_full_result_count = False
     fields = ("email", "created")
+    readonly_fields = fields
+
+
+@admin.register(LiveChange)
+class LiveChangeAdmin(ViewOnlyAdmin):
+    """The live pages' change log (alwayson/web/live.py): written by triggers; view-only."""
+
+    list_display = ("id", "inbox", "kind")
+    list_select_related = ("inbox",)
+    list_filter = ("kind",)
+    ordering = ("-id",)
+    show_full_result_count = False
+    fields = ("inbox", "kind")
     readonly_fields = fields

@@ -13,7 +13,8 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Min, Q, Sum
+from django.db.models.functions import Coalesce, Now
 from django.shortcuts import render
 
 from alwayson.claude.models import ModelCall, token_sums
@@ -22,6 +23,8 @@ from inbox import clock
 from inbox.clock import day_start
 from inbox.models import Event, Inbox, Lease
 from outbox.models import OutboxMessage
+
+from . import live
 
 STATUSES = Event.Status.values
 
@@ -141,12 +144,24 @@ def dashboard_context(now):
     }
 
 
+def dashboard_cursor() -> str:
+    """The newest change with every lease's generation and how many are held: a run starting
+    or ending anywhere moves it, as it moves the dashboard's counts."""
+    leases = Lease.objects.aggregate(
+        generations=Coalesce(Sum("generation"), 0),
+        held=Count("pk", filter=Q(until__gt=Now()) & ~Q(holder="")),
+    )
+    return f"{live.global_cursor()}.{leases['generations']}.{leases['held']}"
+
+
 @staff_member_required
 # Every inbox's events at a glance: for staff who may view events, not any staff user (403).
 # templates/admin/index.html shows the link on the same permission.
 @permission_required("inbox.view_event", raise_exception=True)
 def dashboard(request):
+    cursor = dashboard_cursor()  # first: what is shown is at least as new
     context = {
+        "cursor": cursor,
         **admin.site.each_context(request),
         "title": "Dashboard",
         **dashboard_context(clock.database_now()),

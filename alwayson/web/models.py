@@ -38,3 +38,31 @@ class PasswordResetRequest(models.Model):
 
     def __str__(self):
         return f"password reset for {self.email}"
+
+
+class LiveChange(models.Model):
+    """Something a live page shows changed in an inbox: written by database triggers (this
+    app's migration 0002) in the transaction that makes the change, never by Python.
+
+    The newest row's id per inbox is the pages' cursor (alwayson/web/live.py): a fallback
+    poll reads it by one index lookup, and a pushed page that reconnects says the one it saw.
+    Rows are only appended (no row is locked or updated, so no write waits on another for
+    this table); prune keeps the newest per inbox, all a cursor needs.
+    """
+
+    # No foreign key in the database: the triggers' inserts check nothing on the hot path,
+    # and an inbox's rows go with it (Django's cascade).
+    inbox = models.ForeignKey(
+        "inbox.Inbox",
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        db_index=False,  # live_inbox_newest leads with it
+        related_name="+",
+    )
+    kind = models.CharField(max_length=10)  # message, event, approval
+
+    class Meta:
+        indexes = [models.Index(fields=["inbox", "-id"], name="live_inbox_newest")]
+
+    def __str__(self):
+        return f"{self.inbox_id}: {self.kind} #{self.pk}"

@@ -5,7 +5,6 @@ Who sees what is the inbox's roles: any role sees the conversation, approvers an
 also write to the agent. Anyone else gets the same 404 as for an inbox that does not exist.
 """
 
-import hashlib
 import math
 import uuid
 
@@ -14,12 +13,12 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponse
+from django.http import Http404
 from django.shortcuts import redirect, render
-from django.template.loader import render_to_string
 from django.views.decorators.http import require_http_methods
 
 from alwayson.web import conversation
+from alwayson.web import live as live_updates
 from alwayson.web.models import PasswordResetRequest
 from approvals.models import may_answer
 from inbox import clock
@@ -84,31 +83,24 @@ def inbox_page(request, slug):
                 return redirect("inbox", slug=inbox.slug)
     else:
         form = ChatForm(initial={"message_id": uuid.uuid4()})
-    live = conversation_context(request, inbox)
+    # The cursor first: what is shown is then at least as new as the cursor it carries.
+    live = conversation_context(request, inbox, live_updates.inbox_cursor(inbox.pk))
     live["writer"] = writer
-    if request.htmx:
-        # The page polls this every second: 204 (htmx keeps what it shows) unless something
-        # changed, so an idle page costs a few queries and no bytes.
-        if request.GET.get("v") == live["version"]:
-            return HttpResponse(status=204)
-        return render(request, "alwayson/_conversation.html", live)
     return render(request, "alwayson/inbox.html", {**live, "form": form}, status=status)
 
 
-def conversation_context(request, inbox):
-    """What the conversation shows, and `version`: a digest of it, for the polls."""
+def conversation_context(request, inbox, cursor):
+    """What the conversation shows, with the live cursor it was read at (alwayson/web/live.py):
+    its page carries it, to be told of what comes after."""
     now = clock.database_now()
-    live = {
+    return {
         "inbox": inbox,
         "now": now,
         "entries": conversation.entries(inbox, now),
         "working": conversation.is_working(inbox, now),
         "answerer": may_answer(request.user, inbox),
-        "version": "",
+        "cursor": cursor,
     }
-    shown = render_to_string("alwayson/_conversation.html", live, request=request)
-    live["version"] = hashlib.sha256(shown.encode()).hexdigest()[:16]
-    return live
 
 
 # --- throttles -------------------------------------------------------------------------------

@@ -1,0 +1,250 @@
+"""Live pages: what an open page shows is pushed to it when it changes, and costs nothing while
+nothing does (docs/explanation/live-pages.md).
+
+The cursor. Database triggers (migration 0002) append a LiveChange row in the transaction of
+every change a page shows; an inbox's cursor is its newest row's id with its lease's
+generation and whether a run holds it now, read together by one indexed query. A page holds
+the cursor it shows; the same cursor answers "anything new?" for a poll and "what did I
+miss?" for a stream that reconnects.
+
+Push. On PostgreSQL the triggers also NOTIFY `alwayson_live` with "<inbox id>:<kind>". Each
+web process under ASGI LISTENs on one connection (Hub) and wakes the open streams of that
+inbox (asyncio events, so a burst of changes is one wake-up); a woken stream reads the cursor
+and, only if it moved, renders its page's fragment and sends it with the cursor as its SSE
+`id:`. An idle stream sends a comment every HEARTBEAT seconds and reads nothing.
+
+Fallback. Without PostgreSQL or without ASGI the page polls `?since=<cursor>`: one query,
+204 while the cursor stands, no rendering.
+"""
+
+import asyncio
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.db import close_old_connections, connection, connections
+from django.db.models import BooleanField, ExpressionWrapper, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Now
+from django.http import StreamingHttpResponse
+
+from inbox.models import Inbox
+
+from .models import LiveChange
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "alwayson_live"  # the triggers' (migration 0002); the worker's work channel is another
+HEARTBEAT = 15  # seconds: under the idle timeout of the proxies in front (nginx: 60 s)
+RETRY_MS = 1000  # how soon a browser reconnects after a drop
+REFRESH_THREADS = 4
+ANY = "any"  # the topic of every inbox's changes: the approvals list and the dashboard
+
+
+# --- the cursor ------------------------------------------------------------------------------
+
+
+def with_cursor(inboxes):
+    """`inboxes` annotated with what their cursor is made of, for one query."""
+    newest = LiveChange.objects.filter(inbox=OuterRef("pk")).order_by("-id").values("id")[:1]
+    return inboxes.annotate(
+        live_change=Coalesce(Subquery(newest), 0),
+        live_generation=Coalesce(F("lease__generation"), 0),
+        live_held=ExpressionWrapper(
+            Q(lease__until__gt=Now()) & ~Q(lease__holder=""), output_field=BooleanField()
+        ),
+    )
+
+
+def cursor_of(inbox) -> str:
+    """An inbox read through with_cursor, as the cursor its page holds."""
+    return f"{inbox.live_change}.{inbox.live_generation}.{int(bool(inbox.live_held))}"
+
+
+def inbox_cursor(inbox_id) -> str | None:
+    inbox = with_cursor(Inbox.objects.filter(pk=inbox_id)).first()
+    return cursor_of(inbox) if inbox else None
+
+
+def global_cursor() -> str:
+    """Of every inbox at once (the approvals list, the dashboard): the newest change's id."""
+    newest = LiveChange.objects.order_by("-id").values_list("id", flat=True).first()
+    return str(newest or 0)
+
+
+def push_available(request) -> bool:
+    """Whether this server can push to this page: an ASGI server on PostgreSQL."""
+    return connection.vendor == "postgresql" and isinstance(request, ASGIRequest)
+
+
+# --- the fanout ------------------------------------------------------------------------------
+
+
+class Hub:
+    """One LISTEN connection for this process's event loop, waking the streams subscribed to
+    an inbox's topic (and ANY's). Started by the first subscriber; reconnects on its own and,
+    once listening again, wakes every stream, as something may have changed meanwhile."""
+
+    def __init__(self):
+        self.topics: dict[str, set[asyncio.Event]] = defaultdict(set)
+        self.task: asyncio.Task | None = None
+        self.listening = asyncio.Event()
+        # Where the streams read and render: a few threads, each keeping its database
+        # connection between refreshes, however many pages are open.
+        self.executor = ThreadPoolExecutor(REFRESH_THREADS, thread_name_prefix="live")
+
+    async def refresh(self, refresh, since):
+        def run():
+            close_old_connections()  # as a request's end would: too old or broken
+            return refresh(since)
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+
+    def subscribe(self, topic) -> asyncio.Event:
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self.listen())
+        wake = asyncio.Event()
+        self.topics[topic].add(wake)
+        return wake
+
+    def unsubscribe(self, topic, wake):
+        self.topics[topic].discard(wake)
+        if not self.topics[topic]:
+            del self.topics[topic]
+
+    def publish(self, payload: str):
+        """A notification's payload, "<inbox id>:<kind>"."""
+        inbox_id, _, _kind = payload.partition(":")
+        for topic in (f"inbox:{inbox_id}", ANY):
+            for wake in self.topics.get(topic, ()):
+                wake.set()
+
+    async def stop(self):
+        """Close the LISTEN connection and the refreshing threads' (a test's loop ends; a
+        process just exits)."""
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        # One close per thread: each waits for the others, so no thread takes two.
+        everyone = threading.Barrier(REFRESH_THREADS)
+
+        def close():
+            everyone.wait(timeout=10)
+            connections.close_all()
+
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(loop.run_in_executor(self.executor, close) for _ in range(REFRESH_THREADS))
+        )
+        self.executor.shutdown()
+
+    def wake_all(self):
+        for wakes in self.topics.values():
+            for wake in wakes:
+                wake.set()
+
+    async def listen(self):
+        params = connections["default"].get_connection_params()
+        keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
+        conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}
+        delay = 0.5
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    autocommit=True, **conninfo
+                ) as listener:
+                    await listener.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
+                    delay = 0.5
+                    self.wake_all()
+                    async for notify in listener.notifies():
+                        self.publish(notify.payload)
+            except (psycopg.Error, OSError):
+                self.listening.clear()
+                log.warning("live LISTEN connection lost; retrying in %.1fs", delay, exc_info=True)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10)
+
+
+_hubs: dict[asyncio.AbstractEventLoop, Hub] = {}
+
+
+def hub() -> Hub:
+    """This event loop's hub (one per web process: uvicorn runs one loop)."""
+    loop = asyncio.get_running_loop()
+    if loop not in _hubs:
+        _hubs.clear()  # a loop that ended (tests) takes its hub with it
+        _hubs[loop] = Hub()
+    return _hubs[loop]
+
+
+# --- the stream ------------------------------------------------------------------------------
+
+GONE = object()  # the person may no longer see the page: the stream says so and ends
+
+
+def sse(cursor: str, html: str) -> str:
+    data = "".join(f"data: {line}\n" for line in html.splitlines())
+    return f"id: {cursor}\n{data}\n"
+
+
+def stream(
+    topic: str, since: str, refresh: Callable, gap: float = 0, recheck=lambda cursor: False
+) -> StreamingHttpResponse:
+    """The page's event stream. `refresh(since)` (synchronous, in a thread) returns GONE,
+    None while `since` is still the cursor, or (cursor, fragment). After a push, the next
+    waits `gap` seconds, for a page costly to render: changes meanwhile are one push. While
+    `recheck(cursor)`, a heartbeat also refreshes: a lease held now lapses without a write
+    if its run dies, and nothing else would tell the page it is no longer working."""
+
+    async def events():
+        live = hub()
+        wake = live.subscribe(topic)  # before the first read: nothing falls in between
+        cursor = since
+        try:
+            yield f"retry: {RETRY_MS}\n\n"
+            while True:
+                wake.clear()
+                result = await live.refresh(refresh, cursor)
+                if result is GONE:
+                    yield "event: gone\ndata: \n\n"
+                    return
+                if result is not None:
+                    cursor, html = result
+                    yield sse(cursor, html)
+                    if gap:
+                        await asyncio.sleep(gap)
+                while True:
+                    try:
+                        await asyncio.wait_for(wake.wait(), HEARTBEAT)
+                        break
+                    except TimeoutError:
+                        yield ": heartbeat\n\n"
+                        if recheck(cursor):
+                            break
+        finally:
+            live.unsubscribe(topic, wake)
+
+    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
+    return response
+
+
+async def release_request_connection():
+    """The stream outlives its request: give back the database connection the request's
+    middleware opened (sessions, the user) instead of holding it as long as the page is open."""
+    await sync_to_async(_close_connection)()
+
+
+def _close_connection():
+    connection.close()  # this thread's: the one the request's middleware ran in
+
+
+def last_seen(request) -> str:
+    """The cursor the page showed: the browser's Last-Event-ID on a reconnect, else ?since."""
+    return request.headers.get("Last-Event-ID") or request.GET.get("since", "")

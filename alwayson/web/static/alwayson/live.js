@@ -1,0 +1,76 @@
+// Keeps a page's live regions up to date (alwayson/web/live.py, docs/explanation/live-pages.md).
+// A region names its poll URL, the cursor it shows and, when the server can push, its stream:
+//   <div id="conversation" data-live-poll="…/live/" data-live-cursor="12.3.0" data-live-stream="…/stream/">
+// Pushed: an EventSource; the browser reconnects by itself and says the last cursor it saw
+// (Last-Event-ID), and the server sends what changed since. When the stream cannot come back
+// by itself (a proxy's 502 while the server restarts), one poll catches up and the stream opens
+// again, later each time. Without a stream: a poll a second, which costs the server one query
+// while nothing changes. A 403/404 (the role is gone) or a redirect to the login page ends it.
+(function () {
+  "use strict";
+  var POLL_MS = 1000;
+  var MAX_RETRY_MS = 30000;
+
+  function keepLive(id) {
+    var region = document.getElementById(id);
+    var poll = region.dataset.livePoll;
+    var stream = region.dataset.liveStream;
+
+    function cursor() {
+      var current = document.getElementById(id);
+      return current ? current.dataset.liveCursor || "" : "";
+    }
+
+    function swap(html) {
+      var current = document.getElementById(id);
+      var template = document.createElement("template");
+      template.innerHTML = html.trim();
+      var fresh = template.content.firstElementChild;
+      if (!current || !fresh || fresh.id !== id) return;
+      current.replaceWith(fresh);
+      document.dispatchEvent(new CustomEvent("live:updated", { detail: { id: id } }));
+    }
+
+    // One poll: false once the page may not go on (the role is gone, or the login with
+    // it: a redirect to the login page), true otherwise; a server that is down or answers
+    // 5xx for a moment is asked again.
+    function check() {
+      var url = poll + "?since=" + encodeURIComponent(cursor());
+      return fetch(url, { credentials: "same-origin", redirect: "manual", cache: "no-store" })
+        .then(function (response) {
+          if (response.status === 200) return response.text().then(function (html) { swap(html); return true; });
+          if (response.type === "opaqueredirect") return false;
+          return [401, 403, 404, 410].indexOf(response.status) === -1;
+        })
+        .catch(function () { return true; });
+    }
+
+    if (!stream || !window.EventSource) {
+      (function loop() {
+        check().then(function (goOn) { if (goOn) setTimeout(loop, POLL_MS); });
+      })();
+      return;
+    }
+
+    var retry = POLL_MS;
+    (function open() {
+      var source = new EventSource(stream + "?since=" + encodeURIComponent(cursor()));
+      source.onmessage = function (event) { retry = POLL_MS; swap(event.data); };
+      source.onopen = function () { retry = POLL_MS; };
+      source.addEventListener("gone", function () { source.close(); });
+      source.onerror = function () {
+        if (source.readyState !== EventSource.CLOSED) return;  // reconnecting by itself
+        setTimeout(function () {
+          check().then(function (goOn) { if (goOn) open(); });
+        }, retry);
+        retry = Math.min(retry * 2, MAX_RETRY_MS);
+      };
+    })();
+  }
+
+  function start() {
+    document.querySelectorAll("[data-live-poll][id]").forEach(function (region) { keepLive(region.id); });
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

@@ -1,0 +1,184 @@
+"""The push (alwayson/web/live.py) through real streams on PostgreSQL: Django's AsyncClient is
+an ASGI client, so the stream views serve it as they serve uvicorn; the triggers NOTIFY at
+commit and the process's one LISTEN connection wakes every open stream of that inbox."""
+
+import asyncio
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection
+from django.test import AsyncClient
+
+from alwayson.web import live
+from inbox.models import Membership, Role
+from tests.support.outbox import hold
+
+pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+
+WAIT = 20  # seconds: a bound on a wait, never a measure
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def desk(make_inbox, owner):
+    return make_inbox("desk", owner=owner)
+
+
+def say(inbox, body):
+    from inbox import clock
+
+    return hold(inbox, body, at=clock.database_now())
+
+
+def listeners():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            f" AND query = 'LISTEN {live.CHANNEL}'"
+        )
+        return cursor.fetchone()[0]
+
+
+async def next_event(stream):
+    """The next event of a stream, heartbeats skipped; a failure after WAIT seconds."""
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while True:
+        left = deadline - asyncio.get_running_loop().time()
+        chunk = await asyncio.wait_for(anext(stream), max(left, 0))
+        chunk = chunk.decode() if isinstance(chunk, bytes) else chunk
+        if not chunk.startswith(":"):
+            return chunk
+
+
+async def open_stream(client, since):
+    response = await client.get("/inbox/desk/stream/", {"since": since})
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    stream = response.streaming_content
+    assert (await next_event(stream)).startswith("retry: ")
+    return stream
+
+
+def test_a_commit_reaches_every_open_stream_of_the_inbox_through_one_listen(desk, owner):
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        since = await sync_to_async(live.inbox_cursor)(desk.pk)
+        streams = [await open_stream(client, since) for _ in range(5)]
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+        assert await sync_to_async(listeners)() == 1
+
+        await sync_to_async(say)(desk, "Pushed to every page")
+
+        cursor = await sync_to_async(live.inbox_cursor)(desk.pk)
+        for stream in streams:
+            event = await next_event(stream)
+            assert event.startswith(f"id: {cursor}\n")
+            assert "Pushed to every page" in event
+        for stream in streams:
+            await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
+
+
+def test_a_stream_that_reconnects_with_its_cursor_gets_what_it_missed_at_once(desk, owner):
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        seen = await sync_to_async(live.inbox_cursor)(desk.pk)
+        await sync_to_async(say)(desk, "Written while the page was away")
+
+        response = await client.get("/inbox/desk/stream/", headers={"Last-Event-ID": seen})
+        stream = response.streaming_content
+        assert (await next_event(stream)).startswith("retry: ")
+        event = await next_event(stream)
+        assert "Written while the page was away" in event
+        await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
+
+
+def test_a_person_who_loses_the_role_stops_receiving(desk, django_user_model):
+    viewer = django_user_model.objects.create_user(username="viewer")
+    membership = Membership.objects.create(inbox=desk, user=viewer, role=Role.VIEWER)
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(viewer)
+        stream = await open_stream(client, await sync_to_async(live.inbox_cursor)(desk.pk))
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+
+        await sync_to_async(membership.delete)()
+        await sync_to_async(say)(desk, "Not for the viewer")
+
+        event = await next_event(stream)
+        assert event.startswith("event: gone")
+        assert "Not for the viewer" not in event
+        with pytest.raises(StopAsyncIteration):
+            await next_event(stream)
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
+
+
+def test_the_stream_answers_the_same_404_as_the_page(desk, django_user_model):
+    stranger = django_user_model.objects.create_user(username="stranger")
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(stranger)
+        assert (await client.get("/inbox/desk/stream/")).status_code == 404
+        assert (await client.get("/inbox/nowhere/stream/")).status_code == 404
+        assert (await AsyncClient().get("/inbox/desk/stream/")).status_code == 302
+
+    async_to_sync(scenario)()
+
+
+def test_an_asgi_page_on_postgresql_is_offered_the_push(desk, owner):
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        html = (await client.get("/inbox/desk/")).content.decode()
+        assert 'data-live-stream="/inbox/desk/stream/"' in html
+
+    async_to_sync(scenario)()
+
+
+def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(desk, owner, monkeypatch):
+    from datetime import timedelta
+
+    from inbox import clock
+    from inbox.models import Lease
+    from inbox.services import acquire
+
+    monkeypatch.setattr(live, "HEARTBEAT", 0.1)
+    acquire(desk, "worker-that-dies")
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        # The hub listening first: its first connection wakes every stream open then.
+        first = await open_stream(client, "")
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+        stream = await open_stream(client, "")
+        working = await next_event(stream)
+        assert "Your agent is working" in working
+
+        # The run's process dies: its lease lapses with no write, so no notification.
+        lapsed = await sync_to_async(clock.database_now)() - timedelta(seconds=1)
+        await sync_to_async(Lease.objects.filter(inbox=desk).update)(until=lapsed)
+
+        idle = await next_event(stream)
+        assert "Your agent is working" not in idle
+        assert idle.split("\n", 1)[0].endswith(".0")
+        await stream.aclose()
+        await first.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
