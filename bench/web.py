@@ -3,9 +3,11 @@ form post of a logged-in person (session and CSRF token), and an approval's answ
 against a reference view served by the same gunicorn (bench/urls.py) that does the same HTTP
 work and one INSERT.
 
-One gunicorn per statistics phase (the product's config, 2 sync workers, persistent
-connections: new ones per phase, whose prepared statements plan under its statistics), driven
-from another process by 4 client threads. The person logs in through the login form once.
+One gunicorn per statistics phase, started as production starts the web process (its
+command in alwayson/ops/processes.py: uvicorn's workers serving ASGI; 2 workers, persistent
+connections: new ones per phase, whose prepared statements plan under its statistics),
+driven from another process by 4 client threads. The person logs in through the login form
+once.
 """
 
 import hashlib
@@ -15,7 +17,6 @@ import multiprocessing
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -25,6 +26,8 @@ from collections import Counter
 from datetime import timedelta
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
+
+from alwayson.ops import processes
 
 from . import common
 
@@ -190,9 +193,8 @@ def _gunicorn(url, port):
         "ALWAYSON_WEB_BIND": f"127.0.0.1:{port}",
         "WEB_CONCURRENCY": str(WORKERS),
     }
-    gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
     return subprocess.Popen(
-        [gunicorn, "--config", "python:alwayson.gunicorn_conf", "alwayson.wsgi"],
+        processes.local_argv(processes.PROCESSES["web"], common.ROOT),
         cwd=common.ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -16,10 +16,12 @@ pytestmark = pytest.mark.django_db
 
 # The session, the user, the inbox with the role in it (a statement built once), the
 # approval; then the inbox's transaction (in a test, a savepoint in the test's): on PostgreSQL
-# the lock's bound and the lease row, the clock, the approval row locked with its answer
-# event, the event stored, the row settled with who answered, the audit entry. Outside a
-# test the commit also adds the settled count (alwayson/ops/metrics.py, its own transaction).
-ANSWER_POST = {"postgresql": 13, "sqlite": 15}
+# the lease row (the lock's bound and the plan's settings go with it, on psycopg's own
+# cursor: how statements are planned, not queries), the clock, the approval row locked with
+# its answer event, the event stored, the row settled with who answered, the audit entry.
+# Outside a test the commit also adds the settled count (alwayson/ops/metrics.py, its own
+# transaction).
+ANSWER_POST = {"postgresql": 12, "sqlite": 15}
 
 
 @pytest.fixture(autouse=True)
