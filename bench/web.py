@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import re
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -37,6 +38,7 @@ WARM = 20
 USERNAME, PASSWORD = "bench", "bench-password-0123"
 CONCURRENCY = 4
 WORKERS = 2
+SERVER_LOG = os.path.join(tempfile.gettempdir(), "alwayson-bench-gunicorn.log")
 _TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 
 
@@ -198,7 +200,8 @@ def _gunicorn(url, port):
         cwd=common.ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        # Where a 500's traceback goes (the django.request logger): named by a failed row.
+        stderr=open(SERVER_LOG, "w"),  # noqa: SIM115 (the server's, for as long as it runs)
     )
 
 
@@ -219,7 +222,10 @@ def measure(url, quick, repeats, interleave, prepared, phase, only, port=8931) -
         rate, statuses = out.get(timeout=600)
         process.join()
         if set(statuses) != {expected}:
-            raise RuntimeError(f"{tag}: unexpected answers {statuses}, expected all {expected}")
+            raise RuntimeError(
+                f"{tag}: unexpected answers {statuses}, expected all {expected}"
+                f" (the server's log: {SERVER_LOG})"
+            )
         return rate
 
     def webhook(prefix, tag):

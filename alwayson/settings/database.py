@@ -20,6 +20,12 @@ ALWAYSON_INGEST_LOCK_WAIT = env.positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5,
 # Seconds a web process keeps its PostgreSQL connection between requests; 0: one per request.
 ALWAYSON_DB_CONN_MAX_AGE = env.seconds_or_zero("ALWAYSON_DB_CONN_MAX_AGE", 60, env.MAX_HOLD)
 
+# Connections a web process serving ASGI (the production "web": alwayson/asgi.py sets it)
+# keeps in a pool shared by its threads; 0 (plain WSGI, the loops): none, each thread keeps
+# its own (ALWAYSON_DB_CONN_MAX_AGE). Under ASGI a request's view runs on a thread of its own,
+# so a connection kept per thread would be one more open session per request served.
+ALWAYSON_DB_POOL_SIZE = env.non_negative_int("ALWAYSON_DB_POOL_SIZE", 0)
+
 # Prepared statements for the hot paths' statements (ingest, the worker's take and finish:
 # prepared_cursor in inbox/backends/postgresql.py); Django's own stay unprepared. Off behind a
 # pooler in transaction mode that cannot keep a session's prepared statements (PgBouncer
@@ -47,8 +53,18 @@ def _database(url):
         )
         # A web process keeps its connection between requests (checked before reuse): a
         # webhook is one statement, so opening a session per request would cost more than it.
-        config.setdefault("CONN_MAX_AGE", ALWAYSON_DB_CONN_MAX_AGE)
-        config.setdefault("CONN_HEALTH_CHECKS", True)
+        if ALWAYSON_DB_POOL_SIZE:
+            # The pool keeps them instead, checked as it hands one out (Django's pool
+            # refuses CONN_MAX_AGE).
+            config["CONN_MAX_AGE"] = 0
+            config["OPTIONS"]["pool"] = {
+                "min_size": 1,
+                "max_size": ALWAYSON_DB_POOL_SIZE,
+                "timeout": ALWAYSON_INGEST_LOCK_WAIT,
+            }
+        else:
+            config.setdefault("CONN_MAX_AGE", ALWAYSON_DB_CONN_MAX_AGE)
+            config.setdefault("CONN_HEALTH_CHECKS", True)
         idle = f"-c idle_in_transaction_session_timeout={ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s"
         options = config["OPTIONS"]
         options["options"] = f"{options['options']} {idle}" if options.get("options") else idle

@@ -35,6 +35,9 @@ def logging_config(log_format: str) -> dict:
             # httpx logs each request's full URL at INFO, and an egress service's credential
             # may be a query parameter: the gateway logs its calls itself, without it.
             "httpx": {"level": "WARNING"},
+            # A request that failed (500) and its traceback: Django's own handler for these
+            # prints only under DEBUG, so a production web process would say nothing.
+            "django.request": {"handlers": ["console"], "level": "ERROR"},
             "httpcore": {"level": "WARNING"},
         },
     }
