@@ -73,7 +73,7 @@ PHASED = (
     Phased(("webhook", "chat", "answer"), _web_setup, _web_measure, "gunicorn rows"),
 )
 PHASED_NAMES = tuple(name for kind in PHASED for name in kind.names)
-MEASURES = ("ceiling", *PHASED_NAMES, "drain")
+MEASURES = ("ceiling", *PHASED_NAMES, "drain", "live")
 
 
 def interleave(pair, repeats) -> dict:
@@ -148,6 +148,26 @@ def add_ceiling_fractions(rows, found) -> None:
             )
 
 
+def live_pages(url, quick) -> list[dict]:
+    """bench/live.py's rows (a browser, a web process, 500 streams), in a process of its own:
+    it sets Django up on a database of its own. It prints its figures as it ends."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "live.json")
+        command = [sys.executable, str(Path(__file__).with_name("live.py")), "--json", out]
+        subprocess.run(
+            command + (["--quick"] if quick else []),
+            check=True,
+            env={**os.environ, "BENCH_DATABASE_URL": url},
+        )
+        with open(out) as written:
+            return json.load(written)["rows"]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -198,6 +218,10 @@ def main(argv=None):
 
         rows += drain.measure(common.sibling_url(url, "drain"), args.quick, repeats)
 
+    live_rows = []
+    if "live" in only:
+        live_rows = live_pages(url, args.quick)
+
     add_ceiling_fractions(rows, found)
     for entry in rows:
         entry.setdefault("met", common.met(entry))
@@ -205,7 +229,7 @@ def main(argv=None):
     common.print_table(rows)
     print("\nof ceiling: alwayson's / the reference's rate over pgbench's one-row INSERT tps")
     print("at the row's connections (gunicorn rows: its 2 workers; drain: its 8 slots).")
-    lines = goals.evaluate(rows)
+    lines = goals.evaluate(rows + live_rows)
     print("\nissue 25's goals (the worst statistics phase counts):")
     goals.print_goals(lines)
     loads = [entry["load"] for entry in rows if entry.get("load") is not None]
@@ -219,7 +243,7 @@ def main(argv=None):
     meta["wall_seconds"] = round(time.monotonic() - started, 1)
     print(f"wall time: {meta['wall_seconds'] / 60:.1f} min")
     if args.json:
-        common.write_json(args.json, rows, meta, goals=lines)
+        common.write_json(args.json, rows + live_rows, meta, goals=lines)
         print(f"wrote {args.json}")
 
 
