@@ -99,8 +99,13 @@ class Hub:
 
     async def refresh(self, refresh, since):
         def run():
-            close_old_connections()  # as a request's end would: too old or broken
-            return refresh(since)
+            close_old_connections()  # as a request's start would: too old or broken
+            try:
+                return refresh(since)
+            finally:
+                # As a request's end would: with the ASGI process's pool (CONN_MAX_AGE 0)
+                # the connection goes back to it, instead of idling here between changes.
+                close_old_connections()
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, run)
 
