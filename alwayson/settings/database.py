@@ -51,11 +51,13 @@ def _database(url):
         config.setdefault("OPTIONS", {}).setdefault(
             "application_name", env.string("ALWAYSON_APPLICATION_NAME", "alwayson")
         )
-        # A web process keeps its connection between requests (checked before reuse): a
-        # webhook is one statement, so opening a session per request would cost more than it.
+        # A web process keeps its connection between requests, checked before reuse (a
+        # restart or a failover ends every idle session): a webhook is one statement, so
+        # opening a session per request would cost more than it.
+        config.setdefault("CONN_HEALTH_CHECKS", True)
         if ALWAYSON_DB_POOL_SIZE:
-            # The pool keeps them instead, checked as it hands one out (Django's pool
-            # refuses CONN_MAX_AGE).
+            # The pool keeps them instead, checked as it hands one out: Django gives the pool
+            # a check only under CONN_HEALTH_CHECKS. Its pool refuses CONN_MAX_AGE.
             config["CONN_MAX_AGE"] = 0
             config["OPTIONS"]["pool"] = {
                 "min_size": 1,
@@ -64,7 +66,6 @@ def _database(url):
             }
         else:
             config.setdefault("CONN_MAX_AGE", ALWAYSON_DB_CONN_MAX_AGE)
-            config.setdefault("CONN_HEALTH_CHECKS", True)
         idle = f"-c idle_in_transaction_session_timeout={ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s"
         options = config["OPTIONS"]
         options["options"] = f"{options['options']} {idle}" if options.get("options") else idle
