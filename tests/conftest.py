@@ -155,3 +155,10 @@ def world(django_db_setup, django_db_blocker):
         build_world()
         yield Inbox.objects.get(slug="busy")
         transaction.set_rollback(True)
+
+
+@pytest.fixture
+def fast_passwords(settings):
+    """MD5 instead of the real hashers, for modules that log people in many times
+    (pytestmark usefixtures); the hashers' own tests keep the real ones."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

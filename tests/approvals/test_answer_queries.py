@@ -12,7 +12,7 @@ from approvals.models import Approval, AuditEntry
 from inbox.models import Event, Membership, Role
 from tests.support.pages import ask, detail_url, text_of
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 # The session, the user, the inbox with the role in it (a statement built once), the
 # approval; then the inbox's transaction (in a test, a savepoint in the test's): on PostgreSQL
@@ -22,11 +22,6 @@ pytestmark = pytest.mark.django_db
 # Outside a test the commit also adds the settled count (alwayson/ops/metrics.py, its own
 # transaction).
 ANSWER_POST = {"postgresql": 12, "sqlite": 15}
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

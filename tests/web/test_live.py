@@ -19,12 +19,7 @@ from inbox.services import acquire, ingest, release
 from outbox.models import OutboxMessage
 from tests.support.outbox import hold
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 
 @pytest.fixture

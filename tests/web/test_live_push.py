@@ -13,14 +13,13 @@ from alwayson.web import live
 from inbox.models import Membership, Role
 from tests.support.outbox import hold
 
-pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.postgres_only,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("fast_passwords"),
+]
 
 WAIT = 20  # seconds: a bound on a wait, never a measure
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -14,16 +14,11 @@ from django.test import Client
 
 from inbox.models import Event, Inbox, Membership, Role
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
 # The session, the user, the inbox with the role; then storing, in a savepoint of the
 # test's transaction: PostgreSQL's one statement, SQLite's insert and marker.
 CHAT_POST = {"postgresql": 6, "sqlite": 7}
-
-
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
