@@ -62,3 +62,19 @@ def on_starting(server):
         from alwayson.egress.sealing import hide_from_same_user
 
         hide_from_same_user()
+
+
+def post_worker_init(worker):
+    """Each web worker adds its metrics every heartbeat interval, not one transaction per
+    counted request (alwayson/ops/metrics.py)."""
+    from django.conf import settings
+
+    from alwayson.ops.metrics import flush_periodically
+
+    worker.stop_metrics = flush_periodically(settings.ALWAYSON_HEARTBEAT_INTERVAL)
+
+
+def worker_exit(server, worker):
+    stop = getattr(worker, "stop_metrics", None)
+    if stop is not None:
+        stop()

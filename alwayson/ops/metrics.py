@@ -123,6 +123,40 @@ def flush() -> int:
     return RECORDER.flush()
 
 
+def flush_periodically(interval):
+    """From now on this process's counts are added every `interval` seconds by a thread of
+    its own, as a loop process's beat adds them: a web process's requests (an approval's
+    answer, counted at its commit) then cost no transaction and no WAL flush of their own.
+    A process killed outright loses at most one interval's counts. Returns the function that
+    stops the thread and adds what is left (a worker process's exit)."""
+    RECORDER.batched = True
+    stopping = threading.Event()
+
+    def add_every_interval():
+        while not stopping.wait(interval):
+            _flush_apart()
+
+    thread = threading.Thread(target=add_every_interval, name="metrics", daemon=True)
+    thread.start()
+
+    def stop():
+        stopping.set()
+        thread.join(timeout=10)
+        RECORDER.batched = False
+        _flush_apart()
+
+    return stop
+
+
+def _flush_apart():
+    try:
+        RECORDER.flush()
+    except DatabaseError:
+        log.warning("could not add metrics to the database; kept for the next try")
+    finally:
+        connection.close()  # this thread's: back to the pool, or closed, until the next count
+
+
 def _labels(labelnames, labels) -> str:
     if set(labels) != set(labelnames):
         raise ValueError(f"labels must be {sorted(labelnames)}, not {sorted(labels)}")

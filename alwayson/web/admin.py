@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from inbox.admin import ViewOnlyAdmin
 
-from .models import LiveChange, PasswordResetRequest
+from .models import LiveChange, LiveWatch, PasswordResetRequest
 
 
 @admin.register(PasswordResetRequest)
@@ -27,4 +27,15 @@ class LiveChangeAdmin(ViewOnlyAdmin):
     ordering = ("-id",)
     show_full_result_count = False
     fields = ("inbox", "kind")
+    readonly_fields = fields
+
+
+@admin.register(LiveWatch)
+class LiveWatchAdmin(ViewOnlyAdmin):
+    """Which inboxes the web processes' open pages watch (0: every inbox), by LISTEN backend:
+    written by their hubs (alwayson/web/live.py); view-only."""
+
+    list_display = ("inbox_id", "listener")
+    ordering = ("inbox_id",)
+    fields = ("inbox_id", "listener")
     readonly_fields = fields

@@ -27,14 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
-from django.db import close_old_connections, connection, connections
+from django.db import DatabaseError, close_old_connections, connection, connections
 from django.db.models import BooleanField, ExpressionWrapper, F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Now
 from django.http import StreamingHttpResponse
 
 from inbox.models import Inbox
 
-from .models import LiveChange
+from .models import LiveChange, LiveWatch
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ CHANNEL = "alwayson_live"  # the triggers' (migration 0002); the worker's work c
 HEARTBEAT = 15  # seconds: under the idle timeout of the proxies in front (nginx: 60 s)
 RETRY_MS = 1000  # how soon a browser reconnects after a drop
 REFRESH_THREADS = 4
+WATCH_WAIT = 5  # seconds a new stream waits for the LISTEN connection before its first read
+# A change whose trigger ran before a page's watch row committed sends no NOTIFY, though it
+# may commit after the page's first read: one more read this long after, for the page
+# that opened then (a run's finish takes milliseconds).
+SETTLE = 1.0
 ANY = "any"  # the topic of every inbox's changes: the approvals list and the dashboard
 
 
@@ -96,18 +101,28 @@ class Hub:
         # Where the streams read and render: a few threads, each keeping its database
         # connection between refreshes, however many pages are open.
         self.executor = ThreadPoolExecutor(REFRESH_THREADS, thread_name_prefix="live")
+        # The LiveWatch rows written for this hub: under which LISTEN backend, which inboxes.
+        self.listener: int | None = None
+        self.watched: set[int] = set()
+        self._watching = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
 
-    async def refresh(self, refresh, since):
+    async def in_thread(self, work, *args):
+        """`work(*args)` in one of the hub's threads, with a database connection as a
+        request's would be: checked at the start, handed back to the pool at the end
+        (CONN_MAX_AGE 0 under ASGI) instead of idling there between changes."""
+
         def run():
-            close_old_connections()  # as a request's start would: too old or broken
+            close_old_connections()
             try:
-                return refresh(since)
+                return work(*args)
             finally:
-                # As a request's end would: with the ASGI process's pool (CONN_MAX_AGE 0)
-                # the connection goes back to it, instead of idling here between changes.
                 close_old_connections()
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, run)
+
+    async def refresh(self, refresh, since):
+        return await self.in_thread(refresh, since)
 
     def subscribe(self, topic) -> asyncio.Event:
         if self.task is None or self.task.done():
@@ -120,6 +135,44 @@ class Hub:
         self.topics[topic].discard(wake)
         if not self.topics[topic]:
             del self.topics[topic]
+            # Not awaited: a closing stream does not wait for it (the next watch() waits).
+            task = asyncio.get_running_loop().create_task(self.watch())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def watching(self):
+        """Once this returns, the hub's watch rows name every topic it has (as soon as it
+        listens: not waited for past WATCH_WAIT, the reconnect writes them then)."""
+        try:
+            await asyncio.wait_for(self.listening.wait(), WATCH_WAIT)
+        except TimeoutError:
+            return
+        await self.watch()
+
+    async def watch(self):
+        """Write and delete LiveWatch rows until they are the hub's topics. One at a time: a
+        page that closes while another opens must not leave its inbox unwatched."""
+        async with self._watching:
+            if self.listener is None:
+                return
+            wanted = {_watched_inbox(topic) for topic in self.topics}
+            add, drop = wanted - self.watched, self.watched - wanted
+            if add or drop:
+                await self.in_thread(LiveWatch.objects.replace, self.listener, add, drop)
+                self.watched = wanted
+
+    async def _listening_as(self, listener):
+        """A new LISTEN connection: its watch rows for every topic, the dead listeners'
+        rows (this process's previous connection's among them) gone."""
+        async with self._watching:
+            wanted = {_watched_inbox(topic) for topic in self.topics}
+
+            def rewrite():
+                LiveWatch.objects.of_dead_listeners().delete()
+                LiveWatch.objects.replace(listener, wanted, ())
+
+            await self.in_thread(rewrite)
+            self.listener, self.watched = listener, wanted
 
     def publish(self, payload: str):
         """A notification's payload, "<inbox id>:<kind>"."""
@@ -133,7 +186,10 @@ class Hub:
         process just exits)."""
         if self.task is not None:
             self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+            await asyncio.gather(self.task, *self._tasks, return_exceptions=True)
+        if self.listener is not None:
+            await self.in_thread(LiveWatch.objects.filter(listener=self.listener).delete)
+            self.listener = None
         # One close per thread: each waits for the others, so no thread takes two.
         everyone = threading.Barrier(REFRESH_THREADS)
 
@@ -163,16 +219,22 @@ class Hub:
                     autocommit=True, **conninfo
                 ) as listener:
                     await listener.execute(f"LISTEN {CHANNEL}")
+                    await self._listening_as(listener.info.backend_pid)
                     self.listening.set()
                     delay = 0.5
                     self.wake_all()
                     async for notify in listener.notifies():
                         self.publish(notify.payload)
-            except (psycopg.Error, OSError):
+            except (psycopg.Error, OSError, DatabaseError):
                 self.listening.clear()
+                self.listener = None
                 log.warning("live LISTEN connection lost; retrying in %.1fs", delay, exc_info=True)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10)
+
+
+def _watched_inbox(topic) -> int:
+    return LiveWatch.EVERY_INBOX if topic == ANY else int(topic.removeprefix("inbox:"))
 
 
 _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}
@@ -209,6 +271,8 @@ def stream(
     async def events():
         live = hub()
         wake = live.subscribe(topic)  # before the first read: nothing falls in between
+        await live.watching()
+        asyncio.get_running_loop().call_later(SETTLE, wake.set)
         cursor = since
         try:
             yield f"retry: {RETRY_MS}\n\n"

@@ -1,4 +1,5 @@
 from django.db import models, transaction
+from django.db.models.expressions import RawSQL
 
 
 class PasswordResetRequestQuerySet(models.QuerySet):
@@ -66,3 +67,50 @@ class LiveChange(models.Model):
 
     def __str__(self):
         return f"{self.inbox_id}: {self.kind} #{self.pk}"
+
+
+class LiveWatchQuerySet(models.QuerySet):
+    def of_dead_listeners(self):
+        """Rows whose LISTEN connection is gone (PostgreSQL: no such backend now)."""
+        alive = RawSQL("SELECT pid FROM pg_stat_activity", [])
+        return self.exclude(listener__in=alive)
+
+    def replace(self, listener, add, drop):
+        """`listener`'s rows: those for the inbox ids `add` written, those for `drop` gone;
+        committed when this returns."""
+        with transaction.atomic():
+            self.filter(listener=listener, inbox_id__in=drop).delete()
+            self.bulk_create(
+                [self.model(inbox_id=inbox_id, listener=listener) for inbox_id in add],
+                ignore_conflicts=True,
+            )
+
+
+class LiveWatch(models.Model):
+    """An inbox some open page of a web process is pushed (0: every inbox, for the approvals
+    list and the dashboard), under the backend pid of that process's LISTEN connection.
+
+    The triggers NOTIFY only for watched inboxes (migration 0003): a notifying commit takes
+    PostgreSQL's notification queue lock and holds it through its WAL flush, so every commit
+    that notifies waits for the one before it, and the runs of inboxes nobody looks at would
+    pay for pages that are not open. Written by the process's Hub (alwayson/web/live.py),
+    which adds a row when the first page of an inbox opens and deletes it when the last
+    closes. A process that dies leaves its rows: they only cost a NOTIFY nobody hears, until
+    a hub reconnects or `prune` deletes the rows of listeners no longer connected.
+    """
+
+    inbox_id = models.BigIntegerField()  # no foreign key: 0 is every inbox
+    listener = models.IntegerField()  # pg_backend_pid() of the LISTEN connection
+
+    EVERY_INBOX = 0
+
+    objects = LiveWatchQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            # The triggers' probe (inbox_id IN (NEW.inbox_id, 0)) leads with inbox_id.
+            models.UniqueConstraint(fields=["inbox_id", "listener"], name="live_watch_unique")
+        ]
+
+    def __str__(self):
+        return f"inbox {self.inbox_id or 'every'} watched by backend {self.listener}"

@@ -38,7 +38,7 @@ MOVED = {  # model name -> the app label it moved to (its table keeps the "alway
 }
 NEW_APPS = sorted(set(MOVED.values()))
 # Made by migrations after the move, so empty when a database of the old layout arrives.
-NEWER_TABLES = {"alwayson_web_livechange": "livechange"}
+NEWER_TABLES = {"alwayson_web_livechange": "livechange", "alwayson_web_livewatch": "livewatch"}
 PROJECT_APPS = ("inbox", "timers", "approvals", "outbox", "alwayson")
 OLD_DEMO_AGENT = "alwayson.refund_desk.agent"
 NEW_DEMO_AGENT = "alwayson.demo.refund_desk.agent"

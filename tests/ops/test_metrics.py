@@ -8,6 +8,7 @@ their counts and bucket shape are asserted.
 
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -457,6 +458,29 @@ def test_a_loop_process_keeps_counts_until_its_heartbeat_adds_them(recorder, t0)
     families = scrape()
     assert sample(families, "alwayson_lease_takeovers", "alwayson_lease_takeovers_total") == 2
     assert sample(families, "alwayson_timer_lag_seconds", "alwayson_timer_lag_seconds_count") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_web_process_adds_its_counts_from_a_thread_and_the_rest_when_it_exits(recorder):
+    """gunicorn_conf's post_worker_init and worker_exit: a request's count costs it no
+    transaction; the thread adds it, and the exit what the thread had not."""
+    stop = metrics.flush_periodically(interval=0.05)
+    try:
+        metrics.LEASE_TAKEOVERS.inc()
+        deadline = time.monotonic() + 20  # a bound on the wait, not a measure
+        while not MetricTotal.objects.exists():
+            assert time.monotonic() < deadline, "the thread never added the count"
+            time.sleep(0.01)
+    finally:
+        stop()
+    assert not recorder.batched
+
+    stop = metrics.flush_periodically(interval=3600)
+    metrics.LEASE_TAKEOVERS.inc()
+    assert recorder.pending()
+    stop()
+    assert not recorder.pending()
+    assert sample(scrape(), "alwayson_lease_takeovers", "alwayson_lease_takeovers_total") == 2
 
 
 @pytest.mark.django_db

@@ -181,3 +181,106 @@ def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(desk, o
         await live.hub().stop()
 
     async_to_sync(scenario)()
+
+
+def watches():
+    from alwayson.web.models import LiveWatch
+
+    return sorted(LiveWatch.objects.values_list("inbox_id", "listener"))
+
+
+def test_only_a_watched_inbox_notifies_the_web_processes(desk, make_inbox, owner):
+    import psycopg
+
+    from alwayson.web.models import LiveWatch
+
+    watched = make_inbox("watched", owner=owner)
+    LiveWatch.objects.create(inbox_id=watched.pk, listener=0)
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "host", "port")
+    with psycopg.connect(autocommit=True, **{k: params[k] for k in keys if params.get(k)}) as ear:
+        ear.execute(f"LISTEN {live.CHANNEL}")
+        say(desk, "Nobody has this inbox open")
+        say(watched, "Somebody has this one open")
+        # Notifications arrive in commit order: the first is the watched inbox's.
+        heard = next(ear.notifies(timeout=WAIT))
+        assert heard.payload == f"{watched.pk}:message"
+
+        LiveWatch.objects.create(inbox_id=LiveWatch.EVERY_INBOX, listener=0)
+        say(desk, "The dashboard is open: every inbox is watched")
+        heard = next(ear.notifies(timeout=WAIT))
+        assert heard.payload == f"{desk.pk}:message"
+
+
+def test_the_hub_watches_an_inbox_from_its_first_open_page_until_its_last_closes(desk):
+    # What a stream does as it opens and as it ends (live.stream), for two pages of one inbox.
+    async def scenario():
+        hub = live.hub()
+        topic = f"inbox:{desk.pk}"
+        first = hub.subscribe(topic)
+        await hub.watching()
+        second = hub.subscribe(topic)
+        await hub.watching()
+        assert await sync_to_async(watches)() == [(desk.pk, hub.listener)]
+
+        hub.unsubscribe(topic, first)
+        await hub.watch()
+        assert await sync_to_async(watches)() == [(desk.pk, hub.listener)]
+        hub.unsubscribe(topic, second)
+        await hub.watch()
+        assert await sync_to_async(watches)() == []
+
+        hub.subscribe(live.ANY)
+        await hub.watching()
+        assert await sync_to_async(watches)() == [(0, hub.listener)]
+        await hub.stop()
+        assert await sync_to_async(watches)() == []
+
+    async_to_sync(scenario)()
+
+
+def test_a_hub_that_listens_again_watches_under_its_new_connection_and_drops_dead_ones(desk, owner):
+    from alwayson.web.models import LiveWatch
+
+    LiveWatch.objects.create(inbox_id=desk.pk, listener=2**31 - 1)  # no such backend
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        stream = await open_stream(client, "")
+        await next_event(stream)  # the page as it is
+        hub = live.hub()
+        old = hub.listener
+        assert await sync_to_async(watches)() == [(desk.pk, old)]
+
+        def sever():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [old])
+
+        await sync_to_async(sever)()
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while hub.listener in (None, old):
+            assert asyncio.get_running_loop().time() < deadline, "the hub did not listen again"
+            await asyncio.sleep(0.05)
+        assert await sync_to_async(watches)() == [(desk.pk, hub.listener)]
+
+        await sync_to_async(say)(desk, "Heard on the new connection")
+        while "Heard on the new connection" not in (event := await next_event(stream)):
+            pass  # the wake-up of the reconnect refreshes the page first
+        assert event.startswith("id: ")
+        await stream.aclose()
+        await hub.stop()
+
+    async_to_sync(scenario)()
+
+
+def test_prune_deletes_the_watches_of_listeners_no_longer_connected(desk):
+    from django.core.management import call_command
+
+    from alwayson.web.models import LiveWatch
+
+    alive = connection.cursor().connection.info.backend_pid
+    LiveWatch.objects.create(inbox_id=desk.pk, listener=alive)
+    LiveWatch.objects.create(inbox_id=desk.pk, listener=2**31 - 1)
+    call_command("prune", verbosity=0)
+    assert watches() == [(desk.pk, alive)]
