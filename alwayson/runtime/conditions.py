@@ -527,7 +527,7 @@ def _fits(where, tool, shown, condition, node, always, root):
                 )
         if op in ORDERING:
             kind = "string" if isinstance(operand, str) else "number"
-            if not _takes(types, kind):
+            if not (_takes(types, kind) or (kind == "number" and _takes(types, "integer"))):
                 raise ValueError(f"{where}: {op} {_json(operand)} compares {kind}s, but {field_is}")
         if op in ("prefix", "regex") and not _takes(types, "string"):
             raise ValueError(f"{where}: {op} needs a string field, but {field_is}")
