@@ -37,6 +37,7 @@ ORDERING = {"lt": operator.lt, "lte": operator.le, "gt": operator.gt, "gte": ope
 MEMBERSHIP = ("in", "not_in")
 QUANTIFIERS = ("any", "all")
 OPERATORS = ("eq", "ne", *ORDERING, *MEMBERSHIP, "prefix", "regex", "exists", *QUANTIFIERS)
+DEFAULT = "default"  # beside the operators: the value an absent field is judged as
 
 INDEX = re.compile(r"0|[1-9][0-9]*")  # an array index in a JSON Pointer
 LONE_TILDE = re.compile(r"~(?![01])")
@@ -113,15 +114,21 @@ def check_when(where, when):
 def _check_condition(where, condition):
     if not isinstance(condition, dict):
         return  # a bare value: equality
-    if not condition:
+    if not set(condition) - {DEFAULT}:
         raise ValueError(f"{where} names no operator")
+    if DEFAULT in condition and "exists" in condition:
+        raise ValueError(f"{where}: default gives an absent field a value, so exists cannot hold")
     for op, operand in condition.items():
-        _check_operator(where, op, operand)
+        if op != DEFAULT:
+            _check_operator(where, op, operand)
 
 
 def _check_operator(where, op, operand):
     if op not in OPERATORS:
-        raise ValueError(f"{where}: unknown operator {op!r}; use {', '.join(OPERATORS)}")
+        raise ValueError(
+            f"{where}: unknown operator {op!r}; use {', '.join(OPERATORS)} (and {DEFAULT}, "
+            f"the value an absent field is judged as)"
+        )
     if op in ORDERING and not (_number(operand) or isinstance(operand, str)):
         raise ValueError(f"{where}: {op} needs a number or a string, not {operand!r}")
     if op in MEMBERSHIP and not isinstance(operand, list):
@@ -145,7 +152,7 @@ def _check_element(where, condition):
     if not _is_pointers(condition):
         if isinstance(condition, dict):
             for key in condition:
-                if key not in OPERATORS and isinstance(key, str) and not key.startswith("/"):
+                if key not in (*OPERATORS, DEFAULT) and not str(key).startswith("/"):
                     raise ValueError(
                         f"{where}: {key!r} is neither an operator nor a JSON Pointer; to test "
                         f"a field of each element, write '/{key}'"
@@ -252,8 +259,16 @@ def _some(outcomes) -> tuple[bool | None, str]:
 
 
 def _holds(condition, value, shown) -> tuple[bool | None, str]:
-    checks = condition.items() if isinstance(condition, dict) else [("eq", condition)]
-    return _every(_apply(op, operand, value, shown) for op, operand in checks)
+    if value is ABSENT and isinstance(condition, dict):
+        value = condition.get(DEFAULT, ABSENT)
+    return _every(_apply(op, operand, value, shown) for op, operand in _checks(condition))
+
+
+def _checks(condition):
+    """A condition's (operator, operand) pairs: a bare value is equality."""
+    if not isinstance(condition, dict):
+        return [("eq", condition)]
+    return [(op, operand) for op, operand in condition.items() if op != DEFAULT]
 
 
 def _apply(op, operand, value, shown) -> tuple[bool | None, str]:
@@ -515,8 +530,13 @@ def _fits(where, tool, shown, condition, node, always, root):
     """Refuse what `condition` cannot match on the field `shown` whose schema is `node`."""
     types = _types(node, root)
     field_is = f"the schema says {' or '.join(sorted(types))}" if types else ""
-    checks = condition.items() if isinstance(condition, dict) else [("eq", condition)]
-    for op, operand in checks:
+    default = condition.get(DEFAULT, ABSENT) if isinstance(condition, dict) else ABSENT
+    if default is not ABSENT and not _can_be(node, default, root):
+        raise ValueError(
+            f"{where}: default {_json(default)} is not a value the field can be: "
+            f"{field_is or 'the schema does not allow it'}" + _choices(node, root)
+        )
+    for op, operand in _checks(condition):
         values = [operand] if op in ("eq", "ne") else operand if op in MEMBERSHIP else []
         for value in values:
             if not _can_be(node, value, root):

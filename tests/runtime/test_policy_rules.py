@@ -4,12 +4,17 @@ refusal of a rule that cannot match its tool's JSON Schema, through check_policy
 AgentConfig.full_clean(). The agent end to end and the admin form are in
 tests/claude/test_claude_policy_rules.py."""
 
+import json
+import re
+
 import pytest
 from django.core.exceptions import ValidationError
 
 from alwayson.runtime.conditions import MAX_MATCHED, MAX_PATTERN, compiled
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.policy import check_policy, check_policy_syntax, decide
+from alwayson.runtime.tools import BUILTINS
+from tests.support.paths import ROOT
 from tests.support.policy_tools import SCHEMA
 
 TOOL = "refund_items"
@@ -249,6 +254,24 @@ def test_exists_says_what_an_absent_field_means():
     assert verdict(rules, order(order={"amount": 9})).verdict == "allow"
 
 
+def test_default_is_the_value_an_absent_field_is_judged_as():
+    rules = [
+        {"when": {"/express": {"eq": True, "default": False}}, "then": "ask"},
+        {"then": "allow"},
+    ]
+    assert verdict(rules, order()).verdict == "allow"
+    assert verdict(rules, order(express=True)).verdict == "ask"
+    assert verdict(rules, order(express=False)).verdict == "allow"
+    over = [
+        {"when": {"/items": {"any": {"/amount": {"gt": 500, "default": 0}}}}, "then": "deny"},
+        {"when": {"/order/amount": {"gt": 100, "default": 1000}}, "then": "ask"},
+        {"then": "allow"},
+    ]
+    assert verdict(over, order(order={"amount": 5}, items=[{"sku": "A"}])).verdict == "allow"
+    assert verdict(over, order(items=[{"sku": "A"}])).verdict == "ask"
+    assert verdict(over, order(items=[{"sku": "A"}, {"sku": "B", "amount": 501}])).verdict == "deny"
+
+
 @pytest.mark.parametrize(
     ("field", "arguments", "why"),
     [
@@ -442,11 +465,13 @@ def test_a_regex_that_could_run_away_or_does_not_compile_is_refused(pattern, err
             "when['/items'] any['/amount']: unknown operator 'above'",
         ),
         ({"/order/~2": 1}, "a ~ is written ~0 and a / inside a name ~1"),
+        ({"/email": {"default": "x"}}, "when['/email'] names no operator"),
+        ({"/email": {"exists": True, "default": "x"}}, "so exists cannot hold"),
         ({"": 1}, "a field is an argument's name or a JSON Pointer such as /order/amount, not ''"),
         (
             {"/email": {"matches": "x"}},
             "unknown operator 'matches'; use eq, ne, lt, lte, gt, gte, in, not_in, prefix, "
-            "regex, exists, any, all",
+            "regex, exists, any, all (and default, the value an absent field is judged as)",
         ),
     ],
 )
@@ -520,6 +545,11 @@ SCHEMA_REFUSALS = [
     (
         {"/order": {"exists": False}},
         "tests '/order': exists false can never hold: the schema requires it",
+    ),
+    (
+        {"/order/amount": {"gt": 5, "default": "none"}},
+        "tests '/order/amount': default \"none\" is not a value the field can be: the schema "
+        "says number",
     ),
     (
         {"/metadata/note": {"gt": 1}},
@@ -631,3 +661,33 @@ def test_full_clean_accepts_and_stores_a_policy_with_the_new_operators(make_inbo
     config.full_clean()
     config.save()
     assert AgentConfig.objects.get().policy == policy
+
+
+# --- the reference's examples -------------------------------------------------------------------
+
+
+def reference_examples():
+    """Each JSON block of docs/reference/policy-rules.md as a policy: a whole policy, a tool's
+    entries ("tool": [...]) or one rule."""
+    text = (ROOT / "docs" / "reference" / "policy-rules.md").read_text(encoding="utf-8")
+    for block in re.findall(r"^```json\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+        block = block.strip()
+        value = json.loads(block if block.startswith("{") else "{" + block + "}")
+        yield {"example": [value]} if "then" in value else value
+
+
+def test_the_reference_examples_are_well_formed_and_decide_as_it_says():
+    examples = list(reference_examples())
+    assert len(examples) >= 6
+    for policy in examples:
+        check_policy_syntax(policy)
+    [messages] = [p["send_message"] for p in examples if "send_message" in p and len(p) == 1]
+    offered = {name: tool.input_schema for name, tool in BUILTINS.items()}
+    check_policy({"send_message": messages}, offered)
+    assert decide({"send_message": messages}, "send_message", {"text": "hi"}, "ask").verdict == (
+        "allow"
+    )
+    urgent = {"text": "hi", "urgent": True}
+    assert decide({"send_message": messages}, "send_message", urgent, "ask").verdict == "ask"
+    secret = {"text": "Your API key is sk-1"}
+    assert decide({"send_message": messages}, "send_message", secret, "ask").verdict == "ask"
