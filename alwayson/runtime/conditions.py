@@ -150,13 +150,17 @@ def _check_operator(where, op, operand):
 
 def _check_element(where, condition):
     if not _is_pointers(condition):
-        if isinstance(condition, dict):
-            for key in condition:
-                if key not in (*OPERATORS, DEFAULT) and not str(key).startswith("/"):
-                    raise ValueError(
-                        f"{where}: {key!r} is neither an operator nor a JSON Pointer; to test "
-                        f"a field of each element, write '/{key}'"
-                    )
+        for key in condition if isinstance(condition, dict) else ():
+            if str(key).startswith("/"):
+                raise ValueError(
+                    f"{where}: {key!r} is a JSON Pointer beside operators; test the fields of "
+                    f"each element or the element itself, not both"
+                )
+            if key not in (*OPERATORS, DEFAULT):
+                raise ValueError(
+                    f"{where}: {key!r} is neither an operator nor a JSON Pointer; to test a "
+                    f"field of each element, write '/{key}'"
+                )
         _check_condition(where, condition)
         return
     for field, inner in condition.items():

@@ -461,6 +461,10 @@ def test_a_regex_that_could_run_away_or_does_not_compile_is_refused(pattern, err
         ),
         ({"/items": {"all": {}}}, "when['/items'] all names no operator"),
         (
+            {"/items": {"any": {"/amount": 5, "gt": 3}}},
+            "when['/items'] any: '/amount' is a JSON Pointer beside operators",
+        ),
+        (
             {"/items": {"any": {"/amount": {"above": 5}}}},
             "when['/items'] any['/amount']: unknown operator 'above'",
         ),
