@@ -5,47 +5,37 @@
         "refund": [
             {"when": {"amount": {"lt": 50}}, "then": "allow"},
             {"when": {"order": {"in": ["1", "2"]}}, "then": "deny"},
+            {"when": {"/items": {"any": {"/sku": {"prefix": "GIFT-"}}}}, "then": "deny"},
             {"then": "ask"}
         ],
         "delete_account": "deny"
     }
 
 A tool's entry is a decision or a list of rules tried in order; the first whose conditions
-all hold decides. A condition compares one argument: a bare value means equality, an object
-names operators (eq, ne, lt, lte, gt, gte, in, not_in). A condition that cannot be evaluated
-(the argument is missing, or a number is compared with a string) does not hold, and a list
-in which no rule holds asks: a policy that did not foresee a call never lets it through.
-Tools the policy does not name: the built-ins are allowed, application tools ask.
+all hold decides. A condition tests one field, named by a top-level argument's name or a
+JSON Pointer (conditions.py has the language: eq, ne, lt, lte, gt, gte, in, not_in, prefix,
+regex, exists, any, all; docs/reference/policy-rules.md the reference). A condition that
+cannot be judged (its field is absent, a number is compared with a string) never lets a call
+through: an allow rule it is in does not hold, and an ask or deny rule it is in makes every
+later rule's allow an ask. A list in which no rule holds asks: a policy that did not foresee a
+call never lets it through. Tools the policy does not name: the built-ins are allowed,
+application tools ask.
 
 Pure Python: the Claude app's ready() checks ALWAYSON_CLAUDE_POLICY with it at start-up.
 """
 
 from dataclasses import dataclass
 
+from .conditions import check_against, check_when, judge
+
 ALLOW, ASK, DENY = "allow", "ask", "deny"
 DECISIONS = (ALLOW, ASK, DENY)
-OPERATORS = {
-    "eq": lambda value, operand: value == operand,
-    "ne": lambda value, operand: value != operand,
-    "lt": lambda value, operand: value < operand,
-    "lte": lambda value, operand: value <= operand,
-    "gt": lambda value, operand: value > operand,
-    "gte": lambda value, operand: value >= operand,
-    "in": lambda value, operand: value in operand,
-    "not_in": lambda value, operand: value not in operand,
-}
-ORDERING = {"lt", "lte", "gt", "gte"}
-MEMBERSHIP = {"in", "not_in"}
 
 
 @dataclass(frozen=True)
 class Decision:
     verdict: str  # allow, ask or deny
     because: str  # which entry decided, for the model and the log
-
-
-def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def check_policy_syntax(policy) -> dict:
@@ -80,55 +70,24 @@ def _check_rule(where, rule):
     if unknown:
         raise ValueError(f"{where} has unknown keys {sorted(unknown)}; use when and then")
     _check_decision(f"{where} then", rule["then"])
-    when = rule.get("when", {})
-    if not isinstance(when, dict):
-        raise ValueError(f"{where} when must be an object of argument conditions")
-    for argument, condition in when.items():
-        if isinstance(condition, dict):
-            if not condition:
-                raise ValueError(f"{where} when[{argument!r}] names no operator")
-            for op, operand in condition.items():
-                _check_operator(f"{where} when[{argument!r}]", op, operand)
-
-
-def _check_operator(where, op, operand):
-    if op not in OPERATORS:
-        raise ValueError(f"{where}: unknown operator {op!r}; use {', '.join(OPERATORS)}")
-    if op in ORDERING and not (_number(operand) or isinstance(operand, str)):
-        raise ValueError(f"{where}: {op} needs a number or a string, not {operand!r}")
-    if op in MEMBERSHIP and not isinstance(operand, list):
-        raise ValueError(f"{where}: {op} needs a list, not {operand!r}")
+    check_when(where, rule.get("when", {}))
 
 
 def check_policy(policy, offered: dict) -> dict:
-    """Syntax, and that every tool and argument it names exists. `offered` maps tool names to
-    their JSON Schema input (built-ins included)."""
+    """Syntax, that every tool it names exists, and that every condition can match its tool's
+    JSON Schema input (conditions.check_against). `offered` maps tool names to those schemas
+    (built-ins included)."""
     check_policy_syntax(policy)
     for tool, entry in policy.items():
         if tool not in offered:
             raise ValueError(
                 f"policy names the unknown tool {tool!r}; tools: {', '.join(sorted(offered))}"
             )
-        known = set((offered[tool] or {}).get("properties") or {})
         for n, rule in enumerate(entry if isinstance(entry, list) else [], 1):
-            for argument in rule.get("when", {}):
-                if argument not in known:
-                    raise ValueError(
-                        f"policy[{tool!r}] rule {n} tests {argument!r}, which {tool} does not "
-                        f"take; its arguments: {', '.join(sorted(known)) or 'none'}"
-                    )
+            check_against(
+                f"policy[{tool!r}] rule {n}", tool, rule.get("when", {}), offered[tool] or {}
+            )
     return policy
-
-
-def _holds(condition, value) -> bool:
-    checks = condition.items() if isinstance(condition, dict) else [("eq", condition)]
-    for op, operand in checks:
-        try:
-            if not OPERATORS[op](value, operand):
-                return False
-        except TypeError:
-            return False
-    return True
 
 
 def decide(policy: dict, tool: str, arguments: dict, default: str) -> Decision:
@@ -138,12 +97,17 @@ def decide(policy: dict, tool: str, arguments: dict, default: str) -> Decision:
         return Decision(default, f"{tool} is not in the policy (default: {default})")
     if isinstance(entry, str):
         return Decision(entry, f"policy for {tool}: {entry}")
-    missing = object()
+    unjudged = ""  # the first ask or deny rule that could not be judged: no allow after it
     for n, rule in enumerate(entry, 1):
-        when = rule.get("when", {})
-        if all(
-            arguments.get(name, missing) is not missing and _holds(condition, arguments[name])
-            for name, condition in when.items()
-        ):
-            return Decision(rule["then"], f"policy for {tool}, rule {n}: {rule['then']}")
+        then = rule["then"]
+        held, why = judge(rule.get("when", {}), arguments)
+        if held is None and then != ALLOW and not unjudged:
+            unjudged = f"rule {n} ({then}) could not be judged: {why}"
+        if not held:
+            continue
+        if unjudged and then == ALLOW:
+            return Decision(ASK, f"policy for {tool}, rule {n}: allow, but {unjudged} (ask)")
+        return Decision(then, f"policy for {tool}, rule {n}: {then}")
+    if unjudged:
+        return Decision(ASK, f"policy for {tool}: {unjudged}, and no later rule denies (ask)")
     return Decision(ASK, f"policy for {tool}: no rule matched (ask)")
