@@ -5,7 +5,9 @@ The worker runs for real (Worker.step: acquire, claim, the agent, the fenced fin
 "the model" is scripted. Each test counts the requests that reached it.
 """
 
+import base64
 import json
+import logging
 from datetime import timedelta
 
 import pytest
@@ -26,7 +28,10 @@ from inbox.services import ingest
 from outbox.models import OutboxMessage
 from tests.support import claude_tools
 from tests.support.claude_api import (
+    API_KEY,
+    answered_200,
     bad_request,
+    error,
     malformed,
     message,
     overloaded,
@@ -704,6 +709,79 @@ def test_a_malformed_answer_and_a_timeout_are_transient(messages_api, claude_inb
     m1 = event(inbox, "m1")
     assert (m1.status, m1.attempts) == ("pending", 0)
     assert "could not be reached" in m1.error
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ({"detail": "upstream hiccup"}, "type None, not 'message'"),
+        ({"type": "error", "error": {"type": "api_error"}}, "type 'error', not 'message'"),
+        ({"type": "message", "role": "user", "content": []}, "role 'user', not 'assistant'"),
+        ({"type": "message", "role": "assistant", "content": "hi"}, "no content list"),
+        (
+            {"type": "message", "role": "assistant", "content": [{"text": "hi"}]},
+            "a content block without a type",
+        ),
+        (["upstream", "hiccup"], '200 with ["upstream", "hiccup"]'),
+    ],
+)
+def test_a_200_answer_that_is_not_a_message_is_transient_and_never_cached(
+    messages_api, claude_inbox, body, problem
+):
+    inbox = claude_inbox()
+    chat(inbox, "m1", "hello")
+    messages_api.reply(answered_200(body))
+
+    result = step()
+
+    m1 = event(inbox, "m1")
+    assert result.outcome.startswith("deferred: model API unavailable")
+    assert (m1.status, m1.attempts) == ("pending", 0)
+    assert problem in m1.error
+    assert not ModelCall.objects.exists()  # nothing stored to answer the retry
+    assert said(inbox) == []
+    # The retry asks the model again and gets a real answer.
+    make_claimable(inbox)
+    reply = tool_use("send_message", {"text": "Hello!"})
+    messages_api.reply(message(reply), message("Done."))
+    assert step().outcome == "said 1"
+    assert len(messages_api.messages_requests) == 3
+    assert said(inbox) == ["Hello!"]
+
+
+def echoing_the_key(status, kind):
+    """An error body from a proxy that echoes the key it was sent, raw and in base64."""
+    encoded = base64.b64encode(API_KEY.encode()).decode()
+    return error(status, kind, f"upstream refused key {API_KEY} (base64 {encoded})")
+
+
+@pytest.mark.parametrize(
+    ("reply", "outcome"),
+    [
+        (echoing_the_key(500, "api_error"), "deferred: model API unavailable"),
+        (echoing_the_key(401, "authentication_error"), "deferred: model API unavailable"),
+        (echoing_the_key(400, "invalid_request_error"), "error: alwayson.claude.client.AgentBug"),
+    ],
+)
+def test_an_api_key_echoed_in_an_error_body_is_neither_stored_nor_logged(
+    messages_api, claude_inbox, caplog, reply, outcome
+):
+    caplog.set_level(logging.DEBUG)
+    inbox = claude_inbox()
+    chat(inbox, "m1", "hello")
+    messages_api.reply(reply)
+
+    result = step()
+
+    assert result.outcome.startswith(outcome)
+    m1 = event(inbox, "m1")
+    assert "upstream refused key [redacted] (base64 [redacted])" in m1.error
+    assert API_KEY not in m1.error
+    assert "upstream refused key [redacted]" in result.outcome
+    run_line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("run "))
+    assert "upstream refused key [redacted]" in run_line
+    assert API_KEY not in caplog.text
+    assert base64.b64encode(API_KEY.encode()).decode() not in caplog.text
 
 
 def test_a_bad_request_is_the_agents_bug_and_the_event_goes_dead_after_its_attempts(
