@@ -11,20 +11,24 @@ are kept in the session and reach the model in the turn that resumes it.
 
 Everything the run produces (messages, approvals, timers, the transcript) commits in its
 fenced finish, or not at all. Only the model's answers (`ModelCall`) and the application
-tools' results (`ToolResult`) are stored at once, outside the fence: a run retried after a
-crash replays them, so it neither pays for a model call twice nor runs a tool twice. Each
-tool call passes an idempotency key derived from its tool-use id, the same on every retry,
-for the window between a tool's side effect and its journal row.
+tools' calls (`ToolResult`) are stored at once, outside the fence: a run retried after a
+crash replays them, so it neither pays for a model call twice nor runs a tool twice. A tool
+call is recognised on a retry by what it is, not by the model's tool-use id, which a model
+asked again picks anew: the same tool with the same arguments, made for one of the run's
+events (the n-th such call of the run is the n-th made for them before). It keeps its
+idempotency key on every retry that repeats it, whatever the batch, for the window between
+a tool's side effect and its result.
 """
 
 import copy
+import hashlib
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 
 from alwayson.claude import client, transcript
 from alwayson.claude.models import ToolResult
@@ -136,6 +140,10 @@ def action_text(tool: Tool, arguments: dict) -> str:
     return f"{tool.name.replace('_', ' ')} ({shown})" if shown else tool.name.replace("_", " ")
 
 
+def _canonical(arguments) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _short(value, limit=60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -150,6 +158,8 @@ class ClaudeRun:
         self.runs = self.session.setdefault("runs", [])
         # The answer event a resumed call belongs to: its tool calls take their keys from it.
         self.key_event = None
+        # Application tool calls made so far in this run, per (tool, arguments).
+        self.calls_made = Counter()
 
     # --- the run ------------------------------------------------------------------------
 
@@ -299,11 +309,12 @@ class ClaudeRun:
             return ok_result(tool_use_id, "Sent." if urgent else "Queued for the next send.")
         if tool is SCHEDULE:
             return self._schedule(tool_use_id, arguments)
-        key = self.run.key(f"{name}-{tool_use_id}", self.key_event)
-        journal = ToolResult.objects.filter(inbox_id=self.run.inbox.pk, idempotency_key=key)
-        earlier = journal.values_list("result", flat=True).first()
-        if earlier is not None:
-            return earlier  # ran before this run's crash: the same result, not a second run
+        entry = self._journal_entry(name, arguments, approved)
+        if entry.result is not None:
+            # Ran before (before a crash, or in a deferred batch): the same result, under the
+            # id the model gave the call this time, not a second run.
+            return {**entry.result, "tool_use_id": tool_use_id}
+        key = entry.idempotency_key
         try:
             output = tool.function(
                 ToolCall(self.run, name, arguments, tool_use_id, key, approved), **arguments
@@ -312,24 +323,40 @@ class ClaudeRun:
             result = error_result(tool_use_id, str(exc) or f"{name} failed")
         else:
             result = ok_result(tool_use_id, output)
-        self._journal(key, name, arguments, result, approved)
+        entry.give_result(result)
         return result
 
-    def _journal(self, key, name, arguments, result, approved):
-        try:
-            with transaction.atomic():
-                ToolResult.objects.create(
-                    inbox_id=self.run.inbox.pk,
-                    idempotency_key=key,
-                    tool=name,
-                    arguments=arguments,
-                    result=result,
-                    approved=approved,
-                    generation=self.run.generation,
-                    created=clock.database_now(),
-                )
-        except IntegrityError:
-            pass  # a run fenced off a moment ago ran it too; its row stands
+    def _journal_entry(self, name, arguments, approved) -> ToolResult:
+        """The journal row of this call: an earlier one it repeats, or a new one, written
+        before the tool runs so that a crash in the tool leaves its key behind.
+
+        The call repeats the n-th earlier call of the same tool with the same arguments made
+        for one of this call's events, when this is the n-th such call of the run. A repeated
+        row is narrowed to this run's events: one side effect is the repeat of one later call,
+        so when a crashed batch is retried event by event, two events that each ask for the
+        same thing do not both take the one call made for the batch.
+        """
+        events = [self.key_event] if self.key_event is not None else list(self.run.events)
+        ids = [event.pk for event in events]
+        canonical = _canonical(arguments)
+        nth = self.calls_made[name, canonical]
+        self.calls_made[name, canonical] += 1
+        made = ToolResult.objects.made_for(self.run.inbox.pk, name, ids)
+        earlier = [call for call in made if _canonical(call.arguments) == canonical]
+        if nth < len(earlier):
+            earlier[nth].keep_events(ids)
+            return earlier[nth]
+        digest = hashlib.sha256(f"{nth}\n{canonical}".encode()).hexdigest()[:16]
+        return ToolResult.objects.start(
+            inbox_id=self.run.inbox.pk,
+            idempotency_key=self.run.key(f"{name}-{digest}", self.key_event),
+            event_ids=ids,
+            tool=name,
+            arguments=arguments,
+            approved=approved,
+            generation=self.run.generation,
+            created=clock.database_now(),
+        )
 
     def _schedule(self, tool_use_id, arguments) -> dict:
         delay, cron = arguments.get("delay_seconds"), arguments.get("cron")

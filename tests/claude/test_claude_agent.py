@@ -24,7 +24,7 @@ from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox import clock
 from inbox.models import Event, Lease, Session
-from inbox.services import ingest
+from inbox.services import ingest, ingest_many
 from outbox.models import OutboxMessage
 from tests.support import claude_tools
 from tests.support.claude_api import (
@@ -181,7 +181,7 @@ def test_webhook_content_is_marked_as_untrusted_data(messages_api, claude_inbox)
 # --- tools and the policy ------------------------------------------------------------------------
 
 
-def test_an_allowed_tool_runs_with_a_key_derived_from_its_tool_use_id(messages_api, claude_inbox):
+def test_an_allowed_tool_runs_with_a_key_that_is_not_its_tool_use_id(messages_api, claude_inbox):
     inbox = claude_inbox()
     chat(inbox, "m1", "refund 20 on order 7")
     call = tool_use("refund", {"order": "7", "amount": 20})
@@ -191,11 +191,29 @@ def test_an_allowed_tool_runs_with_a_key_derived_from_its_tool_use_id(messages_a
 
     [(name, arguments, key, approved)] = claude_tools.CALLS
     assert (name, arguments, approved) == ("refund", {"order": "7", "amount": 20}, False)
-    assert key.startswith(f"refund-{call['id']}-")
+    # A model asked again picks a new tool-use id: the key does not depend on it.
+    assert key.startswith("refund-") and call["id"] not in key
     assert Refund.objects.get().idempotency_key == key
     [result] = results_of(messages_api.messages_requests[1])
     assert result["tool_use_id"] == call["id"] and "is_error" not in result
     assert json.loads(result["content"]) == {"first_time": True, "order": "7", "refunded": 20}
+
+
+def test_the_same_call_for_another_event_or_made_twice_is_another_call(messages_api, claude_inbox):
+    inbox = claude_inbox()
+    chat(inbox, "m1", "refund 20 on order 7, twice")
+    same = {"order": "7", "amount": 20}
+    messages_api.reply(message(tool_use("refund", same), tool_use("refund", same)), message("Ok."))
+    step()
+    chat(inbox, "m2", "and once more")
+    messages_api.reply(message(tool_use("refund", same)), message("Ok."))
+    step()
+
+    keys = [key for _, _, key, _ in claude_tools.CALLS]
+    assert len(keys) == len(set(keys)) == 3
+    assert Refund.objects.count() == 3
+    results = results_of(messages_api.messages_requests[1])
+    assert [json.loads(r["content"])["first_time"] for r in results] == [True, True]
 
 
 def test_several_tool_calls_in_one_turn_get_their_results_in_order(messages_api, claude_inbox):
@@ -334,7 +352,7 @@ def test_an_approved_call_runs_and_the_model_gets_its_result(messages_api, claud
     assert result.outcome == "said 1"
     [(name, arguments, key, approved)] = claude_tools.CALLS
     assert (name, arguments, approved) == ("refund", {"order": "881", "amount": 120}, True)
-    assert key.startswith(f"refund-{call['id']}-")
+    assert key.startswith("refund-")
     assert Refund.objects.get().order == "881"
     resumed = messages_api.messages_requests[1]
     # The same conversation, continued: the tool call, then its result.
@@ -485,12 +503,139 @@ def test_a_crash_right_after_a_tool_ran_retries_it_with_the_same_key(messages_ap
 
     first, second = claude_tools.CALLS
     assert first[2] == second[2]  # the same idempotency key on the retry
-    assert first[2].startswith(f"refund-{call['id']}-")
+    assert first[2].startswith("refund-")
     assert Refund.objects.count() == 1  # the payments ledger refused the repeat
     # The first model call was answered from the cache: every request reached the API once.
     bodies = [json.dumps(r.body, sort_keys=True) for r in messages_api.messages_requests]
     assert len(bodies) == 3 and len(set(bodies)) == 3
     assert said(inbox) == ["Refunded order 7."]
+
+
+def two_events_in_one_batch(inbox):
+    stored = ingest_many(
+        inbox,
+        [
+            ("chat", "m1", {"text": "hello", "from": "owner"}),
+            ("chat", "m2", {"text": "refund 20 on order 7", "from": "owner"}),
+        ],
+    )
+    assert stored == [True, True]
+
+
+REFUND_7 = {"order": "7", "amount": 20}
+
+
+@pytest.mark.parametrize("asked_by", ["m1", "m2"])
+def test_a_tool_call_repeated_after_a_batch_crash_keeps_its_key(
+    messages_api, claude_inbox, asked_by
+):
+    """The worker dies right after the tool's side effect, before its result is journaled;
+    each event is then retried alone, the model is asked anew and picks a new tool-use id,
+    whichever of the two events it answers with the call."""
+    inbox = claude_inbox()
+    two_events_in_one_batch(inbox)
+    messages_api.reply(message(tool_use("refund", REFUND_7)))
+    claude_tools.CRASH_AFTER_REFUND.append(True)
+    with pytest.raises(Crash):
+        Worker("w1").step()
+    takeover_after_a_crash(inbox)
+
+    for retried in ("m1", "m2"):
+        if retried == asked_by:
+            again = tool_use("refund", REFUND_7)
+            messages_api.reply(message(again), message("Refunded order 7."))
+        else:
+            messages_api.reply(message("Hello."))
+        result = Worker("w2").step()
+        assert (result.events, event(inbox, retried).status) == (1, "done")
+        if retried == asked_by:
+            [tool_result] = results_of(messages_api.messages_requests[-1])
+
+    first, second = claude_tools.CALLS
+    assert second[2] == first[2]  # the same key: the payments ledger refused the repeat
+    assert Refund.objects.count() == 1
+    assert tool_result["tool_use_id"] == again["id"]
+    assert json.loads(tool_result["content"])["first_time"] is False
+
+
+def test_a_journaled_call_repeated_after_a_batch_crash_is_replayed_not_run(
+    messages_api, claude_inbox, monkeypatch
+):
+    inbox = claude_inbox()
+    two_events_in_one_batch(inbox)
+    messages_api.reply(message(tool_use("refund", REFUND_7)), message("Refunded."))
+
+    def crash(*args, **kwargs):
+        raise Crash
+
+    monkeypatch.setattr(worker_module, "finish", crash)
+    with pytest.raises(Crash):
+        Worker("w1").step()
+    monkeypatch.undo()
+    takeover_after_a_crash(inbox)
+    messages_api.reply(message("Hello."))
+    Worker("w2").step()  # m1 alone
+    again = tool_use("refund", REFUND_7)
+    messages_api.reply(message(again), message("Refunded order 7."))
+
+    Worker("w2").step()  # m2 alone
+
+    assert len(claude_tools.CALLS) == 1 and Refund.objects.count() == 1
+    [result] = results_of(messages_api.messages_requests[-1])
+    # The first run's result, under the id the model gave the call this time.
+    assert result["tool_use_id"] == again["id"] and "is_error" not in result
+    assert json.loads(result["content"]) == {"first_time": True, "order": "7", "refunded": 20}
+    assert not Event.objects.filter(inbox=inbox).exclude(status="done").exists()
+
+
+def test_a_tool_call_repeated_in_a_larger_batch_after_a_deferral_is_replayed(
+    messages_api, claude_inbox
+):
+    inbox = claude_inbox()
+    chat(inbox, "m1", "refund 20 on order 7")
+    messages_api.reply(message(tool_use("refund", REFUND_7)), overloaded())
+    assert step().outcome.startswith("deferred: model API unavailable")
+    chat(inbox, "m2", "and tell me when it is done")
+    make_claimable(inbox)
+    again = tool_use("refund", REFUND_7)
+    reply = tool_use("send_message", {"text": "Refunded order 7."})
+    messages_api.reply(message(again, reply), message("Done."))
+
+    result = step()
+
+    assert (result.events, result.outcome) == (2, "said 1")
+    assert len(claude_tools.CALLS) == 1 and Refund.objects.count() == 1
+    [result, _] = results_of(messages_api.messages_requests[-1])
+    assert result["tool_use_id"] == again["id"]
+
+
+def test_two_events_that_each_ask_for_the_same_call_get_one_each_after_a_batch_crash(
+    messages_api, claude_inbox
+):
+    """The batch asked for the same refund twice and died after the first: retried alone,
+    each event's call is the repeat of one call made for the batch, not both of the same."""
+    inbox = claude_inbox()
+    stored = ingest_many(
+        inbox,
+        [
+            ("chat", "m1", {"text": "refund 20 on order 7", "from": "owner"}),
+            ("chat", "m2", {"text": "refund 20 on order 7", "from": "owner"}),
+        ],
+    )
+    assert stored == [True, True]
+    messages_api.reply(message(tool_use("refund", REFUND_7), tool_use("refund", REFUND_7)))
+    claude_tools.CRASH_AFTER_REFUND.append(True)
+    with pytest.raises(Crash):
+        Worker("w1").step()
+    takeover_after_a_crash(inbox)
+
+    for _ in ("m1", "m2"):
+        messages_api.reply(message(tool_use("refund", REFUND_7)), message("Refunded."))
+        assert Worker("w2").step().events == 1
+
+    first, second, third = (key for _, _, key, _ in claude_tools.CALLS)
+    assert second == first and third != first
+    assert Refund.objects.count() == 2
 
 
 def test_a_lost_lease_stops_the_loop_before_the_next_model_call(messages_api, claude_inbox):

@@ -37,8 +37,12 @@ MOVED = {  # model name -> the app label it moved to (its table keeps the "alway
     "metrictotal": "alwayson_ops",
 }
 NEW_APPS = sorted(set(MOVED.values()))
-# Made by migrations after the move, so empty when a database of the old layout arrives.
-NEWER_TABLES = {"alwayson_web_livechange": "livechange"}
+# Made by migrations after the move, so empty when a database of the old layout arrives:
+# table -> its model's name (a through table's model has no content type).
+NEWER_TABLES = {
+    "alwayson_web_livechange": "livechange",
+    "alwayson_toolresult_events": "toolresult_events",
+}
 PROJECT_APPS = ("inbox", "timers", "approvals", "outbox", "alwayson")
 OLD_DEMO_AGENT = "alwayson.refund_desk.agent"
 NEW_DEMO_AGENT = "alwayson.demo.refund_desk.agent"
