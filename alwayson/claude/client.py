@@ -37,6 +37,10 @@ from inbox.clock import day_start
 
 log = logging.getLogger("alwayson.claude")
 
+# Request fields the SDK (1.0 on) no longer takes as arguments but the API still accepts for
+# the models that have them: sent as extra body fields, its documented way.
+EXTRA_BODY_FIELDS = ("temperature",)
+
 # Statuses that say "not now" rather than "never": timeouts, lock conflicts, rate limits,
 # overloads and server errors (the SDK's own retry list), a refused key (fixed by an operator,
 # not by the event) and payment trouble.
@@ -170,10 +174,14 @@ def call(run, request: dict, budget: int | None) -> dict:
 def _send(request: dict, run) -> dict:
     # A sealed worker's gateway serves a run only while it holds its lease.
     extra = {"extra_headers": run_headers(run)} if settings.ALWAYSON_EGRESS_SOCKET else {}
+    params = dict(request)
+    body = {name: params.pop(name) for name in EXTRA_BODY_FIELDS if name in params}
+    if body:
+        extra["extra_body"] = body
     # Raised `from None`: the SDK's exception carries the raw error body, which the worker
     # would print with the traceback, key and all; ours carries the same facts, scrubbed.
     try:
-        message = client().messages.create(**request, **extra)
+        message = client().messages.create(**params, **extra)
     except anthropic.APIStatusError as exc:
         raise _status_error(exc) from None
     except anthropic.APIConnectionError as exc:  # APITimeoutError included

@@ -72,26 +72,56 @@ class AgentSettings:
     """An inbox's Claude configuration: its AgentConfig over the ALWAYSON_CLAUDE_* defaults."""
 
     model: str
-    system_prompt: str
+    # The built-in guidance, then the inbox's own prompt if it has one: one block each.
+    system_prompt: tuple[str, ...]
     tools: dict[str, Tool]
     policy: dict
     budget: int | None
     approval_window: timedelta
     max_tokens: int
+    temperature: float | None
+    thinking_budget: int | None
+    tool_choice: str
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
         config = AgentConfig.objects.filter(inbox_id=inbox.pk).first() or AgentConfig()
+        tools = offered_tools(config.tools)
+        # Saved through the admin, these were checked; a row written otherwise, or a default
+        # changed since, fails the run here with the field named rather than the API's 400.
+        problems = config.model_settings_errors(tools)
+        if problems:
+            raise ValueError(
+                f"the agent configuration of {inbox.slug}: "
+                + "; ".join(f"{field}: {problem}" for field, problem in problems.items())
+            )
         window = config.approval_window or settings.ALWAYSON_CLAUDE_APPROVAL_WINDOW
+        own = config.system_prompt.strip()
         return cls(
             model=config.model or settings.ALWAYSON_CLAUDE_MODEL,
-            system_prompt=config.system_prompt or DEFAULT_SYSTEM_PROMPT,
-            tools=offered_tools(config.tools),
+            system_prompt=(DEFAULT_SYSTEM_PROMPT, own) if own else (DEFAULT_SYSTEM_PROMPT,),
+            tools=tools,
             policy={**settings.ALWAYSON_CLAUDE_POLICY, **(config.policy or {})},
             budget=config.daily_token_budget or settings.ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET,
             approval_window=timedelta(seconds=window),
-            max_tokens=settings.ALWAYSON_CLAUDE_MAX_TOKENS,
+            max_tokens=config.max_tokens or settings.ALWAYSON_CLAUDE_MAX_TOKENS,
+            temperature=config.temperature,
+            thinking_budget=config.thinking_budget,
+            tool_choice=config.tool_choice,
         )
+
+    def tool_choice_for(self, opening: bool) -> dict | None:
+        """The request's tool_choice. `any` and a named tool hold only for the call that opens
+        a run's exchange (the one that reads the new events): forced on every call, the model
+        could never end its turn and each run would end as a runaway loop."""
+        choice = self.tool_choice
+        if choice in ("auto", "none"):
+            return {"type": choice}
+        if not choice or not opening:
+            return None
+        if choice == "any":
+            return {"type": "any"}
+        return {"type": "tool", "name": choice}
 
 
 def agent(run):
@@ -206,7 +236,8 @@ class ClaudeRun:
     def _converse(self, exchange):
         for _ in range(settings.ALWAYSON_CLAUDE_MAX_CALLS):
             self.run.renew()
-            answer = client.call(self.run, self._request(), self.config.budget)
+            opening = all(message["role"] == "user" for message in exchange)
+            answer = client.call(self.run, self._request(opening), self.config.budget)
             blocks = transcript.assistant_blocks(answer)
             exchange.append({"role": "assistant", "content": blocks})
             calls = [block for block in blocks if block["type"] == "tool_use"]
@@ -222,18 +253,29 @@ class ClaudeRun:
             "ending its turn (ALWAYSON_CLAUDE_MAX_CALLS): a runaway tool loop"
         )
 
-    def _request(self) -> dict:
-        tools = [tool.spec() for tool in self.config.tools.values()]
+    def _request(self, opening: bool) -> dict:
+        config = self.config
+        tools = [tool.spec() for tool in config.tools.values()]
         system, tools, messages = transcript.with_cache_breakpoints(
-            self.config.system_prompt, tools, transcript.flatten(self.runs)
+            config.system_prompt, tools, transcript.flatten(self.runs)
         )
-        return {
-            "model": self.config.model,
-            "max_tokens": self.config.max_tokens,
+        request = {
+            "model": config.model,
+            "max_tokens": config.max_tokens,
             "system": system,
             "tools": tools,
             "messages": messages,
         }
+        # Only what the inbox sets is sent: an unset one keeps its request (and its cached
+        # answer) what it was before the setting existed.
+        if config.temperature is not None:
+            request["temperature"] = config.temperature
+        if config.thinking_budget is not None:
+            request["thinking"] = {"type": "enabled", "budget_tokens": config.thinking_budget}
+        tool_choice = config.tool_choice_for(opening)
+        if tool_choice is not None:
+            request["tool_choice"] = tool_choice
+        return request
 
     # --- tool calls ---------------------------------------------------------------------
 

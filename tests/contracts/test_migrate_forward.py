@@ -43,6 +43,15 @@ NEWER_TABLES = {
     "alwayson_web_livechange": "livechange",
     "alwayson_toolresult_events": "toolresult_events",
 }
+# Columns added by migrations after the move: the old layout's rows get their defaults.
+NEWER_COLUMNS = {
+    "alwayson_agentconfig": {
+        "max_tokens": None,
+        "temperature": None,
+        "thinking_budget": None,
+        "tool_choice": "",
+    },
+}
 PROJECT_APPS = ("inbox", "timers", "approvals", "outbox", "alwayson")
 OLD_DEMO_AGENT = "alwayson.refund_desk.agent"
 NEW_DEMO_AGENT = "alwayson.demo.refund_desk.agent"
@@ -431,6 +440,8 @@ def expected_after_the_move(tables):
         ),
         key=repr,
     )
+    for table, defaults in NEWER_COLUMNS.items():
+        expected[table] = sorted(({**row, **defaults} for row in expected[table]), key=repr)
     return expected
 
 
