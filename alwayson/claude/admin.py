@@ -1,14 +1,14 @@
 """What the Claude agent paid for and ran, and each inbox's agent configuration."""
 
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import OuterRef, Subquery, Sum
 from django.urls import reverse
 from django.utils.html import format_html
 
 from alwayson.runtime.models import AgentConfig
 from inbox import clock
-from inbox.admin import MachineryAdmin, pretty_json
+from inbox.admin import MachineryAdmin, pretty_json, record_history
 from inbox.clock import day_start
 
 from .models import TOTAL_TOKENS, ModelCall, ToolResult
@@ -17,8 +17,9 @@ from .models import TOTAL_TOKENS, ModelCall, ToolResult
 @admin.register(AgentConfig)
 class AgentConfigAdmin(admin.ModelAdmin):
     """Which agent each inbox runs and how: edited here, checked by AgentConfig.clean() (an
-    agent that cannot be loaded, an unknown tool, a malformed policy are refused with the
-    reason). The worker reads it at the start of every run."""
+    agent that cannot be loaded, an unknown tool, a malformed policy, model settings the API
+    would refuse are refused with the reason). The worker reads it at the start of every run.
+    The "reset the conversation" action clears an inbox's session state, under its lock."""
 
     list_display = ("inbox", "agent_shown", "model_shown", "daily_token_budget", "tokens_today")
     list_select_related = ("inbox",)
@@ -27,11 +28,16 @@ class AgentConfigAdmin(admin.ModelAdmin):
     autocomplete_fields = ("inbox",)
     ordering = ("inbox__slug",)
     readonly_fields = ("updated", "tokens_today")
+    actions = ["reset_conversation"]
     fields = (
         "inbox",
         "agent",
         "model",
         "system_prompt",
+        "max_tokens",
+        "temperature",
+        "thinking_budget",
+        "tool_choice",
         "tools",
         "policy",
         "daily_token_budget",
@@ -54,6 +60,35 @@ class AgentConfigAdmin(admin.ModelAdmin):
             .values("total")
         )
         return super().get_queryset(request).annotate(spent_today=Subquery(spent))
+
+    @admin.action(
+        description="Reset the conversation of the selected inboxes", permissions=["change"]
+    )
+    def reset_conversation(self, request, queryset):
+        resets = queryset.reset_conversations()
+        done = queryset.filter(inbox__slug__in=resets.reset).values_list("pk", flat=True)
+        record_history(
+            request, AgentConfig, list(done), "Conversation reset: the session state cleared."
+        )
+        parts = [f"Reset the conversation of {len(resets.reset)} inbox(es)"]
+        parts[0] += f": {', '.join(resets.reset)}." if resets.reset else "."
+        if resets.empty:
+            parts.append(f"Nothing to reset in {', '.join(resets.empty)}.")
+        if resets.busy:
+            parts.append(
+                f"Left alone while a run works on it or its events are due (try again in a "
+                f"moment): {', '.join(resets.busy)}."
+            )
+        if resets.waiting:
+            open_ones = "; ".join(
+                f"{slug} ({', '.join(requests)})" for slug, requests in resets.waiting.items()
+            )
+            parts.append(
+                f"Left alone while an approval is open (answer it or let it expire first): "
+                f"{open_ones}."
+            )
+        level = messages.SUCCESS if resets.reset else messages.WARNING
+        self.message_user(request, " ".join(parts), level)
 
     @admin.display(description="agent")
     def agent_shown(self, obj):

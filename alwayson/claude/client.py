@@ -1,6 +1,12 @@
 """The Messages API as the Claude agent uses it: one call, cached under its request, with its
 failures sorted into "try again later" and "the agent's bug".
 
+Only a Messages API message is an answer: a 200 whose body is anything else (a proxy's
+`{"detail": ...}`) is a transient failure, never stored, so the event is retried rather than
+used up on "(no reply)". Every failure's text is scrubbed of the API key before it is raised
+(and so before it is stored on the events or logged): a proxy set through ANTHROPIC_BASE_URL
+may echo the key it was sent in its error body.
+
 Every answer is stored in `ModelCall` the moment it arrives, outside the run's transaction, so
 the fence never rolls it back: a run retried after a crash sends the same request, finds the
 answer and does not pay for it again. The SDK's own retries are off: a sleeping retry would
@@ -24,11 +30,16 @@ from django.db import IntegrityError, transaction
 
 from alwayson.claude.models import ModelCall
 from alwayson.egress.client import run_headers
+from alwayson.egress.gateway import scrub
 from alwayson.egress.server import MODEL_SERVICE, SOCKET_HOST
 from inbox import clock
 from inbox.clock import day_start
 
 log = logging.getLogger("alwayson.claude")
+
+# Request fields the SDK (1.0 on) no longer takes as arguments but the API still accepts for
+# the models that have them: sent as extra body fields, its documented way.
+EXTRA_BODY_FIELDS = ("temperature",)
 
 # Statuses that say "not now" rather than "never": timeouts, lock conflicts, rate limits,
 # overloads and server errors (the SDK's own retry list), a refused key (fixed by an operator,
@@ -36,10 +47,16 @@ log = logging.getLogger("alwayson.claude")
 TRANSIENT_STATUSES = {401, 402, 403, 408, 409, 429}
 
 
+def scrubbed(text: str) -> str:
+    """`text` without the API key, in any form the egress gateway's scrub finds it."""
+    return scrub(text, settings.ANTHROPIC_API_KEY)
+
+
 class ModelUnavailable(Exception):
     """The API could not answer now. `retry_after`: seconds it asked us to wait, if it said."""
 
     def __init__(self, reason: str, retry_after: float | None = None):
+        reason = scrubbed(reason)
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
@@ -48,6 +65,9 @@ class ModelUnavailable(Exception):
 class AgentBug(Exception):
     """The API refused the request itself (a 400): retrying the same request cannot help, so
     the events fail and go dead after their attempts, like any poison event."""
+
+    def __init__(self, reason: str):
+        super().__init__(scrubbed(reason))
 
 
 class BudgetSpent(Exception):
@@ -154,15 +174,55 @@ def call(run, request: dict, budget: int | None) -> dict:
 def _send(request: dict, run) -> dict:
     # A sealed worker's gateway serves a run only while it holds its lease.
     extra = {"extra_headers": run_headers(run)} if settings.ALWAYSON_EGRESS_SOCKET else {}
+    params = dict(request)
+    body = {name: params.pop(name) for name in EXTRA_BODY_FIELDS if name in params}
+    if body:
+        extra["extra_body"] = body
+    # Raised `from None`: the SDK's exception carries the raw error body, which the worker
+    # would print with the traceback, key and all; ours carries the same facts, scrubbed.
     try:
-        message = client().messages.create(**request, **extra)
+        message = client().messages.create(**params, **extra)
     except anthropic.APIStatusError as exc:
-        raise _status_error(exc) from exc
+        raise _status_error(exc) from None
     except anthropic.APIConnectionError as exc:  # APITimeoutError included
-        raise ModelUnavailable(f"the Messages API could not be reached: {exc}") from exc
+        raise ModelUnavailable(f"the Messages API could not be reached: {exc}") from None
     except (anthropic.APIResponseValidationError, json.JSONDecodeError) as exc:
-        raise ModelUnavailable(f"the Messages API sent a malformed answer: {exc}") from exc
-    return message.model_dump(mode="json", exclude_none=True)
+        raise ModelUnavailable(f"the Messages API sent a malformed answer: {exc}") from None
+    if not isinstance(message, anthropic.types.Message):
+        # The SDK hands back whatever JSON a 200 carried when it is not an object.
+        raise ModelUnavailable(f"the Messages API answered 200 with {_excerpt(message)}")
+    answer = message.model_dump(mode="json", exclude_none=True, warnings=False)
+    problem = not_a_message(answer)
+    if problem:
+        raise ModelUnavailable(
+            f"the Messages API answered 200 with something that is not a message ({problem}): "
+            f"{_excerpt(answer)}"
+        )
+    return answer
+
+
+def not_a_message(answer: dict) -> str | None:
+    """What keeps `answer` from being a Messages API message, or None.
+
+    The SDK does not validate a 200's body: `{"detail": "upstream hiccup"}` comes back as a
+    Message with no content, which would be read as "(no reply)", cached for every retry,
+    and the events done with nothing said. Checked here: what the agent reads of it.
+    """
+    if answer.get("type") != "message":
+        return f"type {answer.get('type')!r}, not 'message'"
+    if answer.get("role") != "assistant":
+        return f"role {answer.get('role')!r}, not 'assistant'"
+    content = answer.get("content")
+    if not isinstance(content, list):
+        return "no content list"
+    if not all(isinstance(block, dict) and isinstance(block.get("type"), str) for block in content):
+        return "a content block without a type"
+    return None
+
+
+def _excerpt(value, limit=200) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _status_error(exc: anthropic.APIStatusError) -> Exception:
@@ -237,9 +297,13 @@ def check_api_key():
         if exc.status_code in (401, 403):
             where = settings.ANTHROPIC_BASE_URL or "the Messages API"
             raise ImproperlyConfigured(
-                f"ANTHROPIC_API_KEY was refused by {where} ({exc.status_code} "
-                f"{exc.api_message or exc.message}). Check the key."
+                scrubbed(
+                    f"ANTHROPIC_API_KEY was refused by {where} ({exc.status_code} "
+                    f"{exc.api_message or exc.message}). Check the key."
+                )
             ) from None
-        log.warning("could not check ANTHROPIC_API_KEY (%s); runs will retry", exc)
+        text = scrubbed(str(exc))
+        log.warning("could not check ANTHROPIC_API_KEY (%s); runs will retry", text)
     except anthropic.APIConnectionError as exc:
-        log.warning("could not reach the Messages API to check the key (%s); runs will retry", exc)
+        text = scrubbed(str(exc))
+        log.warning("could not reach the Messages API to check the key (%s); runs will retry", text)

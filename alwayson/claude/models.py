@@ -1,7 +1,7 @@
 import operator
 from functools import reduce
 
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
 from django.db.models.functions import Coalesce
 
@@ -74,24 +74,56 @@ class ModelCall(models.Model):
         return sum(getattr(self, field) for field in TOKEN_FIELDS.values())
 
 
-class ToolResult(models.Model):
-    """The result of one application tool call, kept under the call's idempotency key.
+class ToolResultQuerySet(models.QuerySet):
+    def made_for(self, inbox_id, tool: str, event_ids) -> "ToolResultQuerySet":
+        """One inbox's calls of `tool` made for any of these events, oldest first: those a run
+        of these events repeats when it is retried after a crash or claimed again after a
+        deferral, whatever its batch."""
+        calls = self.filter(inbox_id=inbox_id, tool=tool, events__in=event_ids)
+        return calls.distinct().order_by("id")
 
-    Written the moment the tool returns, outside the run's transaction, like ModelCall: a
-    run retried after a crash gives the model the result the tool gave the first time instead
-    of running it again, so its next request is the same one and is answered from the cache.
-    A crash between the tool's side effect and this row runs the tool again, with the same
-    idempotency key.
+    def start(self, *, inbox_id, idempotency_key, event_ids, **fields) -> "ToolResult":
+        """The row of a call about to run (no result yet), with the events it is made for,
+        committed before the tool runs; the row already stored under the key if a run fenced
+        off a moment ago made the same call first."""
+        links = ToolResult.events.through.objects
+        try:
+            with transaction.atomic():
+                call = self.create(inbox_id=inbox_id, idempotency_key=idempotency_key, **fields)
+                links.bulk_create(
+                    links.model(toolresult_id=call.pk, event_id=pk) for pk in event_ids
+                )
+        except IntegrityError:
+            return self.get(inbox_id=inbox_id, idempotency_key=idempotency_key)
+        return call
+
+
+class ToolResult(models.Model):
+    """One application tool call of the Claude agent, kept under its idempotency key.
+
+    Written just before the tool runs (`result` None), outside the run's transaction like
+    ModelCall, with the events the call was made for, and given its result the moment the
+    tool returns. A run retried after a crash, or deferred and claimed again in another
+    batch, finds the calls made for its events: one that returned gives the model the same
+    result instead of running again; one that did not return runs again under the same key,
+    so the receiving system can refuse the repeat. How a call is recognised:
+    docs/how-to/claude-agent.md#idempotency-keys.
     """
 
     inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="tool_results")
     idempotency_key = models.CharField(max_length=200)
     tool = models.CharField(max_length=64)
     arguments = models.JSONField(default=dict)
-    result = models.JSONField()  # the tool_result block given to the model
+    # The tool_result block given to the model; None while the tool runs, or if its run died.
+    result = models.JSONField(null=True, blank=True)
+    # The events the call was made for: the run's batch, or the approval answer that resumed
+    # it; narrowed to a later run's events when that run repeats the call.
+    events = models.ManyToManyField("inbox.Event", related_name="+", blank=True)
     approved = models.BooleanField(default=False)
     generation = models.PositiveBigIntegerField()
     created = models.DateTimeField()
+
+    objects = ToolResultQuerySet.as_manager()
 
     class Meta:
         # The table it had in the project's first app: moved here without a copy.
@@ -106,3 +138,12 @@ class ToolResult(models.Model):
 
     def __str__(self):
         return f"{self.tool} ({self.idempotency_key})"
+
+    def keep_events(self, event_ids):
+        """Narrow the call to these of its events: a later run repeats it for them only."""
+        links = ToolResult.events.through.objects.filter(toolresult_id=self.pk)
+        links.exclude(event_id__in=event_ids).delete()
+
+    def give_result(self, result: dict):
+        self.result = result
+        ToolResult.objects.filter(pk=self.pk).update(result=result)

@@ -11,20 +11,24 @@ are kept in the session and reach the model in the turn that resumes it.
 
 Everything the run produces (messages, approvals, timers, the transcript) commits in its
 fenced finish, or not at all. Only the model's answers (`ModelCall`) and the application
-tools' results (`ToolResult`) are stored at once, outside the fence: a run retried after a
-crash replays them, so it neither pays for a model call twice nor runs a tool twice. Each
-tool call passes an idempotency key derived from its tool-use id, the same on every retry,
-for the window between a tool's side effect and its journal row.
+tools' calls (`ToolResult`) are stored at once, outside the fence: a run retried after a
+crash replays them, so it neither pays for a model call twice nor runs a tool twice. A tool
+call is recognised on a retry by what it is, not by the model's tool-use id, which a model
+asked again picks anew: the same tool with the same arguments, made for one of the run's
+events (the n-th such call of the run is the n-th made for them before). It keeps its
+idempotency key on every retry that repeats it, whatever the batch, for the window between
+a tool's side effect and its result.
 """
 
 import copy
+import hashlib
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
 
 from alwayson.claude import client, transcript
 from alwayson.claude.models import ToolResult
@@ -68,26 +72,56 @@ class AgentSettings:
     """An inbox's Claude configuration: its AgentConfig over the ALWAYSON_CLAUDE_* defaults."""
 
     model: str
-    system_prompt: str
+    # The built-in guidance, then the inbox's own prompt if it has one: one block each.
+    system_prompt: tuple[str, ...]
     tools: dict[str, Tool]
     policy: dict
     budget: int | None
     approval_window: timedelta
     max_tokens: int
+    temperature: float | None
+    thinking_budget: int | None
+    tool_choice: str
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
         config = AgentConfig.objects.filter(inbox_id=inbox.pk).first() or AgentConfig()
+        tools = offered_tools(config.tools)
+        # Saved through the admin, these were checked; a row written otherwise, or a default
+        # changed since, fails the run here with the field named rather than the API's 400.
+        problems = config.model_settings_errors(tools)
+        if problems:
+            raise ValueError(
+                f"the agent configuration of {inbox.slug}: "
+                + "; ".join(f"{field}: {problem}" for field, problem in problems.items())
+            )
         window = config.approval_window or settings.ALWAYSON_CLAUDE_APPROVAL_WINDOW
+        own = config.system_prompt.strip()
         return cls(
             model=config.model or settings.ALWAYSON_CLAUDE_MODEL,
-            system_prompt=config.system_prompt or DEFAULT_SYSTEM_PROMPT,
-            tools=offered_tools(config.tools),
+            system_prompt=(DEFAULT_SYSTEM_PROMPT, own) if own else (DEFAULT_SYSTEM_PROMPT,),
+            tools=tools,
             policy={**settings.ALWAYSON_CLAUDE_POLICY, **(config.policy or {})},
             budget=config.daily_token_budget or settings.ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET,
             approval_window=timedelta(seconds=window),
-            max_tokens=settings.ALWAYSON_CLAUDE_MAX_TOKENS,
+            max_tokens=config.max_tokens or settings.ALWAYSON_CLAUDE_MAX_TOKENS,
+            temperature=config.temperature,
+            thinking_budget=config.thinking_budget,
+            tool_choice=config.tool_choice,
         )
+
+    def tool_choice_for(self, opening: bool) -> dict | None:
+        """The request's tool_choice. `any` and a named tool hold only for the call that opens
+        a run's exchange (the one that reads the new events): forced on every call, the model
+        could never end its turn and each run would end as a runaway loop."""
+        choice = self.tool_choice
+        if choice in ("auto", "none"):
+            return {"type": choice}
+        if not choice or not opening:
+            return None
+        if choice == "any":
+            return {"type": "any"}
+        return {"type": "tool", "name": choice}
 
 
 def agent(run):
@@ -136,6 +170,10 @@ def action_text(tool: Tool, arguments: dict) -> str:
     return f"{tool.name.replace('_', ' ')} ({shown})" if shown else tool.name.replace("_", " ")
 
 
+def _canonical(arguments) -> str:
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _short(value, limit=60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -150,6 +188,8 @@ class ClaudeRun:
         self.runs = self.session.setdefault("runs", [])
         # The answer event a resumed call belongs to: its tool calls take their keys from it.
         self.key_event = None
+        # Application tool calls made so far in this run, per (tool, arguments).
+        self.calls_made = Counter()
 
     # --- the run ------------------------------------------------------------------------
 
@@ -196,7 +236,8 @@ class ClaudeRun:
     def _converse(self, exchange):
         for _ in range(settings.ALWAYSON_CLAUDE_MAX_CALLS):
             self.run.renew()
-            answer = client.call(self.run, self._request(), self.config.budget)
+            opening = all(message["role"] == "user" for message in exchange)
+            answer = client.call(self.run, self._request(opening), self.config.budget)
             blocks = transcript.assistant_blocks(answer)
             exchange.append({"role": "assistant", "content": blocks})
             calls = [block for block in blocks if block["type"] == "tool_use"]
@@ -212,18 +253,29 @@ class ClaudeRun:
             "ending its turn (ALWAYSON_CLAUDE_MAX_CALLS): a runaway tool loop"
         )
 
-    def _request(self) -> dict:
-        tools = [tool.spec() for tool in self.config.tools.values()]
+    def _request(self, opening: bool) -> dict:
+        config = self.config
+        tools = [tool.spec() for tool in config.tools.values()]
         system, tools, messages = transcript.with_cache_breakpoints(
-            self.config.system_prompt, tools, transcript.flatten(self.runs)
+            config.system_prompt, tools, transcript.flatten(self.runs)
         )
-        return {
-            "model": self.config.model,
-            "max_tokens": self.config.max_tokens,
+        request = {
+            "model": config.model,
+            "max_tokens": config.max_tokens,
             "system": system,
             "tools": tools,
             "messages": messages,
         }
+        # Only what the inbox sets is sent: an unset one keeps its request (and its cached
+        # answer) what it was before the setting existed.
+        if config.temperature is not None:
+            request["temperature"] = config.temperature
+        if config.thinking_budget is not None:
+            request["thinking"] = {"type": "enabled", "budget_tokens": config.thinking_budget}
+        tool_choice = config.tool_choice_for(opening)
+        if tool_choice is not None:
+            request["tool_choice"] = tool_choice
+        return request
 
     # --- tool calls ---------------------------------------------------------------------
 
@@ -299,11 +351,12 @@ class ClaudeRun:
             return ok_result(tool_use_id, "Sent." if urgent else "Queued for the next send.")
         if tool is SCHEDULE:
             return self._schedule(tool_use_id, arguments)
-        key = self.run.key(f"{name}-{tool_use_id}", self.key_event)
-        journal = ToolResult.objects.filter(inbox_id=self.run.inbox.pk, idempotency_key=key)
-        earlier = journal.values_list("result", flat=True).first()
-        if earlier is not None:
-            return earlier  # ran before this run's crash: the same result, not a second run
+        entry = self._journal_entry(name, arguments, approved)
+        if entry.result is not None:
+            # Ran before (before a crash, or in a deferred batch): the same result, under the
+            # id the model gave the call this time, not a second run.
+            return {**entry.result, "tool_use_id": tool_use_id}
+        key = entry.idempotency_key
         try:
             output = tool.function(
                 ToolCall(self.run, name, arguments, tool_use_id, key, approved), **arguments
@@ -312,24 +365,40 @@ class ClaudeRun:
             result = error_result(tool_use_id, str(exc) or f"{name} failed")
         else:
             result = ok_result(tool_use_id, output)
-        self._journal(key, name, arguments, result, approved)
+        entry.give_result(result)
         return result
 
-    def _journal(self, key, name, arguments, result, approved):
-        try:
-            with transaction.atomic():
-                ToolResult.objects.create(
-                    inbox_id=self.run.inbox.pk,
-                    idempotency_key=key,
-                    tool=name,
-                    arguments=arguments,
-                    result=result,
-                    approved=approved,
-                    generation=self.run.generation,
-                    created=clock.database_now(),
-                )
-        except IntegrityError:
-            pass  # a run fenced off a moment ago ran it too; its row stands
+    def _journal_entry(self, name, arguments, approved) -> ToolResult:
+        """The journal row of this call: an earlier one it repeats, or a new one, written
+        before the tool runs so that a crash in the tool leaves its key behind.
+
+        The call repeats the n-th earlier call of the same tool with the same arguments made
+        for one of this call's events, when this is the n-th such call of the run. A repeated
+        row is narrowed to this run's events: one side effect is the repeat of one later call,
+        so when a crashed batch is retried event by event, two events that each ask for the
+        same thing do not both take the one call made for the batch.
+        """
+        events = [self.key_event] if self.key_event is not None else list(self.run.events)
+        ids = [event.pk for event in events]
+        canonical = _canonical(arguments)
+        nth = self.calls_made[name, canonical]
+        self.calls_made[name, canonical] += 1
+        made = ToolResult.objects.made_for(self.run.inbox.pk, name, ids)
+        earlier = [call for call in made if _canonical(call.arguments) == canonical]
+        if nth < len(earlier):
+            earlier[nth].keep_events(ids)
+            return earlier[nth]
+        digest = hashlib.sha256(f"{nth}\n{canonical}".encode()).hexdigest()[:16]
+        return ToolResult.objects.start(
+            inbox_id=self.run.inbox.pk,
+            idempotency_key=self.run.key(f"{name}-{digest}", self.key_event),
+            event_ids=ids,
+            tool=name,
+            arguments=arguments,
+            approved=approved,
+            generation=self.run.generation,
+            created=clock.database_now(),
+        )
 
     def _schedule(self, tool_use_id, arguments) -> dict:
         delay, cron = arguments.get("delay_seconds"), arguments.get("cron")

@@ -68,11 +68,23 @@ def describe_event(event) -> str:
 
 
 def assistant_blocks(answer: dict) -> list[dict]:
-    """The answer's content as blocks the next request may carry back."""
+    """The answer's content as blocks the next request may carry back. Thinking blocks are
+    kept as they came, signature and all: with extended thinking, the API refuses a tool
+    result after an assistant turn that lost the thinking which led to the call."""
     blocks = []
     for block in answer.get("content") or []:
         kind = block.get("type")
-        if kind == "text":
+        if kind == "thinking":
+            blocks.append(
+                {
+                    "type": "thinking",
+                    "thinking": block.get("thinking", ""),
+                    "signature": block.get("signature", ""),
+                }
+            )
+        elif kind == "redacted_thinking":
+            blocks.append({"type": "redacted_thinking", "data": block.get("data", "")})
+        elif kind == "text":
             blocks.append({"type": "text", "text": block.get("text", "")})
         elif kind == "tool_use":
             blocks.append(
@@ -105,16 +117,18 @@ def bound(runs, keep_runs: int, keep_tool_results: int, max_chars: int) -> list:
     return runs
 
 
-def with_cache_breakpoints(system: str, tools: list[dict], messages: list[dict]):
-    """Copies of the system prompt, tools and messages with `cache_control` breakpoints: after
-    the tools and the system prompt (the stable prefix) and after the last message (so the
-    next call of the same run, or the next run, reads the conversation so far from the cache).
+def with_cache_breakpoints(system: tuple[str, ...], tools: list[dict], messages: list[dict]):
+    """The system prompt's parts as text blocks, and copies of the tools and messages, with
+    `cache_control` breakpoints: after the tools and the system prompt (the stable prefix)
+    and after the last message (so the next call of the same run, or the next run, reads the
+    conversation so far from the cache).
     """
     ephemeral = {"type": "ephemeral"}
     tools = [dict(t) for t in tools]
     if tools:
         tools[-1]["cache_control"] = ephemeral
-    system_blocks = [{"type": "text", "text": system, "cache_control": ephemeral}]
+    system_blocks = [{"type": "text", "text": part} for part in system]
+    system_blocks[-1]["cache_control"] = ephemeral
     messages = json.loads(json.dumps(messages))
     if messages and messages[-1]["content"]:
         messages[-1]["content"][-1]["cache_control"] = ephemeral

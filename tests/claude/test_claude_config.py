@@ -5,6 +5,8 @@ token numbers."""
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.management import CommandError, call_command
 from django.urls import reverse
@@ -17,7 +19,8 @@ from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.policy import ASK, check_policy, check_policy_syntax, decide
 from alwayson.runtime.run import Run
 from alwayson.settings import env
-from inbox.models import Event, Lease
+from approvals.services import request_approval
+from inbox.models import Event, Lease, Session
 from inbox.services import Defer, acquire, claim_batch, finish, ingest
 from outbox.models import OutboxMessage
 from outbox.services import Say
@@ -126,9 +129,59 @@ def config_form(inbox, **fields):
         "policy": "{}",
         "daily_token_budget": "",
         "approval_window": "",
+        "max_tokens": "",
+        "temperature": "",
+        "thinking_budget": "",
+        "tool_choice": "",
     }
     data.update(fields)
     return data
+
+
+# What the Messages API would refuse, refused on saving, by field (ALWAYSON_CLAUDE_MAX_TOKENS
+# is 4096 in the tests).
+BAD_MODEL_SETTINGS = [
+    ({"max_tokens": 0}, "max_tokens", "must be at least 1, not 0"),
+    ({"temperature": 1.5}, "temperature", "must be between 0 and 1, not 1.5"),
+    ({"temperature": -0.1}, "temperature", "must be between 0 and 1, not -0.1"),
+    ({"thinking_budget": 512}, "thinking_budget", "must be at least 1024 tokens"),
+    (
+        {"thinking_budget": 4096},
+        "thinking_budget",
+        "must be less than max_tokens (4096, ALWAYSON_CLAUDE_MAX_TOKENS), not 4096",
+    ),
+    (
+        {"max_tokens": 2000, "thinking_budget": 2000},
+        "thinking_budget",
+        "must be less than max_tokens (2000), not 2000",
+    ),
+    (
+        {"thinking_budget": 2048, "temperature": 0.5},
+        "temperature",
+        "must be blank with extended thinking",
+    ),
+    (
+        {"tool_choice": "wire_money"},
+        "tool_choice",
+        "must be auto, any, none or the name of a tool the inbox offers (send_message, "
+        "schedule, delete_account, lookup_order, refund)",
+    ),
+    (
+        {"tools": ["lookup_order"], "tool_choice": "refund"},
+        "tool_choice",
+        "the name of a tool the inbox offers (send_message, schedule, lookup_order)",
+    ),
+    (
+        {"thinking_budget": 2048, "tool_choice": "any"},
+        "tool_choice",
+        "must be auto or none with extended thinking",
+    ),
+    (
+        {"thinking_budget": 2048, "tool_choice": "send_message"},
+        "tool_choice",
+        "must be auto or none with extended thinking",
+    ),
+]
 
 
 @pytest.mark.django_db
@@ -162,6 +215,49 @@ def test_a_bad_agent_configuration_is_a_form_error_and_nothing_is_stored(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(("fields", "field", "error"), BAD_MODEL_SETTINGS)
+def test_model_settings_the_api_would_refuse_are_refused_naming_the_field(
+    make_inbox, tools_module, fields, field, error
+):
+    config = AgentConfig(inbox=make_inbox(), agent="alwayson.claude.agent", **fields)
+    with pytest.raises(ValidationError) as raised:
+        config.full_clean()
+    assert list(raised.value.message_dict) == [field]
+    [message] = raised.value.message_dict[field]
+    assert error in message
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("fields", "field", "error"), BAD_MODEL_SETTINGS[:3])
+def test_bad_model_settings_are_a_form_error_in_the_admin(
+    admin_client, make_inbox, tools_module, fields, field, error
+):
+    inbox = make_inbox()
+    form = config_form(inbox, **{name: str(value) for name, value in fields.items()})
+    response = admin_client.post(reverse("admin:alwayson_agentconfig_add"), form)
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    assert list(response.context["adminform"].form.errors) == [field]
+    assert not AgentConfig.objects.exists()
+
+
+@pytest.mark.django_db
+def test_model_settings_are_saved_from_the_admin(admin_client, make_inbox, tools_module):
+    inbox = make_inbox()
+    response = admin_client.post(
+        reverse("admin:alwayson_agentconfig_add"),
+        config_form(inbox, max_tokens="8000", thinking_budget="2048", tool_choice="none"),
+    )
+    assert response.status_code == 302, response.content.decode()[:3000]
+    config = AgentConfig.objects.get(inbox=inbox)
+    assert (config.max_tokens, config.thinking_budget, config.tool_choice) == (8000, 2048, "none")
+    assert config.temperature is None
+    AgentConfig.objects.filter(inbox=inbox).update(thinking_budget=None, temperature=0.3)
+    config.refresh_from_db()
+    config.full_clean()  # a temperature without thinking is fine
+
+
+@pytest.mark.django_db
 def test_an_agent_configuration_is_saved_from_the_admin(admin_client, make_inbox, tools_module):
     inbox = make_inbox()
     policy = '{"refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}]}'
@@ -186,6 +282,59 @@ def test_an_agent_configuration_is_saved_from_the_admin(admin_client, make_inbox
     assert config.policy["refund"][0]["then"] == "allow"
     page = admin_client.get(reverse("admin:alwayson_agentconfig_changelist"))
     assert "claude-haiku-5-5" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_admin_resets_the_conversation_of_the_selected_inboxes(admin_client, make_inbox):
+    inboxes = {slug: make_inbox(slug) for slug in ("idle", "due", "asking", "fresh", "other")}
+    for inbox in inboxes.values():
+        AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent")
+    talked = {"claude": {"runs": [[{"role": "user", "content": "hello"}]]}}
+    Session.objects.exclude(inbox__slug="fresh").update(state=talked)
+    assert ingest(inboxes["due"], "chat", "m1", {"text": "hello"})
+    request_approval(inboxes["asking"], "refund-1", "refund order 1", timedelta(hours=1))
+    selected = [inboxes[slug].pk for slug in ("idle", "due", "asking", "fresh")]
+
+    response = admin_client.post(
+        reverse("admin:alwayson_agentconfig_changelist"),
+        {"action": "reset_conversation", "_selected_action": selected},
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    [notice] = [str(m) for m in response.context["messages"]]
+    assert notice == (
+        "Reset the conversation of 1 inbox(es): idle. Nothing to reset in fresh. Left alone "
+        "while a run works on it or its events are due (try again in a moment): due. Left "
+        "alone while an approval is open (answer it or let it expire first): asking (refund-1)."
+    )
+    states = dict(Session.objects.values_list("inbox__slug", "state"))
+    assert states == {"idle": {}, "due": talked, "asking": talked, "fresh": {}, "other": talked}
+    [entry] = LogEntry.objects.all()
+    assert (entry.object_id, entry.change_message) == (
+        str(inboxes["idle"].pk),
+        "Conversation reset: the session state cleared.",
+    )
+
+
+@pytest.mark.django_db
+def test_resetting_a_conversation_needs_the_change_permission(
+    client, make_inbox, django_user_model
+):
+    inbox = make_inbox("idle")
+    AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent")
+    Session.objects.filter(inbox=inbox).update(state={"claude": {"runs": []}})
+    viewer = django_user_model.objects.create_user("viewer", password="x", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_agentconfig"))
+    client.force_login(viewer)
+
+    response = client.post(
+        reverse("admin:alwayson_agentconfig_changelist"),
+        {"action": "reset_conversation", "_selected_action": [inbox.pk]},
+    )
+
+    assert response.status_code == 200  # the list again: no such action for this user
+    assert Session.objects.get(inbox=inbox).state == {"claude": {"runs": []}}
 
 
 @pytest.mark.django_db

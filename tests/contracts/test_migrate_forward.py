@@ -37,8 +37,22 @@ MOVED = {  # model name -> the app label it moved to (its table keeps the "alway
     "metrictotal": "alwayson_ops",
 }
 NEW_APPS = sorted(set(MOVED.values()))
-# Made by migrations after the move, so empty when a database of the old layout arrives.
-NEWER_TABLES = {"alwayson_web_livechange": "livechange", "alwayson_web_livewatch": "livewatch"}
+# Made by migrations after the move, so empty when a database of the old layout arrives:
+# table -> its model's name (a through table's model has no content type).
+NEWER_TABLES = {
+    "alwayson_web_livechange": "livechange",
+    "alwayson_web_livewatch": "livewatch",
+    "alwayson_toolresult_events": "toolresult_events",
+}
+# Columns added by migrations after the move: the old layout's rows get their defaults.
+NEWER_COLUMNS = {
+    "alwayson_agentconfig": {
+        "max_tokens": None,
+        "temperature": None,
+        "thinking_budget": None,
+        "tool_choice": "",
+    },
+}
 PROJECT_APPS = ("inbox", "timers", "approvals", "outbox", "alwayson")
 OLD_DEMO_AGENT = "alwayson.refund_desk.agent"
 NEW_DEMO_AGENT = "alwayson.demo.refund_desk.agent"
@@ -427,6 +441,8 @@ def expected_after_the_move(tables):
         ),
         key=repr,
     )
+    for table, defaults in NEWER_COLUMNS.items():
+        expected[table] = sorted(({**row, **defaults} for row in expected[table]), key=repr)
     return expected
 
 

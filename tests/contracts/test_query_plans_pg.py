@@ -231,9 +231,21 @@ def test_the_budget_check_sums_one_inbox_today_by_index(world, t0):
     assert_uses(plan_of(today.tokens), "modelcall_inbox_created_idx")
 
 
-def test_the_tool_journal_is_read_by_its_unique_key(world):
-    earlier = ToolResult.objects.filter(inbox_id=world.pk, idempotency_key="refund-1")
-    assert_uses(plan_of(earlier.values_list("result", flat=True).first), "toolresult_unique_key")
+def test_the_tool_journal_is_read_by_the_events_of_the_run(world):
+    made_for = ToolResult.events.through._meta.db_table
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, made_for)
+    [by_event] = [
+        name
+        for name, c in constraints.items()
+        if c["index"] and not c["unique"] and c["columns"] == ["event_id"]
+    ]
+    event_ids = list(Event.objects.filter(inbox=world).values_list("pk", flat=True)[:2])
+    earlier = ToolResult.objects.made_for(world.pk, "refund", event_ids)
+    plan = plan_of(lambda: list(earlier))
+    assert_uses(plan, by_event)
+    assert_uses(plan, "alwayson_toolresult_pkey")
+    assert "Seq Scan" not in plan, plan
 
 
 # --- process heartbeats ----------------------------------------------------------------------

@@ -55,6 +55,7 @@ def analyze():
             Inbox,
             ModelCall,
             ToolResult,
+            ToolResult.events.through,
             Process,
             Membership,
             Notice,
@@ -74,7 +75,7 @@ def build_world(t0=T0):
     past = t0 - timedelta(days=400)
     history = [inbox] * (NOISE // 2) + idle[: NOISE // 2]
 
-    Event.objects.bulk_create(
+    old_events = Event.objects.bulk_create(
         Event(
             inbox=owner_inbox,
             source="chat",
@@ -127,7 +128,7 @@ def build_world(t0=T0):
         )
         for n, owner_inbox in enumerate(history)
     )
-    ToolResult.objects.bulk_create(
+    tool_results = ToolResult.objects.bulk_create(
         ToolResult(
             inbox=owner_inbox,
             idempotency_key=f"refund-{n}",
@@ -137,6 +138,11 @@ def build_world(t0=T0):
             created=past + n * SECOND,
         )
         for n, owner_inbox in enumerate(history)
+    )
+    made_for = ToolResult.events.through
+    made_for.objects.bulk_create(
+        made_for(toolresult_id=call.pk, event_id=event.pk)
+        for call, event in zip(tool_results, old_events, strict=True)
     )
     # A day of restarted processes, stopped cleanly, that neither health nor pruning reads.
     Process.objects.bulk_create(
