@@ -317,7 +317,10 @@ class AgentInbox:
         if scheme not in webhooks.SCHEMES:
             raise ValueError(f"scheme must be one of {webhooks.SCHEMES}, not {scheme!r}")
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-        secret = secret or self.harness._secret(self.slug, scheme)
+        # The inbox's secret is configured either way: one given here signs a delivery its
+        # endpoint should refuse.
+        configured = self.harness._secret(self.slug, scheme)
+        secret = secret or configured
         delivery_id = delivery_id or uuid.uuid4().hex
         now = self.harness.now
         if scheme == "github":
@@ -397,8 +400,9 @@ class AgentInbox:
 
     def tool_calls(self) -> list[ToolCallSeen]:
         """Every tool call the model made for this inbox (the Claude agent), oldest first,
-        and what became of it. The model's answers are read from ModelCall, the results it
-        was given from the harness's scripted model's requests (or the transcript)."""
+        and what became of it. The model's answers are read from ModelCall, what ran from
+        the tools' journal (ToolResult), what asked from the approvals, and the results
+        from the scripted model's requests and the session."""
         approvals = list(Approval.objects.filter(inbox=self.inbox).values("request_id", "details"))
         ran = set(
             ToolResult.objects.filter(inbox=self.inbox).values_list("idempotency_key", flat=True)
@@ -422,15 +426,18 @@ class AgentInbox:
         return seen
 
     def _tool_results(self) -> dict[str, dict]:
-        """The first tool_result block the model was given for each tool-use id: the first
-        one is whole (the transcript's bound later drops old results' content)."""
+        """The first tool_result block given for each tool-use id: in the scripted model's
+        requests (the first is whole: the transcript's bound drops old results' content
+        later), then in the session (the transcript, and the results a call that asks
+        holds back until it is answered)."""
+        conversations = []
         if self.harness.model is not None:
-            conversations = [
-                r.body.get("messages") or [] for r in self.harness.model.messages_requests if r.body
-            ]
-        else:
-            runs = (self.state.get("claude") or {}).get("runs") or []
-            conversations = [[message for run in runs for message in run]]
+            requests = self.harness.model.messages_requests
+            conversations += [r.body.get("messages") or [] for r in requests if r.body]
+        session = self.state.get("claude") or {}
+        conversations.append([message for run in session.get("runs") or [] for message in run])
+        held_back = (session.get("pending") or {}).get("results") or []
+        conversations.append([{"role": "user", "content": held_back}])
         found = {}
         for messages in conversations:
             for message in messages:
@@ -464,9 +471,11 @@ def next_due(after: datetime) -> datetime | None:
 
 
 def _verdict(name, result, ran) -> str:
+    if ran:
+        return ALLOWED
     if result is None:
         return UNANSWERED
-    if not result.get("is_error") or ran:
+    if not result.get("is_error"):
         return ALLOWED
     # The runner's wording for a call the policy denied (alwayson/claude/runner.py).
     if str(result.get("content", "")).startswith("Denied by policy"):

@@ -50,3 +50,14 @@ def echo_and_feed_itself(run):
     """Says something, and stores another event in its own inbox outside the run, every run."""
     run.say("again")
     ingest(run.inbox, "self", f"again-{run.generation}", {})
+
+
+# --- a tool for the Claude agent (ALWAYSON_CLAUDE_TOOLS = ["tests.support.kit_agents"]) ---------
+
+from alwayson.claude import tool  # noqa: E402  (the agents above need no tools)
+
+
+@tool(input_schema={"type": "object", "properties": {}})
+def crash(call):
+    """A tool with a bug: it raises, so the run fails before the model gets a result."""
+    raise RuntimeError("the tool has a bug")
