@@ -11,6 +11,8 @@ inside a test's database transaction, and `with ScriptedModel() as model:`.
 docs/how-to/testing-agents.md is the guide.
 
 Importing this package imports no model: it is safe to name before Django is set up.
+PYTEST_DONT_REWRITE: nothing here asserts, and a test module may import this package (for
+`message`, `tool_use`) before its `pytest_plugins` line names it.
 """
 
 pytest_plugins = ["alwayson.testing.fixtures"]
