@@ -54,12 +54,12 @@ def test_a_rule_based_agent_and_its_tests_that_pass(tmp_path):
 
 
 def test_a_claude_agent_s_tool_and_policy_and_its_tests_that_pass(tmp_path):
-    said = startagent("refunds", "--claude", directory=tmp_path)
+    said = startagent("returns_desk", "--claude", directory=tmp_path)
 
     assert "    ALWAYSON_AGENT=alwayson.claude.agent" in said
-    assert "    ALWAYSON_CLAUDE_TOOLS=refunds" in said
+    assert "    ALWAYSON_CLAUDE_TOOLS=returns_desk" in said
     assert """ALWAYSON_CLAUDE_POLICY='{"refund": [{"when\"""" in said
-    done = run_pytest(tmp_path, tmp_path / "test_refunds.py")
+    done = run_pytest(tmp_path, tmp_path / "test_returns_desk.py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
 
