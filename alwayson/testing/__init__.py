@@ -37,6 +37,7 @@ _EXPORTS = {
     "overloaded": "model",
     "bad_request": "model",
     "malformed": "model",
+    "answered_200": "model",
     "slow": "model",
 }
 

@@ -404,9 +404,8 @@ class AgentInbox:
         the tools' journal (ToolResult), what asked from the approvals, and the results
         from the scripted model's requests and the session."""
         approvals = list(Approval.objects.filter(inbox=self.inbox).values("request_id", "details"))
-        ran = set(
-            ToolResult.objects.filter(inbox=self.inbox).values_list("idempotency_key", flat=True)
-        )
+        # Matched by tool and arguments, not by key: how a call's key is made is the runner's.
+        ran = list(ToolResult.objects.filter(inbox=self.inbox).values_list("tool", "arguments"))
         results = self._tool_results()
         seen = []
         for call in ModelCall.objects.filter(inbox=self.inbox).order_by("id"):
@@ -420,7 +419,7 @@ class AgentInbox:
                 ):
                     verdict = ASKED
                 else:
-                    ran_here = any(key.startswith(f"{name}-{call_id}-") for key in ran)
+                    ran_here = (name, block.get("input") or {}) in ran
                     verdict = _verdict(name, results.get(call_id), ran_here)
                 seen.append(ToolCallSeen(name, block.get("input") or {}, verdict, call_id))
         return seen
@@ -471,8 +470,6 @@ def next_due(after: datetime) -> datetime | None:
 
 
 def _verdict(name, result, ran) -> str:
-    if ran:
-        return ALLOWED
     if result is None:
         return UNANSWERED
     if not result.get("is_error"):
@@ -480,9 +477,9 @@ def _verdict(name, result, ran) -> str:
     # The runner's wording for a call the policy denied (alwayson/claude/runner.py).
     if str(result.get("content", "")).startswith("Denied by policy"):
         return DENIED
-    # A built-in reports its own failures (a timer it could not set) after the policy let
-    # it run; an application tool's ToolError is journaled, so `ran` said so above.
-    return ALLOWED if name in BUILTINS else REFUSED
+    # An error after the policy let it run: a ToolError of an application tool (journaled,
+    # so `ran`), or a built-in's own (a timer it could not set).
+    return ALLOWED if ran or name in BUILTINS else REFUSED
 
 
 def _destination(channel, inbox) -> tuple[str, str]:

@@ -105,6 +105,11 @@ def malformed():
     )
 
 
+def answered_200(body):
+    """A 200 whose JSON body is `body`, message or not (a proxy's own answer)."""
+    return Reply(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
+
 def slow(seconds):
     return Reply(200, b"{}", {"content-type": "application/json"}, delay=seconds)
 

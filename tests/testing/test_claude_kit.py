@@ -22,6 +22,7 @@ def test_each_tool_call_is_allowed_asked_denied_or_refused(harness, messages_api
     support = harness.inbox("support", agent=CLAUDE, policy=POLICY)
     calls = [
         tool_use("lookup_order", {"order": "8"}),
+        tool_use("lookup_order", {"order": "404"}),  # it runs, and reports a ToolError
         tool_use("delete_account", {"account": "5"}),
         tool_use("no_such_tool", {}),
         tool_use("lookup_order", {"order": 8}),  # not a string: its schema refuses it
@@ -35,15 +36,16 @@ def test_each_tool_call_is_allowed_asked_denied_or_refused(harness, messages_api
     ids = [call["id"] for call in calls]
     assert support.tool_calls() == [
         ToolCallSeen("lookup_order", {"order": "8"}, "allowed", ids[0]),
-        ToolCallSeen("delete_account", {"account": "5"}, "denied", ids[1]),
-        ToolCallSeen("no_such_tool", {}, "refused", ids[2]),
-        ToolCallSeen("lookup_order", {"order": 8}, "refused", ids[3]),
-        ToolCallSeen("refund", {"order": "2", "amount": 80}, "asked", ids[4]),
+        ToolCallSeen("lookup_order", {"order": "404"}, "allowed", ids[1]),
+        ToolCallSeen("delete_account", {"account": "5"}, "denied", ids[2]),
+        ToolCallSeen("no_such_tool", {}, "refused", ids[3]),
+        ToolCallSeen("lookup_order", {"order": 8}, "refused", ids[4]),
+        ToolCallSeen("refund", {"order": "2", "amount": 80}, "asked", ids[5]),
     ]
     [approval] = support.waiting_for_approval()
     assert approval.action == "refund order 2 (80 EUR)"
     assert support.said()[0].startswith("Approval needed: refund order 2 (80 EUR).")
-    assert [name for name, *_ in claude_tools.CALLS] == ["lookup_order"]
+    assert [name for name, *_ in claude_tools.CALLS] == ["lookup_order", "lookup_order"]
 
     # The answer resumes the call: it runs, approved, and the model gets every result.
     messages_api.reply(
@@ -55,6 +57,7 @@ def test_each_tool_call_is_allowed_asked_denied_or_refused(harness, messages_api
     assert claude_tools.CALLS[-1][0] == "refund" and claude_tools.CALLS[-1][3] is True
     assert support.said()[-1] == "Refunded order 2."
     assert [seen.verdict for seen in support.tool_calls()] == [
+        "allowed",
         "allowed",
         "denied",
         "refused",
