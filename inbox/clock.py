@@ -8,11 +8,14 @@ or fire a timer early. SQLite is embedded: its clock is this host's.
 from datetime import UTC, datetime
 
 from .backends import current
+from .pinned_clock import pinned_now
 from .validation import require_now
 
 
 def database_now() -> datetime:
-    return current().database_now()
+    """The database's clock, or the instant a test pinned (inbox/pinned_clock.py)."""
+    pinned = pinned_now()
+    return current().database_now() if pinned is None else pinned
 
 
 def resolve(now: datetime | None) -> datetime:

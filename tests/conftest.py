@@ -7,6 +7,10 @@ import pytest
 
 from tests.support.clock import T0
 
+# The project's tests use the kit it ships for agent authors (alwayson/testing/): its
+# `harness` and `scripted_model` fixtures.
+pytest_plugins = ["alwayson.testing"]
+
 
 def pytest_collection_modifyitems(config, items):
     """PostgreSQL-only tests (real parallel connections) are deselected on SQLite, not
@@ -96,23 +100,15 @@ def loop_command():
 
 
 @pytest.fixture
-def messages_api(settings):
-    """A loopback Messages API (support/claude_api.py) that the Claude agent reaches, with the
-    test tools module registered and its call log emptied."""
-    from alwayson.claude.client import _client
+def messages_api(scripted_model, settings):
+    """The test kit's scripted model (alwayson/testing/model.py), which the Claude agent
+    reaches, with the test tools module registered and its call log emptied."""
     from tests.support import claude_tools
-    from tests.support.claude_api import MessagesAPI
 
-    api = MessagesAPI().start()
-    settings.ANTHROPIC_API_KEY = api.api_key
-    settings.ANTHROPIC_BASE_URL = api.url
     settings.ALWAYSON_CLAUDE_TOOLS = ["tests.support.claude_tools"]
     claude_tools.CALLS.clear()
     claude_tools.CRASH_AFTER_REFUND.clear()
-    yield api
-    api.stop()
-    _client.cache_clear()
-    assert not api.unexpected, f"requests past the script: {api.unexpected}"
+    return scripted_model
 
 
 @pytest.fixture

@@ -19,12 +19,12 @@ from django.views.decorators.http import require_http_methods
 
 from alwayson.web import conversation
 from alwayson.web import live as live_updates
+from alwayson.web.chat import post_chat
 from alwayson.web.models import PasswordResetRequest
 from approvals.models import may_answer
 from inbox import clock
 from inbox.exceptions import InboxBusy
 from inbox.models import Inbox, Role
-from inbox.services import ingest
 
 BUSY = "Your agent's inbox is busy right now and nothing was stored. Please send it again."
 READ_ONLY = (
@@ -68,11 +68,8 @@ def inbox_page(request, slug):
             status = 403
         elif form.is_valid():
             try:
-                stored = ingest(
-                    inbox,
-                    "chat",
-                    str(form.cleaned_data["message_id"]),
-                    {"text": form.cleaned_data["text"], "from": request.user.get_username()},
+                stored = post_chat(
+                    inbox, form.cleaned_data["message_id"], form.cleaned_data["text"], request.user
                 )
             except InboxBusy:
                 # The form keeps its message_id: sending again is the same message, once.

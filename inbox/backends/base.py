@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from ..exceptions import InboxBusy, UnknownInbox
 from ..models import Event, Inbox, Lease, Session
+from ..pinned_clock import pinned_now
 from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
 from ..signals import events_dead
 from ..store import Stored
@@ -30,8 +31,12 @@ class Backend:
         return timezone.now()
 
     def resolve(self, now):
-        """`now` as given, checked; the database's clock when None."""
-        return self.database_now() if now is None else require_now(now)
+        """`now` as given, checked; when None, the instant a test pinned, or else the
+        database's clock."""
+        if now is None:
+            now = pinned_now()
+            return self.database_now() if now is None else now
+        return require_now(now)
 
     def cursor(self):
         """A cursor for statements that run on every worker cycle."""

@@ -647,7 +647,7 @@ def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
 ):
     from alwayson.demo.models import Refund
     from alwayson.runtime.models import AgentConfig
-    from tests.support.claude_api import message, tool_use
+    from alwayson.testing.model import message, tool_use
 
     AgentConfig.objects.create(
         inbox=desk,

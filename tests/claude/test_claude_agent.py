@@ -1,4 +1,4 @@
-"""The Claude agent against a loopback Messages API (tests/support/claude_api.py), on both
+"""The Claude agent against a loopback Messages API (alwayson/testing/model.py), on both
 databases.
 
 The worker runs for real (Worker.step: acquire, claim, the agent, the fenced finish); only
@@ -20,14 +20,7 @@ from alwayson.demo.models import Refund
 from alwayson.runtime import worker as worker_module
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.worker import Worker
-from approvals.models import Approval
-from approvals.services import answer_approval
-from inbox import clock
-from inbox.models import Event, Lease, Session
-from inbox.services import SaveState, acquire, claim_batch, finish, ingest, ingest_many
-from outbox.models import OutboxMessage
-from tests.support import claude_tools
-from tests.support.claude_api import (
+from alwayson.testing.model import (
     API_KEY,
     answered_200,
     bad_request,
@@ -40,6 +33,13 @@ from tests.support.claude_api import (
     tool_use,
     usage,
 )
+from approvals.models import Approval
+from approvals.services import answer_approval
+from inbox import clock
+from inbox.models import Event, Lease, Session
+from inbox.services import SaveState, acquire, claim_batch, finish, ingest, ingest_many
+from outbox.models import OutboxMessage
+from tests.support import claude_tools
 from tests.support.claude_tools import Crash
 from timers.models import Timer
 from timers.services import run_scheduler

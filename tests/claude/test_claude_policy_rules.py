@@ -12,11 +12,11 @@ from django.utils.html import escape
 from alwayson.claude.apps import checked_policy
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.worker import Worker
+from alwayson.testing.model import message, tool_use
 from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox.services import ingest
 from tests.support import policy_tools
-from tests.support.claude_api import message, tool_use
 
 pytestmark = pytest.mark.django_db
 

@@ -114,6 +114,15 @@ ROWS = {
         ["--inbox", "other", "--requeue", "{dead}"],
         "not dead events",
     ),
+    "startagent-name-digit": ("startagent", ["2fast"], "'2fast' is not a module name"),
+    "startagent-name-keyword": ("startagent", ["class"], "'class' is a Python keyword"),
+    "startagent-name-taken": ("startagent", ["inbox"], "a module Python imports already"),
+    "startagent-directory": (
+        "startagent",
+        ["desk", "--directory", "/nonexistent/agents"],
+        "--directory: /nonexistent/agents is not a directory",
+    ),
+    "startagent-no-name": ("startagent", [], "the following arguments are required: name"),
     "status-unknown-flag": ("status", ["--verbose-all"], "unrecognized arguments"),
     "scenarios-unknown-flag": ("scenarios", ["--fast"], "unrecognized arguments"),
 }

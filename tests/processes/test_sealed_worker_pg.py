@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from alwayson.testing.model import ScriptedModel, message, presented_key, tool_use
 from inbox.models import Event, Inbox, Lease
 from inbox.services import ingest
 from outbox.models import OutboxMessage
-from tests.support.claude_api import MessagesAPI, message, presented_key, tool_use
 from tests.support.egress import SECRET
 from tests.support.loopback import Loopback
 from tests.support.processes import wait_for
@@ -110,7 +110,7 @@ def test_the_sealed_workers_claude_agent_reaches_the_model_with_a_key_it_never_h
     from alwayson.claude.models import ModelCall
     from alwayson.runtime.models import AgentConfig
 
-    api = MessagesAPI().start()
+    api = ScriptedModel().start()
     try:
         inbox = Inbox.objects.create(
             slug="support", owner=django_user_model.objects.create(username="o")

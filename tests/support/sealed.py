@@ -17,7 +17,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from tests.support.claude_api import API_KEY
+from alwayson.testing.model import API_KEY
 from tests.support.egress import SECRET
 from tests.support.paths import ROOT
 from tests.support.processes import database_url

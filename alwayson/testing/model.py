@@ -1,10 +1,22 @@
-"""A loopback server that speaks the Messages API, scripted per test.
+"""A scripted model for the Claude agent: a loopback server on 127.0.0.1 that speaks the
+Messages API.
 
-A real HTTP server on 127.0.0.1 that the `anthropic` SDK reaches through `base_url`. Each
-POST /v1/messages takes the next scripted reply; every request is recorded (path, headers,
-JSON body), so a test counts what reached "the model". GET /v1/models answers the worker's
-start-up key check: 200 for the expected key, 401 otherwise. A request past the end of the
-script gets a 500 that names it, and the test that made it fails on `unexpected`.
+The `anthropic` SDK reaches it through `ANTHROPIC_BASE_URL`. Each POST /v1/messages takes
+the next scripted reply (`message(...)` with text and `tool_use(...)` blocks, or an error:
+`rate_limited`, `overloaded`, `bad_request`, `malformed`, `slow`); every request is
+recorded (path, headers, JSON body), so a test reads what reached "the model". GET
+/v1/models answers the worker's start-up key check: 200 for the expected key, 401
+otherwise. A request past the end of the script gets a 500 that names it, and is kept in
+`unexpected`: the `scripted_model` fixture fails the test that made one.
+
+    with ScriptedModel() as model:  # started, and the settings point the agent at it
+        model.reply(message("Let me look.", tool_use("lookup_order", {"order": "7"})),
+                    message("Order 7 was delivered."))
+        ...
+        assert model.messages_requests[1].body["messages"][-1]["content"][0]["type"] == (
+            "tool_result")
+
+alwayson's own tests use the same server (tests/conftest.py's `messages_api`).
 """
 
 import itertools
@@ -117,8 +129,10 @@ class Request:
     body: dict | None
 
 
-class MessagesAPI:
-    """Start with `start()`, script with `reply(...)`, read `requests`; `stop()` at the end."""
+class ScriptedModel:
+    """Start with `start()`, script with `reply(...)`, read `requests`; `stop()` at the end.
+    As a context manager it also points the Claude agent at itself (`ANTHROPIC_API_KEY`,
+    `ANTHROPIC_BASE_URL`) until it stops."""
 
     def __init__(self):
         self.script: list[Reply] = []
@@ -140,12 +154,42 @@ class MessagesAPI:
         self._server.shutdown()
         self._server.server_close()
 
+    @property
+    def settings(self) -> dict:
+        """What points the Claude agent at this server (the `scripted_model` fixture sets
+        them through pytest-django's `settings`)."""
+        return {"ANTHROPIC_API_KEY": self.api_key, "ANTHROPIC_BASE_URL": self.url}
+
+    def __enter__(self):
+        """Started, with the settings pointing at it until the block ends (for suites
+        without pytest-django's `settings` fixture)."""
+        from django.test import override_settings
+
+        self.start()
+        self._override = override_settings(**self.settings)
+        self._override.enable()
+        forget_clients()
+        return self
+
+    def __exit__(self, *exc):
+        self._override.disable()
+        forget_clients()
+        self.stop()
+
     def reply(self, *replies: Reply):
+        """Append to the script: each request takes the next reply, in order."""
         with self._lock:
             self.script.extend(replies)
 
     @property
+    def waiting(self) -> int:
+        """Scripted replies no request has taken yet."""
+        with self._lock:
+            return len(self.script)
+
+    @property
     def messages_requests(self) -> list[Request]:
+        """The Messages API requests received, oldest first (not the key checks)."""
         return [r for r in self.requests if r.path.startswith("/v1/messages")]
 
     def _next(self, request) -> Reply:
@@ -193,3 +237,11 @@ class MessagesAPI:
             do_GET = do_POST = _answer
 
         return Handler
+
+
+def forget_clients():
+    """The Claude agent keeps one SDK client per key and address: a new server, or the
+    settings put back, must not reach an old one."""
+    from alwayson.claude.client import _client
+
+    _client.cache_clear()
