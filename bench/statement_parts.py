@@ -54,7 +54,8 @@ VARIANTS = {
     "+ the key's probe first (duplicates lock nothing)": (
         FROM_LEASE + NOT_STORED + SHARE + ON_CONFLICT
     ),
-    "insert_try.sql as ingest sends it": None,  # the file's text, below
+    "insert_try.sql without the branch saying why not": None,  # from the file, below
+    "insert_try.sql as ingest sends it": None,
 }
 
 
@@ -87,6 +88,11 @@ def main():
 
     statements = dict(VARIANTS)
     statements["insert_try.sql as ingest sends it"] = INSERT_TRY
+    # What a fresh delivery pays for the second branch (duplicate or "again"), which it
+    # never runs: its plan's nodes are started all the same.
+    statements["insert_try.sql without the branch saying why not"] = INSERT_TRY[
+        : INSERT_TRY.index("UNION ALL")
+    ]
     keys = itertools.count(random.randrange(10**12))
     # Planned as ingest plans its statements (BY_INDEX, inbox/backends/postgresql.py): with
     # sequential scans off, here for the whole session, so each probe is the index's.
@@ -97,7 +103,7 @@ def main():
 
     def params(name, n):
         key = f"{n}-{next(keys)}"
-        if statements[name] is INSERT_TRY:
+        if name.startswith("insert_try.sql"):
             return {"inbox_id": ids[n % len(ids)], "slug": None, "now": None,
                     "source": "try", "source_id": key, "payload": '{"n": 1}'}  # fmt: skip
         return {"id": ids[n % len(ids)], "src": f"v{list(statements).index(name)}", "key": key}
