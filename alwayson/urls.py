@@ -1,19 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from alwayson.web import streams, views
-from alwayson.web.dashboard import dashboard
+from alwayson.web import views
 
 urlpatterns = [
-    path("", views.home, name="home"),
-    path("inbox/<slug:slug>/", views.inbox_page, name="inbox"),
-    # The live pages' updates (alwayson/web/live.py): a poll and, under ASGI, a push.
-    path("inbox/<slug:slug>/live/", streams.inbox_poll, name="inbox-live"),
-    path("inbox/<slug:slug>/stream/", streams.inbox_stream, name="inbox-stream"),
-    path("approvals/live/", streams.approvals_poll, name="approvals-live"),
-    path("approvals/stream/", streams.approvals_stream, name="approvals-stream"),
-    path("approvals/", include("approvals.urls")),
-    path("hooks/", include("inbox.urls")),
+    # alwayson's pages (alwayson/web/urls.py: what a project embedding alwayson includes).
+    path("", include("alwayson.web.urls")),
     # Ahead of django.contrib.auth.urls, which would answer the same address unthrottled.
     path(
         "accounts/password_reset/",
@@ -21,8 +13,5 @@ urlpatterns = [
         name="password_reset",
     ),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("admin/dashboard/", dashboard, name="admin-dashboard"),
-    path("admin/dashboard/live/", streams.dashboard_poll, name="dashboard-live"),
-    path("admin/dashboard/stream/", streams.dashboard_stream, name="dashboard-stream"),
     path("admin/", admin.site.urls),
 ]

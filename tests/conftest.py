@@ -11,6 +11,10 @@ from tests.support.clock import T0
 # `harness` and `scripted_model` fixtures.
 pytest_plugins = ["alwayson.testing"]
 
+# A stranger's project with its own settings (DJANGO_SETTINGS_MODULE tests.embedded.settings):
+# its suite runs in a process of its own, from tests/contracts/test_embedded_project.py.
+collect_ignore = ["embedded"]
+
 
 def pytest_collection_modifyitems(config, items):
     """PostgreSQL-only tests (real parallel connections) are deselected on SQLite, not

@@ -1,0 +1,54 @@
+"""alwayson inside a stranger's Django project (tests/embedded/: its own settings, user
+model and URLs) passes its smoke suite, on the database this suite runs on. That suite needs
+a process of its own: another DJANGO_SETTINGS_MODULE, another set of migrations."""
+
+import os
+import re
+import subprocess
+import sys
+
+from django.db import connection
+
+from tests.support.paths import ROOT
+
+SMOKE_TESTS = 6
+
+
+def embedded_environment():
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.embedded.settings"}
+    env.pop("EMBEDDED_TEST_DATABASE", None)
+    if connection.vendor == "postgresql":
+        # Its own test database on the same server: this suite's is in use meanwhile.
+        name = connection.settings_dict["NAME"]
+        parent = name if name.startswith("test_") else f"test_{name}"
+        env["EMBEDDED_TEST_DATABASE"] = f"{parent}_embedded"
+    return env
+
+
+def test_the_embedded_project_passes_its_smoke_suite_on_this_database():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/embedded",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "alwayson.testing",
+            "--confcutdir",
+            "tests/embedded",
+            "-rA",
+        ],
+        cwd=ROOT,
+        env=embedded_environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"embedded project database: {connection.vendor}" in output
+    summary = output.strip().splitlines()[-1]
+    assert re.fullmatch(rf"=* ?{SMOKE_TESTS} passed in [\d.]+s ?=*", summary), summary
+    assert "skipped" not in summary and "deselected" not in summary
