@@ -33,6 +33,8 @@ from .validation import require_key
 # Ids handed to a service per call: keeps `pk IN (...)` under SQLite's variable limit when
 # an action runs on "all N rows matching the filter".
 ACTION_CHUNK = 500
+# People are searched by their user model's login name, whatever AUTH_USER_MODEL names it.
+USERNAME = get_user_model().USERNAME_FIELD
 
 
 def pretty_json(value):
@@ -229,7 +231,7 @@ class MembershipAdmin(InboxRoleMixin, admin.ModelAdmin):
     list_display = ("inbox", "user", "group", "role")
     list_filter = ("role", ("inbox", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("inbox", "user", "group")
-    search_fields = ("=inbox__slug", "user__username", "group__name")
+    search_fields = ("=inbox__slug", f"user__{USERNAME}", "group__name")
     search_help_text = "the exact inbox slug, or the user or group name (contains)"
     ordering = ("inbox__slug", "-role", "id")
     fields = ("inbox", "user", "group", "role")
@@ -241,7 +243,7 @@ class MembershipAdmin(InboxRoleMixin, admin.ModelAdmin):
 class InboxAdmin(InboxRoleMixin, admin.ModelAdmin):
     list_display = ("slug", "name", "owner", "created", "events_link", "dead_link")
     list_select_related = ("owner",)
-    search_fields = ("slug", "name", "owner__username")
+    search_fields = ("slug", "name", f"owner__{USERNAME}")
     autocomplete_fields = ("owner",)
     readonly_fields = ("created",)
     inlines = (MembershipInline,)

@@ -90,3 +90,21 @@ def test_the_pages_answer_under_the_prefix_beside_the_project_s_own(harness):
     assert page.status_code == 200 and b"desk" in page.content
     assert browser.get("/agents/approvals/").status_code == 200
     assert Client().get("/agents/", headers={"host": "elsewhere.example.com"}).status_code == 400
+
+
+def test_the_project_s_admin_finds_inboxes_by_their_owner_on_its_user_model(harness):
+    harness.inbox("desk")
+    harness.inbox("returns")
+    boss = get_user_model().objects.create_superuser("boss", "boss@acme.example.com", "pw-boss-1")
+    browser = Client()
+    browser.force_login(boss)
+
+    found = browser.get("/admin/inbox/inbox/", {"q": "returns-owner"})
+    assert found.status_code == 200
+    assert [inbox.slug for inbox in found.context["cl"].result_list] == ["returns"]
+    owners = browser.get(
+        "/admin/autocomplete/",
+        {"app_label": "inbox", "model_name": "inbox", "field_name": "owner", "term": "desk"},
+    )
+    assert owners.status_code == 200
+    assert [person["text"] for person in owners.json()["results"]] == ["desk-owner"]

@@ -57,8 +57,8 @@ def db_file(tmp_path):
         db,
         "shell",
         "-c",
-        "from django.contrib.auth.models import User; from inbox.models import Inbox;"
-        "Inbox.objects.create(owner=User.objects.create(username='o'), slug='desk')",
+        "from django.contrib.auth import get_user_model; from inbox.models import Inbox;"
+        "Inbox.objects.create(owner=get_user_model().objects.create(username='o'), slug='desk')",
     )
     return db
 

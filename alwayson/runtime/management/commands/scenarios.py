@@ -44,7 +44,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, keep=False, **options):
-        owner, _ = get_user_model().objects.get_or_create(username="alwayson-scenarios")
+        people = get_user_model()
+        owner, _ = people.objects.get_or_create(**{people.USERNAME_FIELD: "alwayson-scenarios"})
         inbox = Inbox.objects.create(owner=owner, slug=f"scenarios-{uuid.uuid4().hex[:12]}")
         try:
             Scenarios(inbox, self.stdout.write).run_all()
