@@ -101,8 +101,19 @@ class Command(BaseCommand):
                 "",
                 f'    AgentConfig.objects.create(inbox=inbox, agent="{name}.agent")',
             ]
-        lines += ["", f"Its tests: python -m pytest {test_path}", ""]
+        # Outside a project whose pytest settings name its Django settings, pytest-django
+        # would skip every test ("no Django settings"): the command says which.
+        lines += [
+            "",
+            "Its tests (in a project of your own, with its pytest settings instead):",
+            "",
+            f"    {TEST_COMMAND} {test_path}",
+            "",
+        ]
         return "\n".join(lines)
+
+
+TEST_COMMAND = "DJANGO_SETTINGS_MODULE=alwayson.settings python -m pytest"
 
 
 def check_name(name: str) -> list[str]:
