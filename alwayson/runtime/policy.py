@@ -5,8 +5,10 @@
         "refund": [
             {"when": {"amount": {"lt": 50}}, "then": "allow"},
             {"when": {"order": {"in": ["1", "2"]}}, "then": "deny"},
+            {"when": {"amount": {"gt": 500}}, "then": "ask", "approvers": 2},
             {"then": "ask"}
         ],
+        "close_account": {"then": "ask", "approvers": 2},
         "delete_account": "deny"
     }
 
@@ -16,6 +18,10 @@ names operators (eq, ne, lt, lte, gt, gte, in, not_in). A condition that cannot 
 (the argument is missing, or a number is compared with a string) does not hold, and a list
 in which no rule holds asks: a policy that did not foresee a call never lets it through.
 Tools the policy does not name: the built-ins are allowed, application tools ask.
+
+A rule that asks may require `"approvers": 2`: two different people must approve the call
+(the approvals' two-person rule), also when a person edits its arguments into that rule. An
+entry may be one rule object instead of a list, for a rule that covers every call of a tool.
 
 Pure Python: the Claude app's ready() checks ALWAYSON_CLAUDE_POLICY with it at start-up.
 """
@@ -42,6 +48,12 @@ MEMBERSHIP = {"in", "not_in"}
 class Decision:
     verdict: str  # allow, ask or deny
     because: str  # which entry decided, for the model and the log
+    approvers: int = 1  # for ask: how many different people must approve
+
+
+def _rules(entry) -> list:
+    """A tool's entry as its list of rules (one rule object is a list of one)."""
+    return [entry] if isinstance(entry, dict) else entry
 
 
 def _number(value) -> bool:
@@ -58,12 +70,12 @@ def check_policy_syntax(policy) -> dict:
         if isinstance(entry, str):
             _check_decision(f"policy[{tool!r}]", entry)
             continue
-        if not isinstance(entry, list) or not entry:
+        if not isinstance(entry, list | dict) or not entry:
             raise ValueError(
-                f"policy[{tool!r}] must be one of {', '.join(DECISIONS)} or a non-empty list "
-                f"of rules, not {entry!r}"
+                f"policy[{tool!r}] must be one of {', '.join(DECISIONS)}, a rule or a non-empty "
+                f"list of rules, not {entry!r}"
             )
-        for n, rule in enumerate(entry, 1):
+        for n, rule in enumerate(_rules(entry), 1):
             _check_rule(f"policy[{tool!r}] rule {n}", rule)
     return policy
 
@@ -76,10 +88,18 @@ def _check_decision(where, value):
 def _check_rule(where, rule):
     if not isinstance(rule, dict) or "then" not in rule:
         raise ValueError(f'{where} must be an object with "then" (and optional "when")')
-    unknown = set(rule) - {"when", "then"}
+    unknown = set(rule) - {"when", "then", "approvers"}
     if unknown:
-        raise ValueError(f"{where} has unknown keys {sorted(unknown)}; use when and then")
+        raise ValueError(
+            f"{where} has unknown keys {sorted(unknown)}; use when, then and approvers"
+        )
     _check_decision(f"{where} then", rule["then"])
+    if "approvers" in rule:
+        approvers = rule["approvers"]
+        if isinstance(approvers, bool) or approvers not in (1, 2):
+            raise ValueError(f"{where} approvers must be 1 or 2, not {approvers!r}")
+        if rule["then"] != ASK:
+            raise ValueError(f'{where} approvers goes with "then": "ask", not {rule["then"]!r}')
     when = rule.get("when", {})
     if not isinstance(when, dict):
         raise ValueError(f"{where} when must be an object of argument conditions")
@@ -110,7 +130,7 @@ def check_policy(policy, offered: dict) -> dict:
                 f"policy names the unknown tool {tool!r}; tools: {', '.join(sorted(offered))}"
             )
         known = set((offered[tool] or {}).get("properties") or {})
-        for n, rule in enumerate(entry if isinstance(entry, list) else [], 1):
+        for n, rule in enumerate(_rules(entry) if not isinstance(entry, str) else [], 1):
             for argument in rule.get("when", {}):
                 if argument not in known:
                     raise ValueError(
@@ -139,11 +159,15 @@ def decide(policy: dict, tool: str, arguments: dict, default: str) -> Decision:
     if isinstance(entry, str):
         return Decision(entry, f"policy for {tool}: {entry}")
     missing = object()
-    for n, rule in enumerate(entry, 1):
+    for n, rule in enumerate(_rules(entry), 1):
         when = rule.get("when", {})
         if all(
             arguments.get(name, missing) is not missing and _holds(condition, arguments[name])
             for name, condition in when.items()
         ):
-            return Decision(rule["then"], f"policy for {tool}, rule {n}: {rule['then']}")
+            approvers = rule.get("approvers", 1)
+            two = " (two approvers)" if approvers == 2 else ""
+            return Decision(
+                rule["then"], f"policy for {tool}, rule {n}: {rule['then']}{two}", approvers
+            )
     return Decision(ASK, f"policy for {tool}: no rule matched (ask)")
