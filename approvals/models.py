@@ -84,8 +84,10 @@ class Approval(models.Model):
     # "free_text", "max_length"}) the call asks for a value instead of a yes.
     details = models.JSONField(default=dict, blank=True)
     # The calls a model asked in one turn share a group (the first one's request id) and are
-    # answered on one card; "" for a request on its own.
-    group = models.CharField(max_length=200, blank=True, default="")
+    # answered on one card; null for a request on its own. (This and the columns below
+    # added with it are nullable so that SQLite adds them in place: a NOT NULL column
+    # rebuilds the table there, which drops the live pages' triggers on it.)
+    group = models.CharField(max_length=200, null=True, blank=True)
     requested_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     answer = models.CharField(max_length=10, choices=Answer.choices, blank=True)
@@ -121,8 +123,8 @@ class Approval(models.Model):
         related_name="+",
     )
     # Copied from the answer event (record_answer): a denial's reason, a question's reply.
-    reason = models.TextField(blank=True, default="")
-    reply = models.TextField(blank=True, default="")
+    reason = models.TextField(null=True, blank=True)
+    reply = models.TextField(null=True, blank=True)
 
     objects = ApprovalQuerySet.as_manager()
 
@@ -141,7 +143,9 @@ class Approval(models.Model):
             ),
             # One model turn's calls, answered together.
             models.Index(
-                fields=["inbox", "group"], condition=~Q(group=""), name="approval_group_idx"
+                fields=["inbox", "group"],
+                condition=Q(group__isnull=False),
+                name="approval_group_idx",
             ),
         ]
         permissions = [("answer_any_approval", "Can see and answer any inbox's approvals")]
@@ -294,8 +298,8 @@ def record_answer(sender, event: Event, now, **kwargs):
         settled = {
             "answer": answer,
             "answered_at": now,
-            "reason": str(event.payload.get("reason") or ""),
-            "reply": str(event.payload.get("reply") or ""),
+            "reason": event.payload.get("reason") or None,
+            "reply": event.payload.get("reply"),
         }
         if username := event.payload.get("answered_by"):
             users = get_user_model()
@@ -352,10 +356,11 @@ class AuditEntry(models.Model):
     result = models.CharField(max_length=20, choices=Result.choices)
     action_shown = models.TextField()
     # What else the person said: the arguments as they changed them (null: no change; the
-    # approval's details keep them as asked), a denial's reason, a question's reply.
+    # approval's details keep them as asked), a denial's reason, a question's reply. Null
+    # when there was none: added in place, without rebuilding a long audit on SQLite.
     edited_arguments = models.JSONField(null=True, blank=True)
-    reason = models.TextField(blank=True, default="")
-    reply = models.TextField(blank=True, default="")
+    reason = models.TextField(null=True, blank=True)
+    reply = models.TextField(null=True, blank=True)
     at = models.DateTimeField()
 
     class Meta:
@@ -373,7 +378,7 @@ class AuditEntry(models.Model):
 
     @classmethod
     def record(
-        cls, approval, user, answer, via, result, now, *, edited=None, reason="", reply=""
+        cls, approval, user, answer, via, result, now, *, edited=None, reason="", reply=None
     ) -> "AuditEntry":
         return cls.objects.create(
             approval=approval,
@@ -385,8 +390,8 @@ class AuditEntry(models.Model):
             result=result,
             action_shown=approval.shown_action,
             edited_arguments=edited,
-            reason=reason,
-            reply=reply or "",
+            reason=reason or None,
+            reply=reply,
             at=now,
         )
 
