@@ -153,7 +153,7 @@ class ArgumentsForm(forms.Form):
     yes approves now). Arguments the schema does not describe are kept as they are."""
 
     def __init__(self, schema, arguments, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, label_suffix="", **kwargs)
         self.arguments = arguments
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = set(schema.get("required") or [])
@@ -182,6 +182,9 @@ class ArgumentsForm(forms.Form):
 
 
 class DenyForm(forms.Form):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, label_suffix="", **kwargs)
+
     reason = forms.CharField(
         label="Reason (optional; the agent reads it)",
         required=False,
@@ -194,7 +197,7 @@ class ReplyForm(forms.Form):
     """A question's answer: one of its choices, or (if it takes free text) one's own."""
 
     def __init__(self, question, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, label_suffix="", **kwargs)
         self.question = question
         if question["choices"]:
             self.fields["choice"] = forms.ChoiceField(
@@ -276,6 +279,15 @@ class AnswerForms:
                 raise Invalid
             return {"reply": self.reply.cleaned_data["reply"]}
         return {}
+
+    @property
+    def editing(self) -> bool:
+        """The answer changed the arguments: shown open again, with what was typed."""
+        return self.used is not None and self.used is self.arguments
+
+    @property
+    def denying(self) -> bool:
+        return self.used is not None and self.used is self.deny
 
     def problems(self) -> list[str]:
         """The errors of the form the answer used, each naming its field."""

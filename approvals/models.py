@@ -84,10 +84,8 @@ class Approval(models.Model):
     # "free_text", "max_length"}) the call asks for a value instead of a yes.
     details = models.JSONField(default=dict, blank=True)
     # The calls a model asked in one turn share a group (the first one's request id) and are
-    # answered on one card; null for a request on its own. (This and the columns below
-    # added with it are nullable so that SQLite adds them in place: a NOT NULL column
-    # rebuilds the table there, which drops the live pages' triggers on it.)
-    group = models.CharField(max_length=200, null=True, blank=True)
+    # answered on one card; "" for a request on its own.
+    group = models.CharField(max_length=200, blank=True, default="")
     requested_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     answer = models.CharField(max_length=10, choices=Answer.choices, blank=True)
@@ -123,8 +121,8 @@ class Approval(models.Model):
         related_name="+",
     )
     # Copied from the answer event (record_answer): a denial's reason, a question's reply.
-    reason = models.TextField(null=True, blank=True)
-    reply = models.TextField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    reply = models.TextField(blank=True, default="")
 
     objects = ApprovalQuerySet.as_manager()
 
@@ -144,7 +142,7 @@ class Approval(models.Model):
             # One model turn's calls, answered together.
             models.Index(
                 fields=["inbox", "group"],
-                condition=Q(group__isnull=False),
+                condition=~Q(group=""),
                 name="approval_group_idx",
             ),
         ]
@@ -298,8 +296,8 @@ def record_answer(sender, event: Event, now, **kwargs):
         settled = {
             "answer": answer,
             "answered_at": now,
-            "reason": event.payload.get("reason") or None,
-            "reply": event.payload.get("reply"),
+            "reason": str(event.payload.get("reason") or ""),
+            "reply": str(event.payload.get("reply") or ""),
         }
         if username := event.payload.get("answered_by"):
             users = get_user_model()
@@ -356,11 +354,10 @@ class AuditEntry(models.Model):
     result = models.CharField(max_length=20, choices=Result.choices)
     action_shown = models.TextField()
     # What else the person said: the arguments as they changed them (null: no change; the
-    # approval's details keep them as asked), a denial's reason, a question's reply. Null
-    # when there was none: added in place, without rebuilding a long audit on SQLite.
+    # approval's details keep them as asked), a denial's reason, a question's reply.
     edited_arguments = models.JSONField(null=True, blank=True)
-    reason = models.TextField(null=True, blank=True)
-    reply = models.TextField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    reply = models.TextField(blank=True, default="")
     at = models.DateTimeField()
 
     class Meta:
@@ -390,8 +387,8 @@ class AuditEntry(models.Model):
             result=result,
             action_shown=approval.shown_action,
             edited_arguments=edited,
-            reason=reason or None,
-            reply=reply,
+            reason=reason,
+            reply=reply or "",
             at=now,
         )
 

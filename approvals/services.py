@@ -100,7 +100,7 @@ class Ask:
             defaults={
                 "action": self.action,
                 "details": self.details,
-                "group": self.group or None,
+                "group": self.group,
                 "requested_at": now,
                 "expires_at": expires_at,
                 "approvers_needed": self.approvers,

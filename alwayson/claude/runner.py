@@ -521,7 +521,8 @@ def _asking_words(actions, window, link) -> str:
     if len(actions) == 1:
         [(action, question, approvers)] = actions
         if question:
-            return f"Question for you: {action}. Answer within {window}: {link}"
+            stop = "" if action.endswith(("?", ".", "!")) else "."
+            return f"Question for you: {action}{stop} Answer within {window}: {link}"
         two = " Two different approvers must approve it." if approvers == 2 else ""
         return f"Approval needed: {action}.{two} Approve or deny within {window}: {link}"
     listed = "; ".join(
