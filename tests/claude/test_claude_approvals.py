@@ -648,3 +648,34 @@ def test_a_call_pending_in_the_old_sessions_shape_still_resumes(desk):
     [result] = results_of(resume(desk))
     assert result["tool_use_id"] == call["id"]
     assert json.loads(result["content"])["refunded"] == 120
+
+
+def test_a_turns_asks_are_one_email_to_each_approver_listing_them_all(desk, settings):
+    from django.core import mail
+
+    from outbox.models import Notice
+    from outbox.services import dispatch_notices
+    from tests.support.mail import use_email_backend
+
+    use_email_backend(settings, "django.core.mail.backends.locmem.EmailBackend")
+    settings.ALWAYSON_SITE_URL = "https://desk.example.com"
+    mail.outbox = []
+    for user in (desk.dana, desk.lee):
+        user.email = f"{user.username}@example.com"
+        user.save()
+    first, second = ask(
+        desk,
+        tool_use("refund", {"order": "1", "amount": 100}),
+        tool_use("refund", {"order": "2", "amount": 750}),
+    )
+
+    assert Notice.objects.count() == 2  # one per approver, not one per call
+    assert dispatch_notices() == 2
+    for email in mail.outbox:
+        assert email.subject == "[support] Approval needed: 2 calls of one turn"
+        assert (
+            "- Refund order 1 (100 EUR)\n- Refund order 2 (750 EUR) (two different approvers)"
+            in (email.body)
+        )
+        assert f"https://desk.example.com/approvals/support/{first.request_id}/" in email.body
+    assert sorted(m.to[0] for m in mail.outbox) == ["dana@example.com", "lee@example.com"]
