@@ -150,14 +150,16 @@ def _field(name, schema, required, present):
 
 class ArgumentsForm(forms.Form):
     """The arguments of a call as its schema describes them, filled with `arguments` (what a
-    yes approves now). Arguments the schema does not describe are kept as they are."""
+    yes approves now), in the order of `names`. Arguments the schema does not describe are
+    kept as they are."""
 
-    def __init__(self, schema, arguments, *args, **kwargs):
+    def __init__(self, schema, arguments, names, *args, **kwargs):
         super().__init__(*args, label_suffix="", **kwargs)
         self.arguments = arguments
         properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = set(schema.get("required") or [])
-        self.names = list(properties)
+        self.names = [name for name in names if name in properties]
+        self.names += [name for name in properties if name not in self.names]
         for index, name in enumerate(self.names):
             described = properties[name] if isinstance(properties[name], dict) else {}
             field = _field(name, described, name in required, name in arguments)
@@ -169,7 +171,7 @@ class ArgumentsForm(forms.Form):
         """The arguments as the form has them (after is_valid)."""
         values = {name: self.cleaned_data[f"arg-{i}"] for i, name in enumerate(self.names)}
         edited = {}
-        for name in [*self.arguments, *(n for n in self.names if n not in self.arguments)]:
+        for name in [*self.names, *(n for n in self.arguments if n not in self.names)]:
             if name not in values:
                 edited[name] = self.arguments[name]  # not in the schema: kept as it was
             elif values[name] is not OMITTED:
@@ -248,8 +250,14 @@ class AnswerForms:
         self.used = None
 
     def _arguments(self, data=None):
-        schema, arguments = self.approval.details["schema"], self.approval.current_arguments
-        return ArgumentsForm(schema, arguments, data, prefix=self.prefix)
+        approval = self.approval
+        return ArgumentsForm(
+            approval.details["schema"],
+            approval.current_arguments,
+            approval.argument_names,
+            data,
+            prefix=self.prefix,
+        )
 
     def answer(self, answer) -> dict:
         """decide_answer's keywords for `answer` from the posted forms; Invalid if they do

@@ -80,8 +80,9 @@ class Approval(models.Model):
     # What exactly is asked, shown on the approval page: {"tool", "arguments", "asked_by",
     # "context"} for a tool call; empty for a plain action. With "schema" (the arguments'
     # JSON Schema) a person may edit the arguments before approving ("edit_check" names who
-    # checks an edit beyond it: register_edit_check); with "question" ({"choices",
-    # "free_text", "max_length"}) the call asks for a value instead of a yes.
+    # checks an edit beyond it: register_edit_check; "argument_order", added, the schema's
+    # order of its properties); with "question" ({"choices", "free_text", "max_length"}) the
+    # call asks for a value instead of a yes.
     details = models.JSONField(default=dict, blank=True)
     # The calls a model asked in one turn share a group (the first one's request id) and are
     # answered on one card; "" for a request on its own.
@@ -175,6 +176,15 @@ class Approval(models.Model):
         """The tool call's arguments as asked; None for a plain action."""
         arguments = self.details.get("arguments")
         return arguments if isinstance(arguments, dict) else None
+
+    @property
+    def argument_names(self) -> list[str]:
+        """The arguments' names in the schema's order (then any others), whatever order the
+        database kept the JSON's keys in."""
+        order = self.details.get("argument_order")
+        names = [name for name in order if isinstance(name, str)] if isinstance(order, list) else []
+        given = [*(self.arguments or {}), *(self.edited_arguments or {})]
+        return [*names, *(name for name in dict.fromkeys(given) if name not in names)]
 
     @property
     def current_arguments(self) -> dict | None:

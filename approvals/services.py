@@ -85,6 +85,11 @@ class Ask:
         object.__setattr__(self, "expires_in", expires_in)
         require_mapping("details", self.details)
         _check_details(self.details)
+        if "schema" in self.details and "argument_order" not in self.details:
+            # The form lists the arguments as the schema declares them, an order PostgreSQL's
+            # jsonb does not keep: kept as a list, which it does.
+            order = list(self.details["schema"].get("properties") or {})
+            object.__setattr__(self, "details", {**self.details, "argument_order": order})
         if isinstance(self.approvers, bool) or self.approvers not in (1, 2):
             raise ValueError(
                 f"approvers must be 1 or 2 (distinct people who say yes), not {self.approvers!r}"

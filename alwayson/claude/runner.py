@@ -391,9 +391,10 @@ class ClaudeRun:
                 f"{changed}, but the policy denies them ({decision.because}): {name} was not run.",
             )
         result = self._execute(tool, {**call, "input": arguments}, approved=True)
+        order = list(tool.input_schema.get("properties") or {})
         note = (
-            f"{changed}: {_changes(call['input'], arguments)}. {name} ran with the changed "
-            "arguments; its result follows."
+            f"{changed}: {_changes(call['input'], arguments, order)}. {name} ran with the"
+            " changed arguments; its result follows."
         )
         return {**result, "content": f"{note}\n{result['content']}"}
 
@@ -543,18 +544,19 @@ def _who(username, names) -> str:
     return name if name == username else f"{name} ({username})"
 
 
-def _changes(before: dict, after: dict) -> str:
-    """What an edit changed, argument by argument: "amount: 900 → 600"."""
+def _changes(before: dict, after: dict, order: list) -> str:
+    """What an edit changed, argument by argument in the schema's `order`: "amount: 900 →
+    600"."""
 
     def shown(arguments, name):
         if name not in arguments:
             return "(not given)"
         return json.dumps(arguments[name], ensure_ascii=False, sort_keys=True)
 
-    names = [*before, *(name for name in after if name not in before)]
+    names = [*order, *(name for name in [*before, *after] if name not in order)]
     return "; ".join(
         f"{name}: {shown(before, name)} → {shown(after, name)}"
-        for name in names
+        for name in dict.fromkeys(names)
         if before.get(name, _MISSING) != after.get(name, _MISSING)
     )
 

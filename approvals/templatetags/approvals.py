@@ -53,6 +53,13 @@ def answered_by(approval):
 
 
 @register.filter
+def arguments_shown(approval):
+    """(name, value) of the arguments as asked, in the schema's order."""
+    arguments = approval.arguments or {}
+    return [(name, arguments[name]) for name in approval.argument_names if name in arguments]
+
+
+@register.filter
 def approvable_by(approval, user):
     """Whether `user` may still say yes: not the one who gave a two-person request's first
     approval (they may change the arguments only by denying and asking again)."""
@@ -72,7 +79,7 @@ def changes(approval):
     def shown(arguments, name):
         return "(not given)" if name not in arguments else json_value(arguments[name])
 
-    names = [*before, *(name for name in after if name not in before)]
+    names = approval.argument_names
     return [
         (name, shown(before, name), shown(after, name))
         for name in names

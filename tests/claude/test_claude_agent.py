@@ -306,6 +306,7 @@ def test_an_asked_call_ends_the_run_and_stores_the_pending_call(messages_api, cl
         # What the page builds its edit form from, and who checks an edit beyond it.
         "schema": claude_tools.REFUND_SCHEMA,
         "edit_check": "claude",
+        "argument_order": ["order", "amount"],  # the schema's, which jsonb does not keep
     }
     assert approval.group == ""  # asked alone
     window = approval.expires_at - approval.requested_at

@@ -164,6 +164,24 @@ def test_an_edited_call_runs_with_the_edit_and_the_model_is_told_what_changed_an
     assert entry.asked_arguments == {"order": "881", "amount": 120}
 
 
+def test_the_model_reads_every_change_in_the_order_the_schema_declares(desk):
+    [approval] = ask(desk, tool_use("refund", {"amount": 120, "order": "881"}))
+
+    answer_approval(
+        desk.inbox,
+        approval.request_id,
+        "yes",
+        by=desk.dana,
+        arguments={"amount": 90, "order": "882"},
+    )
+
+    [result] = results_of(resume(desk))
+    assert result["content"].split("\n")[0].endswith(
+        ': order: "881" → "882"; amount: 120 → 90. refund ran with the changed arguments;'
+        " its result follows."
+    )
+
+
 def test_an_edit_the_policy_denies_is_refused_and_nothing_is_written(desk):
     [approval] = ask(desk, tool_use("refund", {"order": "881", "amount": 120}))
     before = snapshot()
