@@ -333,10 +333,11 @@ def decide_answer(
     approvers resolves "yes" only when a second, different approver says yes before the
     deadline, to the same arguments; one "no" denies it.
 
-    With a "yes", `arguments` are the call's arguments as the person changed them: checked
-    against the schema the approval keeps and by the check it names (the asking agent's
-    policy: an edit the policy denies is refused; one that needs two approvers makes the
-    request need two). With a "no", `reason` goes to the agent. A question takes "replied"
+    With a "yes", `arguments` are the call's arguments as the person approves them (the page
+    sends what it showed): different from what a yes approves now, they are an edit,
+    checked against the schema the approval keeps and by the check it names (the asking
+    agent's policy: an edit the policy denies is refused; one that needs two approvers makes
+    the request need two). Without them a yes approves the arguments as they stand. With a "no", `reason` goes to the agent. A question takes "replied"
     and the `reply`. Anything the approval cannot take raises ValueError, and nothing is
     stored.
 

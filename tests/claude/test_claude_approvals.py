@@ -176,9 +176,13 @@ def test_the_model_reads_every_change_in_the_order_the_schema_declares(desk):
     )
 
     [result] = results_of(resume(desk))
-    assert result["content"].split("\n")[0].endswith(
-        ': order: "881" → "882"; amount: 120 → 90. refund ran with the changed arguments;'
-        " its result follows."
+    assert (
+        result["content"]
+        .split("\n")[0]
+        .endswith(
+            ': order: "881" → "882"; amount: 120 → 90. refund ran with the changed arguments;'
+            " its result follows."
+        )
     )
 
 
