@@ -337,9 +337,9 @@ def decide_answer(
     sends what it showed): different from what a yes approves now, they are an edit,
     checked against the schema the approval keeps and by the check it names (the asking
     agent's policy: an edit the policy denies is refused; one that needs two approvers makes
-    the request need two). Without them a yes approves the arguments as they stand. With a "no", `reason` goes to the agent. A question takes "replied"
-    and the `reply`. Anything the approval cannot take raises ValueError, and nothing is
-    stored.
+    the request need two). Without them a yes approves the arguments as they stand. With a
+    "no", `reason` goes to the agent. A question takes "replied" and the `reply`. Anything
+    the approval cannot take raises ValueError, and nothing is stored.
 
     Everything is decided under the inbox's lock, taken before the approval row is read: a
     first approval another approver committed a moment ago is seen, so two approvers
@@ -359,25 +359,51 @@ def decide_answer(
 
 
 def answer_group(
-    inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API, reason=""
+    inbox,
+    request_id,
+    answer,
+    now=None,
+    *,
+    by=None,
+    via=AuditEntry.Via.API,
+    reason="",
+    arguments=None,
 ) -> dict[str, str]:
     """Answer every call still open in `request_id`'s group (the calls the model asked in
     one turn; the request alone if it has none) the same way, in one transaction: what
-    stands for each, by request id. A "yes" approves each as asked (or as a first approver
-    edited it) and leaves questions open, which need their own reply; a "no" denies all,
-    with the one `reason`. Each answer is decide_answer's, event and audit entry included."""
-    answered = decide_group(inbox, request_id, answer, now, by=by, via=via, reason=reason)
+    stands for each, by request id. A "yes" approves each as it stands (or, for a call in
+    `arguments`, a mapping of request ids, with the arguments the person was shown, as
+    decide_answer's `arguments`) and leaves questions open, which need their own reply; a
+    "no" denies all, with the one `reason`. Each answer is decide_answer's, event and audit
+    entry included."""
+    answered = decide_group(
+        inbox, request_id, answer, now, by=by, via=via, reason=reason, arguments=arguments
+    )
     return {rid: stands for rid, _, stands in answered}
 
 
 def decide_group(
-    inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API, reason=""
+    inbox,
+    request_id,
+    answer,
+    now=None,
+    *,
+    by=None,
+    via=AuditEntry.Via.API,
+    reason="",
+    arguments=None,
 ) -> list[tuple[str, str | None, str]]:
     """answer_group's work: (request id, the audit's result, what stands) for each call it
     answered, in the order asked; [] for a request never made."""
     if answer not in (Approval.Answer.YES, Approval.Answer.NO):
         raise ValueError(f'answer must be "yes" or "no" for a group, not {answer!r}')
     response = Response(answer, reason=reason)
+    shown = require_mapping("arguments", arguments) if arguments is not None else {}
+    # What a yes approves of each call: what its person was shown. A no denies whatever.
+    responses = {
+        rid: Response(answer, arguments=value)
+        for rid, value in (shown.items() if answer == Approval.Answer.YES else ())
+    }
     require_key("request_id", request_id)
     with _answering(inbox, by, via, now) as (inbox, now):
         lead = Approval.objects.filter(inbox=inbox, request_id=request_id).values("group").first()
@@ -393,9 +419,8 @@ def decide_group(
             settled = approval.answer or approval.stored_payload is not None
             if settled or (approval.question is not None and answer == Approval.Answer.YES):
                 continue
-            answered.append(
-                (approval.request_id, *_answer(inbox, approval, response, by, via, now))
-            )
+            given = responses.get(approval.request_id, response)
+            answered.append((approval.request_id, *_answer(inbox, approval, given, by, via, now)))
         return answered
 
 

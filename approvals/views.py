@@ -1,3 +1,4 @@
+import json
 from collections import Counter
 from dataclasses import dataclass
 
@@ -107,6 +108,7 @@ def approval_answer_all(request, slug, request_id):
             by=request.user,
             via=_via(request),
             reason=reason,
+            arguments=_shown(request.POST),
         )
     except InboxBusy:
         messages.error(request, "The inbox is busy and your answers were not recorded yet.")
@@ -115,6 +117,22 @@ def approval_answer_all(request, slug, request_id):
         return _page(request, approval, answerer, status=400, problem=str(exc), all_form=form)
     messages.success(request, _group_words(answered))
     return _back(request, approval)
+
+
+SHOWN = "shown-"
+
+
+def _shown(posted) -> dict:
+    """The arguments the page showed for each call ("shown-<request id>", JSON): a yes to
+    all approves those, not what someone may have changed them to since."""
+    shown = {}
+    for key in posted:
+        if key.startswith(SHOWN):
+            try:
+                shown[key.removeprefix(SHOWN)] = json.loads(posted[key])
+            except json.JSONDecodeError:
+                raise ValueError(f"{key}: not JSON") from None
+    return shown
 
 
 def _visible(request, slug, request_id) -> Approval:

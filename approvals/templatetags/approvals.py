@@ -109,3 +109,9 @@ def answer_forms(approval):
 def group_deny_form(lead):
     """The reason field of a card's "all at once" answer; its ids name the card's group."""
     return DenyForm(prefix="all", auto_id=f"id_all{lead.pk}_%s")
+
+
+@register.filter
+def as_json(value):
+    """A value as JSON text, for a hidden field (the template escapes it)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)

@@ -321,3 +321,56 @@ def test_the_second_approvers_page_shows_what_the_first_one_changed(team, django
     assert "By Dana:" in html and "<code>amount</code>: 120 → <strong>60</strong>" in html
     assert 'value="60"' in html  # the form starts from the edit the second approver approves
     assert "Changing them makes yours the first approval of the new arguments" in html
+
+
+def test_approve_all_approves_what_the_page_showed_not_an_edit_made_since(team, django_user_model):
+    desk, clients = team
+    details = {"tool": "refund", "arguments": ASKED, "schema": SCHEMA}
+    for request_id in ("big-1", "big-2"):
+        request_approval(
+            desk,
+            request_id,
+            f"refund {request_id}",
+            WINDOW,
+            details=details,
+            approvers=2,
+            group="big-1",
+        )
+    dana = django_user_model.objects.create_user(username="dana", first_name="Dana")
+    Membership.objects.create(inbox=desk, user=dana, role=Role.APPROVER)
+    answer_approval(desk, "big-2", "yes", by=dana)  # a first approval of the arguments as asked
+    page = text_of(clients["owner"].get(detail_url("desk", "big-1")))
+    shown = dict(re.findall(r'<input type="hidden" name="(shown-[^"]+)" value="([^"]+)">', page))
+    shown = {name: value.replace("&quot;", '"') for name, value in shown.items()}
+    assert set(shown) == {"shown-big-1", "shown-big-2"}
+    # Meanwhile Dana changes big-1's amount and approves it: a first approval of her edit.
+    answer_approval(desk, "big-1", "yes", by=dana, arguments={**ASKED, "amount": 60})
+
+    response = clients["owner"].post("/approvals/desk/big-1/all/", {"answer": "yes", **shown})
+
+    assert response.status_code == 302
+    big1, big2 = Approval.objects.order_by("request_id")
+    # big-1: the owner approved what they saw, which is not Dana's edit: a new first approval.
+    assert (big1.answer, big1.first_approved_by.username, big1.current_arguments) == (
+        "",
+        "owner",
+        ASKED,
+    )
+    # big-2: what they saw is what Dana approved: the second approval settles it.
+    assert (big2.answer, big2.answered_by.username) == ("yes", "owner")
+    assert list(Event.objects.values_list("source_id", flat=True)) == ["big-2"]
+
+
+def test_approve_all_with_shown_arguments_that_are_not_json_is_400(team):
+    desk, clients = team
+    editable(desk, "refund-1", group="refund-1")
+    editable(desk, "refund-2", group="refund-1")
+    before = snapshot()
+
+    response = clients["owner"].post(
+        "/approvals/desk/refund-1/all/", {"answer": "yes", "shown-refund-1": "{nope"}
+    )
+
+    assert response.status_code == 400
+    assert "shown-refund-1: not JSON" in text_of(response)
+    assert snapshot() == before
