@@ -918,3 +918,51 @@ def test_a_denial_with_a_reason_typed_on_the_card_survives_a_live_update_and_rea
     result = messages_api.messages_requests[1].body["messages"][-1]["content"][0]
     assert (result["tool_use_id"], result["is_error"]) == (call["id"], True)
     assert result["content"].endswith("The reason owner gave: The customer already got a voucher.")
+
+
+def test_a_turns_calls_answered_all_at_once_on_a_phone(new_page, site, desk, django_user_model):
+    schema = {
+        "type": "object",
+        "properties": {
+            "order": {"type": "string"},
+            "amount": {"type": "number"},
+            "lines": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    for n in (1, 2):
+        details = {
+            "tool": "refund",
+            "arguments": {"order": str(n), "amount": 100 * n},
+            "schema": schema,
+        }
+        request_approval(
+            desk,
+            f"refund-{n}",
+            f"refund order {n}",
+            timedelta(hours=4),
+            details=details,
+            group="refund-1",
+        )
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/inbox/desk/")
+    card = page.locator(".approval-card")
+    expect(card).to_contain_text("Your agent asks about 2 calls of one turn")
+    for toggle in card.get_by_text("Change the arguments before approving").all():
+        toggle.click()
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-group-card-phone")
+
+    page.goto(f"{site}/approvals/desk/refund-2/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("2 calls asked in one turn")
+    for toggle in page.get_by_text("Change the arguments before approving").all():
+        toggle.click()
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-group-page-phone")
+    approve_all = page.get_by_role("button", name="Approve all")
+    approve_all.focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("status").first).to_contain_text(
+        "Your answer was recorded for 2 call(s): 2 approved."
+    )
+    expect(page.locator(".outcome")).to_have_text(["Approved.", "Approved."])
+    assert set(Approval.objects.values_list("answer", flat=True)) == {"yes"}
