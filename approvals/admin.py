@@ -3,14 +3,16 @@
 An approval is asked by a run (with its expiry timer) and answered on the approval page,
 where the answer and the expiry compete for one inbox event key. Editing the row here would
 bypass that race, so the console only shows it. The audit (every answer: who, when, from
-which page, the action as it was shown, what it did) is listed with filters and exported as
-CSV, the filtered list or a selection.
+which page, the action as it was shown, what it did, and the arguments as edited, a reason or
+a reply with it) is listed with filters and exported as CSV, the filtered list or a
+selection.
 
 Both follow the inbox's roles (inbox.admin.InboxRoleMixin): operators with the model
 permissions see every inbox's; a staff member of an inbox sees that inbox's only.
 """
 
 import csv
+import json
 from datetime import UTC
 
 from django.contrib import admin
@@ -42,7 +44,17 @@ class StateFilter(admin.SimpleListFilter):
 
 class AuditInline(admin.TabularInline):
     model = AuditEntry
-    fields = ("at", "username", "answer", "via", "result", "action_shown")
+    fields = (
+        "at",
+        "username",
+        "answer",
+        "via",
+        "result",
+        "action_shown",
+        "edited_arguments",
+        "reason",
+        "reply",
+    )
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -85,11 +97,17 @@ class ApprovalAdmin(InboxRoleMixin, MachineryAdmin):
         "requested_at",
         "expires_at",
         "approvers_needed",
+        "group",
+        "details",
         "first_approved_by",
         "first_approved_at",
+        "edited_arguments",
+        "edited_by",
         "answer",
         "answered_by",
         "answered_at",
+        "reason",
+        "reply",
     )
     readonly_fields = fields
     inlines = (AuditInline,)
@@ -111,7 +129,17 @@ AUDIT_COLUMNS = (
     ("from", lambda e: e.get_via_display()),
     ("action as shown", lambda e: e.action_shown),
     ("approvers needed", lambda e: e.approval.approvers_needed),
+    ("arguments asked", lambda e: _json(e.asked_arguments)),
+    ("arguments as edited", lambda e: _json(e.edited_arguments)),
+    ("reason", lambda e: e.reason),
+    ("reply", lambda e: e.reply),
 )
+
+
+def _json(value) -> str:
+    return "" if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
 # A spreadsheet runs a cell starting with one of these as a formula; the action text comes
 # from the agent, and through it from whoever wrote to the agent.
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -177,6 +205,9 @@ class AuditEntryAdmin(InboxRoleMixin, MachineryAdmin):
         "via",
         "result",
         "action_shown",
+        "edited_arguments",
+        "reason",
+        "reply",
         "at",
     )
     readonly_fields = fields

@@ -72,13 +72,21 @@ class Approval(models.Model):
         YES = "yes"
         NO = "no"
         EXPIRED = "expired"
+        REPLIED = "replied"  # a question's answer: a value, in `reply`
 
     inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="approvals")
     request_id = models.CharField(max_length=200)
     action = models.TextField()
     # What exactly is asked, shown on the approval page: {"tool", "arguments", "asked_by",
-    # "context"} for a tool call; empty for a plain action.
+    # "context"} for a tool call; empty for a plain action. With "schema" (the arguments'
+    # JSON Schema) a person may edit the arguments before approving ("edit_check" names who
+    # checks an edit beyond it: register_edit_check; "argument_order", added, the schema's
+    # order of its properties); with "question" ({"choices", "free_text", "max_length"}) the
+    # call asks for a value instead of a yes.
     details = models.JSONField(default=dict, blank=True)
+    # The calls a model asked in one turn share a group (the first one's request id) and are
+    # answered on one card; "" for a request on its own.
+    group = models.CharField(max_length=200, blank=True, default="")
     requested_at = models.DateTimeField()
     expires_at = models.DateTimeField()
     answer = models.CharField(max_length=10, choices=Answer.choices, blank=True)
@@ -102,6 +110,20 @@ class Approval(models.Model):
         on_delete=models.SET_NULL,
         related_name="+",
     )
+    # The arguments as a person changed them before approving (details["arguments"] keeps
+    # them as asked), and who; null while nobody has. With two approvers the first one's
+    # edit is what the second approves.
+    edited_arguments = models.JSONField(null=True, blank=True)
+    edited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    # Copied from the answer event (record_answer): a denial's reason, a question's reply.
+    reason = models.TextField(blank=True, default="")
+    reply = models.TextField(blank=True, default="")
 
     objects = ApprovalQuerySet.as_manager()
 
@@ -117,6 +139,12 @@ class Approval(models.Model):
             # The approval page: one owner's waiting requests, soonest deadline first.
             models.Index(
                 fields=["inbox", "expires_at"], condition=Q(answer=""), name="approval_waiting_idx"
+            ),
+            # One model turn's calls, answered together.
+            models.Index(
+                fields=["inbox", "group"],
+                condition=~Q(group=""),
+                name="approval_group_idx",
             ),
         ]
         permissions = [("answer_any_approval", "Can see and answer any inbox's approvals")]
@@ -143,23 +171,72 @@ class Approval(models.Model):
     def needs_two(self) -> bool:
         return self.approvers_needed == 2
 
+    @property
+    def arguments(self) -> dict | None:
+        """The tool call's arguments as asked; None for a plain action."""
+        arguments = self.details.get("arguments")
+        return arguments if isinstance(arguments, dict) else None
+
+    @property
+    def argument_names(self) -> list[str]:
+        """The arguments' names in the schema's order (then any others), whatever order the
+        database kept the JSON's keys in."""
+        order = self.details.get("argument_order")
+        names = [name for name in order if isinstance(name, str)] if isinstance(order, list) else []
+        given = [*(self.arguments or {}), *(self.edited_arguments or {})]
+        return [*names, *(name for name in dict.fromkeys(given) if name not in names)]
+
+    @property
+    def current_arguments(self) -> dict | None:
+        """What a yes approves now: a person's edit, or the arguments as asked."""
+        return self.edited_arguments if self.edited_arguments is not None else self.arguments
+
+    @property
+    def question(self) -> dict | None:
+        """{"choices", "free_text", "max_length"} when the call asks for a value."""
+        question = self.details.get("question")
+        return question if isinstance(question, dict) else None
+
+    @property
+    def editable(self) -> bool:
+        """A person may change the arguments before approving: the details carry their
+        schema, and the call asks for a yes, not a value."""
+        schema = self.details.get("schema")
+        return isinstance(schema, dict) and self.arguments is not None and not self.question
+
     def waits_for_second(self, now) -> bool:
         """A first approval is recorded and the request is still open."""
         return self.first_approved_at is not None and not self.standing_answer(now)
 
-    def outcome_payload(self, answer, answered_by=None, approved_by=()) -> dict:
+    def outcome_payload(
+        self, answer, answered_by=None, approved_by=(), *, reason="", reply=None
+    ) -> dict:
         """The answer event's payload, what the agent receives: who answered (a username,
-        None for an expiry), who approved (usernames, in order) and their names."""
-        people = [user for user in (answered_by, *approved_by) if user is not None]
-        return {
+        None for an expiry), who approved (usernames, in order) and their names; and, only
+        when there is one, a denial's "reason", a question's "reply", and the "edit" a "yes"
+        approved: {"arguments": as edited, "by": the editor's username}."""
+        edit = None
+        edited = self.edited_arguments
+        if answer == self.Answer.YES and edited is not None and edited != self.arguments:
+            edit = {"arguments": edited, "by": _username(self.edited_by)}
+        editor = [self.edited_by] if edit else []
+        people = [user for user in (answered_by, *approved_by, *editor) if user is not None]
+        payload = {
             "approval": self.request_id,
             "answer": answer,
             "action": self.action,
             "approvers_needed": self.approvers_needed,
-            "answered_by": answered_by.get_username() if answered_by else None,
+            "answered_by": _username(answered_by),
             "approved_by": [user.get_username() for user in approved_by],
             "names": {user.get_username(): display_name(user) for user in people},
         }
+        if reason:
+            payload["reason"] = reason
+        if reply is not None:
+            payload["reply"] = reply
+        if edit:
+            payload["edit"] = edit
+        return payload
 
     def standing_answer(self, now) -> str:
         """The answer that stands, in the words of Answer; "" while a person may still answer.
@@ -179,6 +256,8 @@ class Approval(models.Model):
             return "Approved."
         if answer == self.Answer.NO:
             return "Denied."
+        if answer == self.Answer.REPLIED:
+            return "Answered."
         if answer == self.Answer.EXPIRED:
             return f"This request expired at {self.expires_at:%H:%M} UTC; nothing was done."
         return ""
@@ -206,6 +285,10 @@ def expiry_timer_key(request_id):
     return f"{RESERVED_KEY_PREFIX}{request_id}"
 
 
+def _username(user):
+    return user.get_username() if user is not None else None
+
+
 def record_answer(sender, event: Event, now, **kwargs):
     """Copy the answer that stands onto the Approval row, in the transaction that stored it;
     an expiry goes into the audit here too, as nobody's answer."""
@@ -218,9 +301,14 @@ def record_answer(sender, event: Event, now, **kwargs):
         inbox_id=event.inbox_id, request_id=event.source_id, answer=""
     )
     if answer != Approval.Answer.EXPIRED:
-        # A person's answer, and who gave it (the payload names them), in one UPDATE; its
-        # audit entry is the answerer's (answer_approval).
-        settled = {"answer": answer, "answered_at": now}
+        # A person's answer, who gave it (the payload names them), a denial's reason and a
+        # question's reply, in one UPDATE; its audit entry is the answerer's (answer_approval).
+        settled = {
+            "answer": answer,
+            "answered_at": now,
+            "reason": str(event.payload.get("reason") or ""),
+            "reply": str(event.payload.get("reply") or ""),
+        }
         if username := event.payload.get("answered_by"):
             users = get_user_model()
             settled["answered_by"] = Subquery(
@@ -257,6 +345,7 @@ class AuditEntry(models.Model):
         TOO_LATE = "too_late", "too late: the request had expired"
         ALREADY_SETTLED = "already_settled", "not counted: already settled"
         EXPIRED = "expired", "expired: nobody answered in time"
+        REPLIED = "replied", "replied to a question"
 
     approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="audit")
     # The approval's inbox, kept here for the admin's filters and the export.
@@ -274,6 +363,11 @@ class AuditEntry(models.Model):
     via = models.CharField(max_length=15, choices=Via.choices)
     result = models.CharField(max_length=20, choices=Result.choices)
     action_shown = models.TextField()
+    # What else the person said: the arguments as they changed them (null: no change; the
+    # approval's details keep them as asked), a denial's reason, a question's reply.
+    edited_arguments = models.JSONField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    reply = models.TextField(blank=True, default="")
     at = models.DateTimeField()
 
     class Meta:
@@ -290,7 +384,9 @@ class AuditEntry(models.Model):
         return f"{self.username or 'nobody'}: {self.answer} on {self.approval_id} ({self.result})"
 
     @classmethod
-    def record(cls, approval, user, answer, via, result, now) -> "AuditEntry":
+    def record(
+        cls, approval, user, answer, via, result, now, *, edited=None, reason="", reply=None
+    ) -> "AuditEntry":
         return cls.objects.create(
             approval=approval,
             inbox_id=approval.inbox_id,
@@ -300,8 +396,16 @@ class AuditEntry(models.Model):
             via=via,
             result=result,
             action_shown=approval.shown_action,
+            edited_arguments=edited,
+            reason=reason,
+            reply=reply or "",
             at=now,
         )
+
+    @property
+    def asked_arguments(self):
+        """The arguments as the agent asked them, beside the edit (the approval keeps them)."""
+        return self.approval.arguments
 
 
 def approval_url(inbox_slug, request_id) -> str:

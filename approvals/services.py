@@ -1,6 +1,8 @@
-"""Deferred approvals: request_approval and answer_approval."""
+"""Deferred approvals: request_approval, answer_approval and answer_group."""
 
 import re
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -9,11 +11,19 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import OuterRef, Subquery
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from inbox import clock
 from inbox.models import Event, Inbox
 from inbox.services import bounded_write, lock_inbox, store_event
-from inbox.validation import require_duration, require_int, require_key, require_mapping
+from inbox.validation import (
+    require_duration,
+    require_int,
+    require_key,
+    require_mapping,
+    require_text,
+)
 from timers.models import RESERVED_KEY_PREFIX
 from timers.services import KEY_MAX as TIMER_KEY_MAX
 from timers.services import Schedule
@@ -30,6 +40,21 @@ REQUEST_ID = re.compile(r"[\w.:-]+")
 REQUEST_ID_MAX = min(
     Approval._meta.get_field("request_id").max_length, TIMER_KEY_MAX - len(RESERVED_KEY_PREFIX)
 )
+# A denial's reason travels to the model in its tool result: a sentence or a paragraph.
+REASON_MAX = 1000
+ANSWERS = (Approval.Answer.YES, Approval.Answer.NO, Approval.Answer.REPLIED)
+VIAS = (AuditEntry.Via.PAGE, AuditEntry.Via.CONVERSATION, AuditEntry.Via.API)
+
+# Checks an edit must pass beyond its schema, by the name the approval's details give
+# ("edit_check"). The agent that asked registers its own (the Claude agent: its policy, from
+# its app's ready()), its rules living in a layer above this one. A check takes the approval
+# and the edited arguments and returns how many approvers the edited call needs (1 or 2),
+# or raises ValueError with the reason the edit is refused.
+_edit_checks: dict[str, Callable] = {}
+
+
+def register_edit_check(name: str, check: Callable) -> None:
+    _edit_checks[name] = check
 
 
 @dataclass(frozen=True)
@@ -44,14 +69,13 @@ class Ask:
     expires_in: timedelta
     details: dict = field(default_factory=dict)
     approvers: int = 1
+    group: str = ""
 
     def __post_init__(self):
         require_int("inbox_id", self.inbox_id)
-        require_key("request_id", self.request_id, REQUEST_ID_MAX)
-        if not REQUEST_ID.fullmatch(self.request_id):
-            raise ValueError(
-                f"request_id may use letters, digits and . _ : - only, not {self.request_id!r}"
-            )
+        _require_request_id("request_id", self.request_id)
+        if self.group:
+            _require_request_id("group", self.group)
         require_key("action", self.action)
         expires_in = require_duration("expires_in", self.expires_in)
         if expires_in < timedelta(seconds=1):
@@ -60,10 +84,18 @@ class Ask:
             )
         object.__setattr__(self, "expires_in", expires_in)
         require_mapping("details", self.details)
+        _check_details(self.details)
+        if "schema" in self.details and "argument_order" not in self.details:
+            # The form lists the arguments as the schema declares them, an order PostgreSQL's
+            # jsonb does not keep: kept as a list, which it does.
+            order = list(self.details["schema"].get("properties") or {})
+            object.__setattr__(self, "details", {**self.details, "argument_order": order})
         if isinstance(self.approvers, bool) or self.approvers not in (1, 2):
             raise ValueError(
                 f"approvers must be 1 or 2 (distinct people who say yes), not {self.approvers!r}"
             )
+        if self.approvers == 2 and "question" in self.details:
+            raise ValueError("approvers: a question is answered by one person, not two")
 
     def __call__(self, now) -> Approval:
         expires_at = clock.whole_seconds(now + self.expires_in)
@@ -73,6 +105,7 @@ class Ask:
             defaults={
                 "action": self.action,
                 "details": self.details,
+                "group": self.group,
                 "requested_at": now,
                 "expires_at": expires_at,
                 "approvers_needed": self.approvers,
@@ -101,17 +134,72 @@ class Ask:
         return approval
 
 
-def request_approval(inbox, request_id, action, expires_in, now=None, *, approvers=1) -> Approval:
+def _require_request_id(name, value):
+    require_key(name, value, REQUEST_ID_MAX)
+    if not REQUEST_ID.fullmatch(value):
+        raise ValueError(f"{name} may use letters, digits and . _ : - only, not {value!r}")
+
+
+def _check_details(details):
+    """What the page and the answer read of the details has the shape they expect."""
+    if "schema" in details:
+        schema = details["schema"]
+        if not isinstance(schema, dict) or not isinstance(details.get("arguments"), dict):
+            raise ValueError("details: a schema goes with the arguments it describes (objects)")
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            raise ValueError(f"details schema is not a JSON Schema: {exc.message}") from None
+    if "edit_check" in details and details["edit_check"] not in _edit_checks:
+        raise ValueError(f"details edit_check {details['edit_check']!r} is not registered")
+    if "question" in details:
+        question = details["question"]
+        ok = (
+            isinstance(question, dict)
+            and isinstance(question.get("choices"), list)
+            and all(isinstance(c, str) and c for c in question["choices"])
+            and isinstance(question.get("free_text"), bool)
+            and (question["choices"] or question["free_text"])
+            and isinstance(question.get("max_length"), int)
+            and question["max_length"] >= 1
+        )
+        if not ok:
+            raise ValueError(
+                "details question must be {choices: [non-empty strings], free_text: bool,"
+                " max_length: int >= 1}, with a choice or free text"
+            )
+
+
+def request_approval(
+    inbox,
+    request_id,
+    action,
+    expires_in,
+    now=None,
+    *,
+    approvers=1,
+    details=None,
+    group="",
+) -> Approval:
     """Ask a person (or, with approvers=2, two different people); the run ends here. The
     answer, or its expiry, comes back as the inbox event ("approval", request_id), and only
     one of them is ever stored.
 
     The expiry is a one-off timer writing an "expired" answer under that same key, so a
     request nobody answers still resumes the session, as a denial. Asking again with the
-    same request_id, action and approvers returns the existing request.
+    same request_id, action and approvers returns the existing request. `details` and
+    `group` are run.ask's (the page shows the details; a group's calls share one card).
     """
     inbox = Inbox.objects.resolve(inbox)
-    ask = Ask(inbox.pk, request_id, action, expires_in, approvers=approvers)
+    ask = Ask(
+        inbox.pk,
+        request_id,
+        action,
+        expires_in,
+        details=details or {},
+        approvers=approvers,
+        group=group,
+    )
     with transaction.atomic():
         return ask(clock.resolve(now))
 
@@ -121,25 +209,137 @@ class MayNotAnswer(PermissionDenied):
     the approver role in the inbox. Nothing was stored."""
 
 
-def answer_approval(inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API) -> str:
+@dataclass(frozen=True)
+class Response:
+    """What a person says to one approval: the answer, and with it the arguments as they
+    changed them (a "yes"), a reason (a "no"), or the value a question asks for ("replied").
+    Its shape is checked when made; what depends on the approval, under the inbox's lock."""
+
+    answer: str
+    arguments: dict | None = None
+    reason: str = ""
+    reply: str | None = None
+
+    def __post_init__(self):
+        if self.answer not in ANSWERS:
+            raise ValueError(
+                f'answer must be "yes" or "no" (or "replied" for a question), not {self.answer!r}'
+            )
+        if self.arguments is not None:
+            if self.answer != Approval.Answer.YES:
+                raise ValueError('arguments: an edit goes with a "yes"')
+            require_mapping("arguments", self.arguments)
+        reason = require_text("reason", self.reason).strip()
+        if reason and self.answer != Approval.Answer.NO:
+            raise ValueError('reason: a reason goes with a "no"')
+        if len(reason) > REASON_MAX:
+            raise ValueError(f"reason is longer than {REASON_MAX} characters ({len(reason)})")
+        object.__setattr__(self, "reason", reason)
+        if (self.answer == Approval.Answer.REPLIED) != (self.reply is not None):
+            raise ValueError('reply: a value goes with "replied", and "replied" takes one')
+        if self.reply is not None:
+            reply = require_text("reply", self.reply).strip()
+            if not reply:
+                raise ValueError("reply must not be blank")
+            object.__setattr__(self, "reply", reply)
+
+    def checked(self, approval) -> tuple["Response", int]:
+        """This response as it applies to `approval`: an edit equal to what a "yes" approves
+        now is no edit. With the approvers the call needs after it. ValueError for one the
+        approval cannot take."""
+        rid = approval.request_id
+        question = approval.question
+        if question is None and self.answer == Approval.Answer.REPLIED:
+            raise ValueError(f"reply: {rid} asks for a yes or a no, not a value")
+        if question is not None and self.answer == Approval.Answer.YES:
+            raise ValueError(f'answer: {rid} asks a question; answer it with "replied" and a reply')
+        if question is not None and self.reply is not None:
+            _check_reply(question, self.reply)
+        if self.arguments is None or self.arguments == approval.current_arguments:
+            return Response(self.answer, None, self.reason, self.reply), approval.approvers_needed
+        if not approval.editable:
+            raise ValueError(f"arguments: {rid} has no arguments a person may edit")
+        error = next(
+            iter(Draft202012Validator(approval.details["schema"]).iter_errors(self.arguments)),
+            None,
+        )
+        if error is not None:
+            where = "/".join(str(part) for part in error.absolute_path)
+            raise ValueError(f"arguments{'/' + where if where else ''}: {error.message}")
+        approvers = 1
+        check = approval.details.get("edit_check")
+        if check:
+            if check not in _edit_checks:
+                raise ValueError(f"arguments: edits of {rid} cannot be checked ({check!r})")
+            approvers = _edit_checks[check](approval, self.arguments)
+        # An edit never lowers the bar the request was asked with.
+        return self, max(approvers, approval.approvers_needed)
+
+
+def _check_reply(question, reply):
+    if len(reply) > question["max_length"]:
+        raise ValueError(f"reply is longer than {question['max_length']} characters")
+    if not question["free_text"] and reply not in question["choices"]:
+        raise ValueError(f"reply must be one of {', '.join(question['choices'])}")
+
+
+def answer_approval(
+    inbox,
+    request_id,
+    answer,
+    now=None,
+    *,
+    by=None,
+    via=AuditEntry.Via.API,
+    arguments=None,
+    reason="",
+    reply=None,
+) -> str:
     """Store a person's answer; the outcome that stands (see decide_answer)."""
-    return decide_answer(inbox, request_id, answer, now, by=by, via=via)[1]
+    return decide_answer(
+        inbox,
+        request_id,
+        answer,
+        now,
+        by=by,
+        via=via,
+        arguments=arguments,
+        reason=reason,
+        reply=reply,
+    )[1]
 
 
 def decide_answer(
-    inbox, request_id, answer, now=None, *, by=None, via=AuditEntry.Via.API
+    inbox,
+    request_id,
+    answer,
+    now=None,
+    *,
+    by=None,
+    via=AuditEntry.Via.API,
+    arguments=None,
+    reason="",
+    reply=None,
 ) -> tuple[str | None, str]:
     """answer_approval's work, returning also what the answer did, the audit's result (None
     for a request never made), for the page that tells the person.
 
     Store a person's answer unless the deadline passed; return the outcome that stands:
-    "yes"/"no", "expired", "unknown" for a request never made, or "waiting" while a request
-    that needs two approvers has its first "yes" only.
+    "yes"/"no"/"replied", "expired", "unknown" for a request never made, or "waiting" while
+    a request that needs two approvers has its first "yes" only.
 
     `by` is the user who answers (an approver or manager of the inbox, or an operator;
     MayNotAnswer otherwise); `via` says from where, for the audit. A request that needs two
     approvers resolves "yes" only when a second, different approver says yes before the
-    deadline; one "no" denies it.
+    deadline, to the same arguments; one "no" denies it.
+
+    With a "yes", `arguments` are the call's arguments as the person approves them (the page
+    sends what it showed): different from what a yes approves now, they are an edit,
+    checked against the schema the approval keeps and by the check it names (the asking
+    agent's policy: an edit the policy denies is refused; one that needs two approvers makes
+    the request need two). Without them a yes approves the arguments as they stand. With a
+    "no", `reason` goes to the agent. A question takes "replied" and the `reply`. Anything
+    the approval cannot take raises ValueError, and nothing is stored.
 
     Everything is decided under the inbox's lock, taken before the approval row is read: a
     first approval another approver committed a moment ago is seen, so two approvers
@@ -149,50 +349,150 @@ def decide_answer(
     unique event key means the second of them finds the first stored. Every answer, counted
     or not, is an AuditEntry.
     """
-    if answer not in (Approval.Answer.YES, Approval.Answer.NO):
-        raise ValueError(f'answer must be "yes" or "no", not {answer!r}')
+    response = Response(answer, arguments, reason, reply)
     require_key("request_id", request_id)
+    with _answering(inbox, by, via, now) as (inbox, now):
+        approval = _locked(inbox, request_id=request_id).first()
+        if approval is None:
+            return None, UNKNOWN
+        return _answer(inbox, approval, response, by, via, now)
+
+
+def answer_group(
+    inbox,
+    request_id,
+    answer,
+    now=None,
+    *,
+    by=None,
+    via=AuditEntry.Via.API,
+    reason="",
+    arguments=None,
+) -> dict[str, str]:
+    """Answer every call still open in `request_id`'s group (the calls the model asked in
+    one turn; the request alone if it has none) the same way, in one transaction: what
+    stands for each, by request id. A "yes" approves each as it stands (or, for a call in
+    `arguments`, a mapping of request ids, with the arguments the person was shown, as
+    decide_answer's `arguments`) and leaves questions open, which need their own reply; a
+    "no" denies all, with the one `reason`. Each answer is decide_answer's, event and audit
+    entry included."""
+    answered = decide_group(
+        inbox, request_id, answer, now, by=by, via=via, reason=reason, arguments=arguments
+    )
+    return {rid: stands for rid, _, stands in answered}
+
+
+def decide_group(
+    inbox,
+    request_id,
+    answer,
+    now=None,
+    *,
+    by=None,
+    via=AuditEntry.Via.API,
+    reason="",
+    arguments=None,
+) -> list[tuple[str, str | None, str]]:
+    """answer_group's work: (request id, the audit's result, what stands) for each call it
+    answered, in the order asked; [] for a request never made."""
+    if answer not in (Approval.Answer.YES, Approval.Answer.NO):
+        raise ValueError(f'answer must be "yes" or "no" for a group, not {answer!r}')
+    response = Response(answer, reason=reason)
+    shown = require_mapping("arguments", arguments) if arguments is not None else {}
+    # What a yes approves of each call: what its person was shown. A no denies whatever.
+    responses = {
+        rid: Response(answer, arguments=value)
+        for rid, value in (shown.items() if answer == Approval.Answer.YES else ())
+    }
+    require_key("request_id", request_id)
+    with _answering(inbox, by, via, now) as (inbox, now):
+        lead = Approval.objects.filter(inbox=inbox, request_id=request_id).values("group").first()
+        if lead is None:
+            return []
+        members = (
+            _locked(inbox, group=lead["group"])
+            if lead["group"]
+            else _locked(inbox, request_id=request_id)
+        )
+        answered = []
+        for approval in members.order_by("id"):
+            settled = approval.answer or approval.stored_payload is not None
+            if settled or (approval.question is not None and answer == Approval.Answer.YES):
+                continue
+            given = responses.get(approval.request_id, response)
+            answered.append((approval.request_id, *_answer(inbox, approval, given, by, via, now)))
+        return answered
+
+
+@contextmanager
+def _answering(inbox, by, via, now):
+    """The transaction an answer runs in, with the inbox (read inside, where every statement
+    is planned by index, with the user's role) and `now`, under the inbox's lock.
+
+    A person is waiting on the answer: the write is bounded like a delivery (InboxBusy past
+    the wait)."""
     if by is not None and not isinstance(by, get_user_model()):
         raise ValueError(f"by must be a user (or None), not {by!r}")
-    if via not in (AuditEntry.Via.PAGE, AuditEntry.Via.CONVERSATION, AuditEntry.Via.API):
+    if via not in VIAS:
         raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
-    # A person is waiting on the answer: bounded like a delivery (InboxBusy past the wait).
-    # The inbox and the role are read inside, where every statement is planned by index.
     with bounded_write(Inbox.objects.lookup(inbox)[1], settings.ALWAYSON_INGEST_LOCK_WAIT):
         inbox = Inbox.objects.resolve(inbox)
         if by is not None and not may_answer(by, inbox):
             raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
         lock_inbox(inbox.pk)
-        now = clock.resolve(now)
-        # The row too, as prune takes it (skip_locked): an answer and a delete never cross.
-        # Its answer event, if one is stored, comes with it (read under the same lock); not
-        # its first approver joined: the planner may walk the whole users' index for that
-        # join; the second approval, the one step that needs the user, reads it by key.
-        answer_event = Event.objects.filter(
-            inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
-        )
-        approval = (
-            Approval.objects.filter(inbox=inbox, request_id=request_id)
-            .annotate(stored_payload=Subquery(answer_event.values("payload")[:1]))
-            .select_for_update(of=("self",))
-            .first()
-        )
-        if approval is None:
-            return None, UNKNOWN
-        result, stands = _decide(approval, answer, by, now)
-        AuditEntry.record(approval, by, answer, via, result, now)
-        return result, stands
+        yield inbox, clock.resolve(now)
 
 
-def _decide(approval, answer, by, now) -> tuple[str, str]:
+def _locked(inbox, **lookup):
+    """The approval rows, locked as prune takes them (skip_locked), so an answer and a
+    delete never cross; each with its answer event's payload if one is stored (read under
+    the same lock). Not their first approver joined: the planner may walk the whole users'
+    index for that join; the second approval, the one step that needs the user, reads it
+    by key."""
+    answer_event = Event.objects.filter(
+        inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
+    )
+    return (
+        Approval.objects.filter(inbox=inbox, **lookup)
+        .annotate(stored_payload=Subquery(answer_event.values("payload")[:1]))
+        .select_for_update(of=("self",))
+    )
+
+
+def _answer(inbox, approval, response, by, via, now) -> tuple[str, str]:
+    """One approval's answer, checked, decided and audited: (the audit's result, what
+    stands)."""
+    approval.inbox = inbox
+    response, approvers = response.checked(approval)
+    result, stands = _decide(approval, response, approvers, by, now)
+    AuditEntry.record(
+        approval,
+        by,
+        response.answer,
+        via,
+        result,
+        now,
+        edited=response.arguments,
+        reason=response.reason,
+        reply=response.reply,
+    )
+    return result, stands
+
+
+def _decide(approval, response, approvers, by, now) -> tuple[str, str]:
     """What an answer does, under the inbox's lock: (the audit's result, what stands).
 
     The row's answer is read first: it is set in the transaction that stores the answer
     event and outlives it (prune deletes the event and the fired expiry timer after
     ALWAYSON_RETAIN_EVENT_KEYS, the row only after ALWAYSON_RETAIN_AUDIT, if ever), so a
     request settled long ago refuses a late answer instead of storing a second one.
+
+    Two approvers approve the same arguments: a "yes" that changes them (the first
+    approver's own included) is the first approval of the new ones, and the request waits
+    for a second, different approver again.
     """
     Result = AuditEntry.Result
+    answer = response.answer
     if approval.answer:
         return Result.ALREADY_SETTLED, approval.answer
     # The answer event stored (answer_approval reads it with the row): one the row does not
@@ -204,25 +504,39 @@ def _decide(approval, answer, by, now) -> tuple[str, str]:
         _settle(approval, Approval.Answer.EXPIRED, None, (), now)
         return Result.TOO_LATE, Approval.Answer.EXPIRED
     if answer == Approval.Answer.NO:
-        _settle(approval, answer, by, (), now)
+        _settle(approval, answer, by, (), now, reason=response.reason)
         return Result.DENIED, answer
+    if answer == Approval.Answer.REPLIED:
+        _settle(approval, answer, by, (), now, reply=response.reply)
+        return Result.REPLIED, answer
+    changed = []
+    if response.arguments is not None:
+        approval.edited_arguments, approval.edited_by = response.arguments, by
+        changed = ["edited_arguments", "edited_by"]
+    if approvers > approval.approvers_needed:
+        approval.approvers_needed = approvers
+        changed.append("approvers_needed")
     if not approval.needs_two:
+        if changed:
+            approval.save(update_fields=changed)
         _settle(approval, answer, by, [by] if by else [], now)
         return Result.APPROVED, answer
     if by is None:
         raise ValueError("by: a request that needs two approvers takes the user who says yes")
-    if approval.first_approved_at is None:
-        approval.first_approved_by, approval.first_approved_at = by, now
-        approval.save(update_fields=["first_approved_by", "first_approved_at"])
-        return Result.FIRST_APPROVAL, WAITING
-    if approval.first_approved_by_id == by.pk:
+    first = approval.first_approved_at is not None
+    if first and approval.first_approved_by_id != by.pk and response.arguments is None:
+        _settle(approval, answer, by, [approval.first_approved_by, by], now)
+        return Result.APPROVED, answer
+    if first and approval.first_approved_by_id == by.pk and response.arguments is None:
         return Result.NOT_COUNTED, WAITING
-    _settle(approval, answer, by, [approval.first_approved_by, by], now)
-    return Result.APPROVED, answer
+    approval.first_approved_by, approval.first_approved_at = by, now
+    approval.save(update_fields=["first_approved_by", "first_approved_at", *changed])
+    return Result.FIRST_APPROVAL, WAITING
 
 
-def _settle(approval, answer, by, approved_by, now):
+def _settle(approval, answer, by, approved_by, now, *, reason="", reply=None):
     """Store the answer event (its payload is what the agent receives); record_answer copies
-    the answer and who gave it onto the row, in this transaction."""
-    payload = approval.outcome_payload(answer, by, [user for user in approved_by if user])
+    the answer, who gave it, and a reason or reply onto the row, in this transaction."""
+    people = [user for user in approved_by if user]
+    payload = approval.outcome_payload(answer, by, people, reason=reason, reply=reply)
     store_event(approval.inbox_id, APPROVAL_SOURCE, approval.request_id, payload, now)

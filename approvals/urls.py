@@ -7,4 +7,5 @@ app_name = "approvals"
 urlpatterns = [
     path("", views.approval_list, name="list"),
     path("<slug:slug>/<str:request_id>/", views.approval_detail, name="detail"),
+    path("<slug:slug>/<str:request_id>/all/", views.approval_answer_all, name="answer_all"),
 ]

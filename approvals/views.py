@@ -1,15 +1,20 @@
+import json
+from collections import Counter
+from dataclasses import dataclass
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
 from inbox import clock
 from inbox.exceptions import InboxBusy
 
+from .forms import AnswerForms, DenyForm, Invalid
 from .models import Approval, AuditEntry, may_answer
-from .services import decide_answer
+from .services import ANSWERS, decide_answer, decide_group
 
 RECENT = 20
 PEOPLE = ("inbox", "first_approved_by", "answered_by")
@@ -37,60 +42,167 @@ def list_context(user):
     }
 
 
+@dataclass
+class Call:
+    """One approval as its page shows it."""
+
+    approval: Approval
+    forms: AnswerForms
+    open: bool  # the person may answer it now
+    outcome: str
+
+
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 def approval_detail(request, slug, request_id):
+    approval = _visible(request, slug, request_id)
+    answerer = may_answer(request.user, approval.inbox)
+    if request.method != "POST":
+        return _page(request, approval, answerer)
+    # One answer: of a form carrying two, QueryDict.get would take the last silently.
+    answers = request.POST.getlist("answer")
+    answer = answers[0] if len(answers) == 1 else None
+    if answer not in ANSWERS:
+        return HttpResponseBadRequest(
+            'answer must be "yes" or "no" (or "replied" for a question)', content_type="text/plain"
+        )
+    if not answerer:
+        # A viewer: told why, and nothing is stored.
+        refused = REFUSED.format(inbox=approval.inbox.name or approval.inbox.slug)
+        return _page(request, approval, answerer, status=403, refused=refused)
+    posted = AnswerForms(approval, request.POST)
+    try:
+        given = posted.answer(answer)
+        answered = _answer(request, approval, answer, given)
+    except Invalid:
+        problem = " ".join(posted.problems())
+        return _page(request, approval, answerer, status=400, problem=problem, posted=posted)
+    except ValueError as exc:
+        return _page(request, approval, answerer, status=400, problem=str(exc), posted=posted)
+    return answered or _page(request, approval, answerer, status=503, posted=posted)
+
+
+@login_required
+@require_POST
+def approval_answer_all(request, slug, request_id):
+    """Every open call of a request's group (a model turn's), answered the same way."""
+    approval = _visible(request, slug, request_id)
+    answerer = may_answer(request.user, approval.inbox)
+    answers = request.POST.getlist("answer")
+    answer = answers[0] if len(answers) == 1 else None
+    if answer not in (Approval.Answer.YES, Approval.Answer.NO):
+        return HttpResponseBadRequest('answer must be "yes" or "no"', content_type="text/plain")
+    if not answerer:
+        refused = REFUSED.format(inbox=approval.inbox.name or approval.inbox.slug)
+        return _page(request, approval, answerer, status=403, refused=refused)
+    form = DenyForm(request.POST, prefix="all")
+    if not form.is_valid():
+        problem = " ".join(f"Reason: {e}" for e in form.errors.get("reason", []))
+        return _page(request, approval, answerer, status=400, problem=problem, all_form=form)
+    reason = form.cleaned_data["reason"] if answer == Approval.Answer.NO else ""
+    try:
+        answered = decide_group(
+            approval.inbox,
+            approval.request_id,
+            answer,
+            by=request.user,
+            via=_via(request),
+            reason=reason,
+            arguments=_shown(request.POST),
+        )
+    except InboxBusy:
+        messages.error(request, "The inbox is busy and your answers were not recorded yet.")
+        return _page(request, approval, answerer, status=503, all_form=form)
+    except ValueError as exc:
+        return _page(request, approval, answerer, status=400, problem=str(exc), all_form=form)
+    messages.success(request, _group_words(answered))
+    return _back(request, approval)
+
+
+SHOWN = "shown-"
+
+
+def _shown(posted) -> dict:
+    """The arguments the page showed for each call ("shown-<request id>", JSON): a yes to
+    all approves those, not what someone may have changed them to since."""
+    shown = {}
+    for key in posted:
+        if key.startswith(SHOWN):
+            try:
+                shown[key.removeprefix(SHOWN)] = json.loads(posted[key])
+            except json.JSONDecodeError:
+                raise ValueError(f"{key}: not JSON") from None
+    return shown
+
+
+def _visible(request, slug, request_id) -> Approval:
     # The same 404 for somebody else's request, an unknown one and a forged id: whether a
     # request exists is not for other people to learn.
     try:
-        approval = Approval.objects.select_related(*PEOPLE[1:]).get_visible(
+        return Approval.objects.select_related(*PEOPLE[1:]).get_visible(
             request.user, slug, request_id
         )
     except Approval.DoesNotExist:
         raise Http404("No approval matches the given query.") from None
-    answerer = may_answer(request.user, approval.inbox)
-    status = 200
-    refused = ""
-    if request.method == "POST":
-        # One answer: of a form carrying two, QueryDict.get would take the last silently.
-        answers = request.POST.getlist("answer")
-        answer = answers[0] if len(answers) == 1 else None
-        if answer not in (Approval.Answer.YES, Approval.Answer.NO):
-            return HttpResponseBadRequest('answer must be "yes" or "no"', content_type="text/plain")
-        if not answerer:
-            # A viewer: told why, and nothing is stored.
-            refused = REFUSED.format(inbox=approval.inbox.name or approval.inbox.slug)
-            status = 403
-        elif answered := _answer(request, approval, answer):
-            return answered
-        else:
-            status = 503
+
+
+def _page(
+    request, approval, answerer, *, status=200, refused="", problem="", posted=None, all_form=None
+):
+    """The approval's page: the request, or every call of its group, each with its answer's
+    forms (those just posted, with their errors, for the one answered)."""
     now = clock.database_now()
-    return render(
-        request,
-        "approvals/detail.html",
-        {
-            "approval": approval,
-            "now": now,
-            "outcome": approval.outcome_words(now),
-            "can_answer": answerer and not approval.standing_answer(now),
-            "answerer": answerer,
-            "approved_by_you": approval.first_approved_by_id == request.user.pk,
-            "refused": refused,
-        },
-        status=status,
-    )
+    members = [approval]
+    if approval.group:
+        members = list(
+            Approval.objects.filter(inbox=approval.inbox, group=approval.group)
+            .select_related(*PEOPLE[1:])
+            .order_by("id")
+        )
+    calls = []
+    for member in members:
+        member.inbox = approval.inbox
+        forms = posted if posted is not None and member.pk == approval.pk else AnswerForms(member)
+        is_open = answerer and not member.standing_answer(now)
+        calls.append(Call(member, forms, is_open, member.outcome_words(now)))
+    context = {
+        "approval": approval,
+        "calls": calls,
+        "now": now,
+        "answerer": answerer,
+        "refused": refused,
+        "problem": problem,
+        "all_open": sum(call.open for call in calls),
+        "all_form": all_form or DenyForm(prefix="all"),
+    }
+    return render(request, "approvals/detail.html", context, status=status)
 
 
-def _answer(request, approval, answer):
-    """Answer as the logged-in user; the redirect to show next, or None if the inbox was busy."""
-    via = AuditEntry.Via.PAGE
+def _via(request):
     if request.POST.get("via") == AuditEntry.Via.CONVERSATION:
-        via = AuditEntry.Via.CONVERSATION
+        return AuditEntry.Via.CONVERSATION
+    return AuditEntry.Via.PAGE
+
+
+def _back(request, approval):
+    # Answered inline on the conversation page: back there, to see what comes next.
+    back = request.POST.get("next", "")
+    if url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        return redirect(back)
+    return redirect(approval)
+
+
+def _answer(request, approval, answer, given):
+    """Answer as the logged-in user; the redirect to show next, or None if the inbox was busy."""
     try:
         # What the answer did is decided under the inbox's lock: no reading ahead of it.
         result, _ = decide_answer(
-            approval.inbox, approval.request_id, answer, by=request.user, via=via
+            approval.inbox,
+            approval.request_id,
+            answer,
+            by=request.user,
+            via=_via(request),
+            **given,
         )
     except InboxBusy:
         messages.error(request, "The inbox is busy and your answer was not recorded yet.")
@@ -103,15 +215,33 @@ def _answer(request, approval, answer):
             "You already approved this request. It needs a second, different approver.",
         )
     elif result == AuditEntry.Result.FIRST_APPROVAL:
+        changed = " as you changed it" if given.get("arguments") else ""
         messages.success(
             request,
-            "Your approval is recorded. A second, different approver must also approve"
-            f" before {approval.expires_at:%H:%M} UTC.",
+            f"Your approval{changed} is recorded. A second, different approver must also"
+            f" approve before {approval.expires_at:%H:%M} UTC.",
+        )
+    elif given.get("arguments"):
+        messages.success(
+            request, "Your answer was recorded, with the arguments as you changed them."
         )
     else:
         messages.success(request, "Your answer was recorded.")
-    # Answered inline on the conversation page: back there, to see what comes next.
-    back = request.POST.get("next", "")
-    if url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
-        return redirect(back)
-    return redirect(approval)
+    return _back(request, approval)
+
+
+GROUP_WORDS = {
+    AuditEntry.Result.APPROVED: "approved",
+    AuditEntry.Result.DENIED: "denied",
+    AuditEntry.Result.FIRST_APPROVAL: "waiting for a second, different approver",
+    AuditEntry.Result.NOT_COUNTED: "already approved by you, waiting for a second approver",
+    AuditEntry.Result.TOO_LATE: "expired before your answer",
+}
+
+
+def _group_words(answered) -> str:
+    if not answered:
+        return "Nothing was left to answer; the first outcomes stand."
+    counts = Counter(result for _, result, _ in answered)
+    listed = ", ".join(f"{count} {GROUP_WORDS[result]}" for result, count in counts.items())
+    return f"Your answer was recorded for {len(answered)} call(s): {listed}."

@@ -17,10 +17,15 @@ class ClaudeConfig(AppConfig):
 
     def ready(self):
         from alwayson.ops import retention
+        from approvals.services import register_edit_check
 
         from . import retention as own_tables
+        from .runner import EDIT_CHECK, check_edit
 
         # Here, not in the settings, which import no app: every process stops at start-up on
         # a malformed default policy, not when a Claude agent first reads it.
         checked_policy("ALWAYSON_CLAUDE_POLICY", settings.ALWAYSON_CLAUDE_POLICY)
         retention.register(self.label, own_tables.rules)
+        # A person's edit of an asked call is checked against this agent's policy, in
+        # whichever process takes the answer (the approval page's, the API's).
+        register_edit_check(EDIT_CHECK, check_edit)

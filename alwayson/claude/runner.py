@@ -3,11 +3,15 @@ through its tools until it ends its turn.
 
 A run ends one of the article's three ways: the model calls `send_message` (an outbox
 message), it ends its turn without it (nothing goes out: quiet is the default), or a tool whose
-policy is `ask` ends the run waiting for a person. The session then holds the pending call;
-the approval's answer (or its expiry) arrives as the event ("approval", request_id), and the
-next run resumes that exact call: approved, it runs and the model gets its result; denied or
-expired, the model gets an error result that says so. Events that arrive while a call waits
-are kept in the session and reach the model in the turn that resumes it.
+policy is `ask` ends the run waiting for a person. Every later call of the same turn that the
+policy also asks joins it: one approval each, grouped on one card. The session then holds the
+turn's calls from the first one asked; each answer (or expiry) arrives as the event
+("approval", request_id), and once all of them have, the next run resumes those exact calls
+in order: approved, a call runs (with the arguments as a person edited them, the model told
+what changed and by whom) and the model gets its result; a question's reply is its result;
+denied (with the reason a person gave) or expired, the model gets an error result that says
+so. Events that arrive while calls wait are kept in the session and reach the model in the
+turn that resumes them.
 
 Everything the run produces (messages, approvals, timers, the transcript) commits in its
 fenced finish, or not at all. Only the model's answers (`ModelCall`) and the application
@@ -33,7 +37,7 @@ from django.conf import settings
 from alwayson.claude import client, transcript
 from alwayson.claude.models import ToolResult
 from alwayson.runtime.models import AgentConfig
-from alwayson.runtime.policy import ALLOW, ASK, DENY, check_policy, decide
+from alwayson.runtime.policy import ALLOW, ASK, DENY, Decision, check_policy, decide
 from alwayson.runtime.tools import (
     BUILTINS,
     SCHEDULE,
@@ -45,12 +49,15 @@ from alwayson.runtime.tools import (
 )
 from approvals.models import APPROVAL_SOURCE, approval_url
 from inbox import clock
+from inbox.models import Event
 from inbox.services import retry_delay
 
 # The agent's part of the inbox's session state (Run.state).
 STATE_KEY = "claude"
 # Timers the model sets are namespaced, so they never take an application's timer key.
 TIMER_PREFIX = "claude:"
+# The name its approvals give the check of a person's edit (approvals.register_edit_check).
+EDIT_CHECK = "claude"
 
 DEFAULT_SYSTEM_PROMPT = """\
 You are an always-on assistant working for the owner of this inbox. You sleep most of the \
@@ -141,6 +148,34 @@ def preflight():
 agent.preflight = preflight
 
 
+def verdict(config: AgentSettings, tool: Tool, arguments: dict) -> Decision:
+    """The policy's decision on one call. A question always goes to a person: the policy
+    may deny it, never let it through unanswered."""
+    decision = decide(config.policy, tool.name, arguments, ALLOW if tool.name in BUILTINS else ASK)
+    if tool.question is not None and decision.verdict != DENY:
+        return Decision(ASK, f"{tool.name} asks a person a question")
+    return decision
+
+
+def check_edit(approval, arguments) -> int:
+    """A person's edit of an asked call, checked as the call itself was (registered with the
+    approvals as EDIT_CHECK): the tool's schema as offered now and the inbox's policy. An
+    edit the policy denies is refused; one it allows still goes ahead, being approved; the
+    approvers the edited call needs."""
+    config = AgentSettings.of(approval.inbox)
+    name = approval.details.get("tool")
+    tool = config.tools.get(name)
+    if tool is None:
+        raise ValueError(f"arguments: {name} is no longer offered to the agent")
+    problem = tool.check_input(arguments)
+    if problem:
+        raise ValueError(f"arguments: {problem}")
+    decision = verdict(config, tool, arguments)
+    if decision.verdict == DENY:
+        raise ValueError(f"arguments: the policy denies {name} with them ({decision.because})")
+    return decision.approvers if decision.verdict == ASK else 1
+
+
 def error_result(tool_use_id, text) -> dict:
     return {"type": "tool_result", "tool_use_id": tool_use_id, "content": text, "is_error": True}
 
@@ -186,7 +221,8 @@ class ClaudeRun:
         # Worked on as a copy: run.state changes only when the run completes, asks or defers.
         self.session = copy.deepcopy(run.state.get(STATE_KEY) or {})
         self.runs = self.session.setdefault("runs", [])
-        # The answer event a resumed call belongs to: its tool calls take their keys from it.
+        # The answer event resumed calls belong to (the first asked call's): their tool calls
+        # take their keys from it.
         self.key_event = None
         # Application tool calls made so far in this run, per (tool, arguments).
         self.calls_made = Counter()
@@ -210,24 +246,31 @@ class ClaudeRun:
             self.runs.append(exchange)
             self._converse(exchange)
             return
-        answer = next(
-            (
-                e
-                for e in self.run.events
-                if e.source == APPROVAL_SOURCE and e.source_id == pending["request_id"]
-            ),
-            None,
-        )
-        others = [transcript.render_event(e) for e in self.run.events if e is not answer]
-        if answer is None:
-            # The call still waits: keep these events for the turn that resumes it.
-            self._save(pending=pending, held=held + others)
+        pending = _upgraded(pending)
+        waiting, answers = pending["waiting"], pending["answers"]
+        asked = {request_id: tool_use_id for tool_use_id, request_id in waiting.items()}
+        answered = [
+            e for e in self.run.events if e.source == APPROVAL_SOURCE and e.source_id in asked
+        ]
+        for event in answered:
+            tool_use_id = asked[event.source_id]
+            answers[tool_use_id] = {"request_id": event.source_id, "payload": event.payload}
+            del waiting[tool_use_id]
+        answer_ids = {id(e) for e in answered}
+        held = held + [
+            transcript.render_event(e) for e in self.run.events if id(e) not in answer_ids
+        ]
+        if waiting:
+            # Calls still wait: keep what came for the turn that resumes them.
+            self._save(pending=pending, held=held)
             return
-        self.key_event = answer
+        # run.key reads an event's source and key only: the first asked call's answer names
+        # them, whichever run its answer arrived in.
+        lead = answers[pending["remaining"][0]["id"]]["request_id"]
+        self.key_event = Event(source=APPROVAL_SOURCE, source_id=lead)
         exchange = self.runs[-1]
-        results = [*pending["results"], self._resolve(pending["call"], answer)]
-        held = held + others
-        if self._decide(pending["remaining"], results, held):
+        results = list(pending["results"])
+        if self._decide(pending["remaining"], results, held, answers):
             return
         content = results + ([transcript.events_text(held)] if held else [])
         exchange.append({"role": "user", "content": content})
@@ -279,11 +322,16 @@ class ClaudeRun:
 
     # --- tool calls ---------------------------------------------------------------------
 
-    def _decide(self, calls, results, held) -> bool:
-        """Run, deny or ask each call in order, adding results; True once one asks (the run
-        then ends with the rest of the calls saved for the resume)."""
+    def _decide(self, calls, results, held, answers=None) -> bool:
+        """Run, deny or ask each call in order, adding results; an answered call (`answers`,
+        by tool-use id) gets its answer's result. True once one asks: the run then ends with
+        the calls from there on saved for the resume."""
+        answers = answers or {}
         for index, call in enumerate(calls):
             name, arguments, tool_use_id = call["name"], call["input"], call["id"]
+            if tool_use_id in answers:
+                results.append(self._resolve(call, answers[tool_use_id]))
+                continue
             tool = self.config.tools.get(name)
             if tool is None:
                 results.append(error_result(tool_use_id, f"There is no tool named {name}."))
@@ -292,58 +340,117 @@ class ClaudeRun:
             if problem:
                 results.append(error_result(tool_use_id, f"Invalid input for {name}: {problem}"))
                 continue
-            default = ALLOW if name in BUILTINS else ASK
-            decision = decide(self.config.policy, name, arguments, default)
+            decision = verdict(self.config, tool, arguments)
             if decision.verdict == DENY:
                 text = f"Denied by policy ({decision.because}): {name} was not run."
                 results.append(error_result(tool_use_id, text))
             elif decision.verdict == ASK:
-                self._ask(tool, call, results, calls[index + 1 :], held)
+                self._ask(calls[index:], results, held, answers)
                 return True
             else:
                 results.append(self._execute(tool, call, approved=False))
         return False
 
-    def _ask(self, tool, call, results, remaining, held):
-        request_id = re.sub(r"[^\w.:-]", "-", f"{tool.name}-{call['id']}")[:200]
-        action = action_text(tool, call["input"])
+    def _ask(self, rest, results, held, answers):
+        """Ask a person about every call of `rest` the policy asks (the first one does), as
+        one group when there are several: one card, one message, one resume."""
+        asking = []
+        for call in rest:
+            tool = self.config.tools.get(call["name"])
+            if call["id"] in answers or tool is None or tool.check_input(call["input"]):
+                continue  # answered, or refused when the turn resumes
+            decision = verdict(self.config, tool, call["input"])
+            if decision.verdict == ASK:
+                asking.append((call, tool, decision))
+        request_ids = [
+            re.sub(r"[^\w.:-]", "-", f"{tool.name}-{call['id']}")[:200] for call, tool, _ in asking
+        ]
+        group = request_ids[0] if len(asking) > 1 else ""
         window = self.config.approval_window
-        self.run.ask(
-            request_id,
-            action,
-            window,
-            details={
+        context = "; ".join(transcript.describe_event(e) for e in self.run.events)
+        actions = []
+        for request_id, (call, tool, decision) in zip(request_ids, asking, strict=True):
+            details = {
                 "tool": tool.name,
                 "arguments": call["input"],
                 "asked_by": f"the Claude agent of {self.run.inbox.slug} ({self.config.model})",
-                "context": "; ".join(transcript.describe_event(e) for e in self.run.events),
-            },
-        )
-        link = approval_url(self.run.inbox.slug, request_id)
+                "context": context,
+            }
+            if tool.question is not None:
+                details["question"] = tool.question.asked(call["input"])
+            else:
+                details.update(schema=tool.input_schema, edit_check=EDIT_CHECK)
+            approvers = 1 if tool.question is not None else decision.approvers
+            action = action_text(tool, call["input"])
+            self.run.ask(
+                request_id, action, window, details=details, approvers=approvers, group=group
+            )
+            actions.append((action, tool.question is not None, approvers))
         self.run.say(
-            f"Approval needed: {action}. Approve or deny within {in_words(window)}: {link}",
+            _asking_words(
+                actions, in_words(window), approval_url(self.run.inbox.slug, request_ids[0])
+            ),
             urgent=True,
         )
-        pending = {"request_id": request_id, "call": call, "results": results}
-        self._save(pending={**pending, "remaining": remaining}, held=held)
+        waiting = {call["id"]: rid for rid, (call, _, _) in zip(request_ids, asking, strict=True)}
+        pending = {"results": results, "remaining": rest, "waiting": waiting, "answers": answers}
+        self._save(pending=pending, held=held)
 
-    def _resolve(self, call, answer) -> dict:
+    def _resolve(self, call, answered) -> dict:
+        """An answered call's result: run as approved (or as edited, or with the reply), or
+        an error result that says why not."""
         name, tool_use_id = call["name"], call["id"]
-        word = answer.payload.get("answer") if isinstance(answer.payload, dict) else None
+        payload = answered["payload"] if isinstance(answered["payload"], dict) else {}
+        request_id = answered["request_id"]
+        word = payload.get("answer")
+        names = payload.get("names") if isinstance(payload.get("names"), dict) else {}
         tool = self.config.tools.get(name)
-        if word == "yes" and tool is not None:
-            return self._execute(tool, call, approved=True)
-        if word == "yes":
+        if word in ("yes", "replied") and tool is None:
             return error_result(tool_use_id, f"Approved, but {name} is no longer offered.")
+        if word == "yes":
+            edit = payload.get("edit")
+            if isinstance(edit, dict) and isinstance(edit.get("arguments"), dict):
+                return self._run_edited(tool, call, edit, names, request_id)
+            return self._execute(tool, call, approved=True)
+        if word == "replied":
+            return self._execute(tool, call, approved=True, reply=str(payload.get("reply", "")))
         if word == "no":
-            text = f"The owner denied this call (approval {answer.source_id}): {name} was not run."
+            text = f"The owner denied this call (approval {request_id}): {name} was not run."
+            if payload.get("reason"):
+                who = _who(payload.get("answered_by"), names)
+                text += f" The reason {who} gave: {payload['reason']}"
             return error_result(tool_use_id, text)
         return error_result(
             tool_use_id,
-            f"Nobody answered approval {answer.source_id} before it expired: {name} was not run.",
+            f"Nobody answered approval {request_id} before it expired: {name} was not run.",
         )
 
-    def _execute(self, tool, call, approved) -> dict:
+    def _run_edited(self, tool, call, edit, names, request_id) -> dict:
+        """The call with the arguments as a person changed them, checked again (the tool or
+        the policy may have changed since they answered); the model is told what changed."""
+        name, tool_use_id, arguments = call["name"], call["id"], edit["arguments"]
+        who = _who(edit.get("by"), names)
+        changed = f"{who} changed the arguments before approving (approval {request_id})"
+        problem = tool.check_input(arguments)
+        if problem:
+            return error_result(
+                tool_use_id, f"{changed}, but {name} refuses them ({problem}): it was not run."
+            )
+        decision = verdict(self.config, tool, arguments)
+        if decision.verdict == DENY:
+            return error_result(
+                tool_use_id,
+                f"{changed}, but the policy denies them ({decision.because}): {name} was not run.",
+            )
+        result = self._execute(tool, {**call, "input": arguments}, approved=True)
+        order = list(tool.input_schema.get("properties") or {})
+        note = (
+            f"{changed}: {_changes(call['input'], arguments, order)}. {name} ran with the"
+            " changed arguments; its result follows."
+        )
+        return {**result, "content": f"{note}\n{result['content']}"}
+
+    def _execute(self, tool, call, approved, reply=None) -> dict:
         name, arguments, tool_use_id = call["name"], call["input"], call["id"]
         if tool is SEND_MESSAGE:
             urgent = bool(arguments.get("urgent", False))
@@ -359,7 +466,7 @@ class ClaudeRun:
         key = entry.idempotency_key
         try:
             output = tool.function(
-                ToolCall(self.run, name, arguments, tool_use_id, key, approved), **arguments
+                ToolCall(self.run, name, arguments, tool_use_id, key, approved, reply), **arguments
             )
         except ToolError as exc:
             result = error_result(tool_use_id, str(exc) or f"{name} failed")
@@ -464,3 +571,63 @@ class ClaudeRun:
             f"{int(delay.total_seconds())} s: {failure.reason}",
             delay=delay,
         )
+
+
+def _upgraded(pending) -> dict:
+    """A pending turn as this version keeps it: a session saved by one that asked a single
+    call at a time ({"request_id", "call", "results", "remaining"}) resumes the same way."""
+    if "waiting" in pending:
+        return pending
+    return {
+        "results": pending["results"],
+        "remaining": [pending["call"], *pending["remaining"]],
+        "waiting": {pending["call"]["id"]: pending["request_id"]},
+        "answers": {},
+    }
+
+
+def _asking_words(actions, window, link) -> str:
+    """The message that tells the owner what waits: one call, or a turn's several."""
+    if len(actions) == 1:
+        [(action, question, approvers)] = actions
+        if question:
+            stop = "" if action.endswith(("?", ".", "!")) else "."
+            return f"Question for you: {action}{stop} Answer within {window}: {link}"
+        two = " Two different approvers must approve it." if approvers == 2 else ""
+        return f"Approval needed: {action}.{two} Approve or deny within {window}: {link}"
+    listed = "; ".join(
+        action + (" (a question)" if question else " (two approvers)" if approvers == 2 else "")
+        for action, question, approvers in actions
+    )
+    return (
+        f"Approval needed for {len(actions)} calls: {listed}. Answer them within {window},"
+        f" one by one or all at once: {link}"
+    )
+
+
+def _who(username, names) -> str:
+    """A person as the model reads them: "Dana (dana)"; the API's answers name nobody."""
+    if not username:
+        return "a person through the API"
+    name = names.get(username) or username
+    return name if name == username else f"{name} ({username})"
+
+
+def _changes(before: dict, after: dict, order: list) -> str:
+    """What an edit changed, argument by argument in the schema's `order`: "amount: 900 →
+    600"."""
+
+    def shown(arguments, name):
+        if name not in arguments:
+            return "(not given)"
+        return json.dumps(arguments[name], ensure_ascii=False, sort_keys=True)
+
+    names = [*order, *(name for name in [*before, *after] if name not in order)]
+    return "; ".join(
+        f"{name}: {shown(before, name)} → {shown(after, name)}"
+        for name in dict.fromkeys(names)
+        if before.get(name, _MISSING) != after.get(name, _MISSING)
+    )
+
+
+_MISSING = object()

@@ -3,7 +3,7 @@
 Each lives in the app that owns its tables; this module only gathers them.
 """
 
-from approvals.services import answer_approval, request_approval
+from approvals.services import answer_approval, answer_group, request_approval
 from inbox.services import acquire, claim_batch, finish, ingest, ingest_many
 from outbox.services import Say, dispatch, dispatch_inbox, dispatch_notices
 from timers.services import add_timer, run_scheduler
@@ -13,6 +13,7 @@ __all__ = [
     "acquire",
     "add_timer",
     "answer_approval",
+    "answer_group",
     "claim_batch",
     "dispatch",
     "dispatch_inbox",

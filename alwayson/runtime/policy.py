@@ -6,8 +6,10 @@
             {"when": {"amount": {"lt": 50}}, "then": "allow"},
             {"when": {"order": {"in": ["1", "2"]}}, "then": "deny"},
             {"when": {"/items": {"any": {"/sku": {"prefix": "GIFT-"}}}}, "then": "deny"},
+            {"when": {"amount": {"gt": 500}}, "then": "ask", "approvers": 2},
             {"then": "ask"}
         ],
+        "close_account": {"then": "ask", "approvers": 2},
         "delete_account": "deny"
     }
 
@@ -20,6 +22,10 @@ through: an allow rule it is in does not hold, and an ask or deny rule it is in 
 later rule's allow an ask. A list in which no rule holds asks: a policy that did not foresee a
 call never lets it through. Tools the policy does not name: the built-ins are allowed,
 application tools ask.
+
+A rule that asks may require `"approvers": 2`: two different people must approve the call
+(the approvals' two-person rule), also when a person edits its arguments into that rule. An
+entry may be one rule object instead of a list, for a rule that covers every call of a tool.
 
 Pure Python: the Claude app's ready() checks ALWAYSON_CLAUDE_POLICY with it at start-up.
 """
@@ -36,6 +42,12 @@ DECISIONS = (ALLOW, ASK, DENY)
 class Decision:
     verdict: str  # allow, ask or deny
     because: str  # which entry decided, for the model and the log
+    approvers: int = 1  # for ask: how many different people must approve
+
+
+def _rules(entry) -> list:
+    """A tool's entry as its list of rules (one rule object is a list of one)."""
+    return [entry] if isinstance(entry, dict) else entry
 
 
 def check_policy_syntax(policy) -> dict:
@@ -48,12 +60,12 @@ def check_policy_syntax(policy) -> dict:
         if isinstance(entry, str):
             _check_decision(f"policy[{tool!r}]", entry)
             continue
-        if not isinstance(entry, list) or not entry:
+        if not isinstance(entry, list | dict) or not entry:
             raise ValueError(
-                f"policy[{tool!r}] must be one of {', '.join(DECISIONS)} or a non-empty list "
-                f"of rules, not {entry!r}"
+                f"policy[{tool!r}] must be one of {', '.join(DECISIONS)}, a rule or a non-empty "
+                f"list of rules, not {entry!r}"
             )
-        for n, rule in enumerate(entry, 1):
+        for n, rule in enumerate(_rules(entry), 1):
             _check_rule(f"policy[{tool!r}] rule {n}", rule)
     return policy
 
@@ -66,10 +78,18 @@ def _check_decision(where, value):
 def _check_rule(where, rule):
     if not isinstance(rule, dict) or "then" not in rule:
         raise ValueError(f'{where} must be an object with "then" (and optional "when")')
-    unknown = set(rule) - {"when", "then"}
+    unknown = set(rule) - {"when", "then", "approvers"}
     if unknown:
-        raise ValueError(f"{where} has unknown keys {sorted(unknown)}; use when and then")
+        raise ValueError(
+            f"{where} has unknown keys {sorted(unknown)}; use when, then and approvers"
+        )
     _check_decision(f"{where} then", rule["then"])
+    if "approvers" in rule:
+        approvers = rule["approvers"]
+        if isinstance(approvers, bool) or approvers not in (1, 2):
+            raise ValueError(f"{where} approvers must be 1 or 2, not {approvers!r}")
+        if rule["then"] != ASK:
+            raise ValueError(f'{where} approvers goes with "then": "ask", not {rule["then"]!r}')
     check_when(where, rule.get("when", {}))
 
 
@@ -83,7 +103,7 @@ def check_policy(policy, offered: dict) -> dict:
             raise ValueError(
                 f"policy names the unknown tool {tool!r}; tools: {', '.join(sorted(offered))}"
             )
-        for n, rule in enumerate(entry if isinstance(entry, list) else [], 1):
+        for n, rule in enumerate(_rules(entry) if not isinstance(entry, str) else [], 1):
             check_against(
                 f"policy[{tool!r}] rule {n}", tool, rule.get("when", {}), offered[tool] or {}
             )
@@ -97,17 +117,28 @@ def decide(policy: dict, tool: str, arguments: dict, default: str) -> Decision:
         return Decision(default, f"{tool} is not in the policy (default: {default})")
     if isinstance(entry, str):
         return Decision(entry, f"policy for {tool}: {entry}")
-    unjudged = ""  # the first ask or deny rule that could not be judged: no allow after it
-    for n, rule in enumerate(entry, 1):
+    # The first ask or deny rule that could not be judged: no allow after it, and an ask it
+    # turns that allow into needs as many approvers as that rule would have.
+    unjudged, unjudged_approvers = "", 1
+    for n, rule in enumerate(_rules(entry), 1):
         then = rule["then"]
+        approvers = rule.get("approvers", 1)
         held, why = judge(rule.get("when", {}), arguments)
         if held is None and then != ALLOW and not unjudged:
             unjudged = f"rule {n} ({then}) could not be judged: {why}"
+            unjudged_approvers = approvers
         if not held:
             continue
         if unjudged and then == ALLOW:
-            return Decision(ASK, f"policy for {tool}, rule {n}: allow, but {unjudged} (ask)")
-        return Decision(then, f"policy for {tool}, rule {n}: {then}")
+            return Decision(
+                ASK, f"policy for {tool}, rule {n}: allow, but {unjudged} (ask)", unjudged_approvers
+            )
+        two = " (two approvers)" if approvers == 2 else ""
+        return Decision(then, f"policy for {tool}, rule {n}: {then}{two}", approvers)
     if unjudged:
-        return Decision(ASK, f"policy for {tool}: {unjudged}, and no later rule denies (ask)")
+        return Decision(
+            ASK,
+            f"policy for {tool}: {unjudged}, and no later rule denies (ask)",
+            unjudged_approvers,
+        )
     return Decision(ASK, f"policy for {tool}: no rule matched (ask)")

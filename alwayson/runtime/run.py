@@ -65,12 +65,15 @@ class Run:
         expires_in,
         details: dict | None = None,
         approvers: int = 1,
+        group: str = "",
     ):
         """A deferred approval: its answer or expiry comes back as ("approval", request_id).
 
         `details` ({"tool", "arguments", "asked_by", "context"}) are shown on the approval
-        page, so the person sees exactly what they approve. With approvers=2 it needs a "yes"
-        from two different people.
+        page, so the person sees exactly what they approve; with "schema" they may edit the
+        arguments, with "question" they answer with a value (docs/how-to/approvals.md). With
+        approvers=2 it needs a "yes" from two different people. Requests of one `group`
+        (say, the first one's request id) are shown and answerable together.
         """
         self._effects.append(
             Ask(
@@ -80,6 +83,7 @@ class Run:
                 expires_in,
                 details=details or {},
                 approvers=approvers,
+                group=group,
             )
         )
         self.asked += 1

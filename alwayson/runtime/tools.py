@@ -21,6 +21,29 @@ each `@tool` in them registers one tool. A tool receives a `ToolCall` first (its
 keywords, already checked against the schema. It returns text or JSON for the model. Raising
 `ToolError` gives the model an error result; any other exception fails the run, which is
 retried with backoff, the idempotency key making the repeat safe.
+
+A tool that asks a person a question rather than for permission declares `question=`:
+
+    @tool(
+        input_schema={
+            "type": "object",
+            "properties": {
+                "question": {"type": "string"},
+                "options": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["question"],
+        },
+        action="{question}",
+        question=Question(choices="options"),  # or a fixed tuple; free text allowed too
+    )
+    def ask_owner(call, question, options=()):
+        "Ask the owner a question; their reply is the result."
+        return call.reply
+
+Such a call always goes to a person (the policy may still deny it, never allow it past
+them): the approval page offers the choices and, unless `free_text=False`, a box for an
+answer of their own. The tool runs once they reply, with the reply in `call.reply`, and what
+it returns is the model's result.
 """
 
 import inspect
@@ -42,6 +65,50 @@ class ToolError(Exception):
 
 
 @dataclass(frozen=True)
+class Question:
+    """A tool's call asks a person for a value (a choice or free text) instead of a yes.
+
+    `choices` are the answers offered: a tuple of strings, or the name of the argument (an
+    array of strings) in which the model lists them. With `free_text` a person may also
+    write an answer of their own, at most `max_length` characters.
+    """
+
+    choices: tuple[str, ...] | str = ()
+    free_text: bool = True
+    max_length: int = 2000
+
+    def check(self, tool_name, schema):
+        where = f"tool {tool_name!r}: question"
+        if isinstance(self.choices, str):
+            listed = (schema.get("properties") or {}).get(self.choices)
+            if not isinstance(listed, dict) or listed.get("type") != "array":
+                raise ValueError(
+                    f"{where} choices names {self.choices!r}, which must be an array argument"
+                )
+        elif not all(isinstance(choice, str) and choice for choice in self.choices):
+            raise ValueError(f"{where} choices must be non-empty strings, not {self.choices!r}")
+        elif not self.choices and not self.free_text:
+            raise ValueError(f"{where} offers no choices and no free text: nothing to answer")
+        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int):
+            raise ValueError(f"{where} max_length must be an int, not {self.max_length!r}")
+        if not 1 <= self.max_length <= 10_000:
+            raise ValueError(f"{where} max_length must be 1 to 10000, not {self.max_length!r}")
+
+    def asked(self, arguments) -> dict:
+        """What the approval keeps of it (approvals checks a reply against this): the
+        choices of this call and whether free text is taken."""
+        choices = self.choices
+        if isinstance(choices, str):
+            listed = arguments.get(choices)
+            choices = (
+                [c for c in listed if isinstance(c, str) and c] if isinstance(listed, list) else []
+            )
+        # A call whose model listed no choices still gets an answer: free text.
+        free_text = self.free_text or not choices
+        return {"choices": list(choices), "free_text": free_text, "max_length": self.max_length}
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
     description: str
@@ -49,6 +116,7 @@ class Tool:
     function: Callable
     module: str
     action: str = ""  # the approval's wording, formatted with the arguments
+    question: Question | None = None  # a call asks a person for a value, not for a yes
 
     def spec(self) -> dict:
         return {
@@ -76,6 +144,7 @@ class ToolCall:
     tool_use_id: str
     idempotency_key: str
     approved: bool  # a person approved this call on the approval page
+    reply: str | None = None  # a question's answer, as the person gave it
 
     @property
     def inbox(self):
@@ -132,7 +201,9 @@ BUILTINS = {SEND_MESSAGE.name: SEND_MESSAGE, SCHEDULE.name: SCHEDULE}
 _registry: dict[str, Tool] = {}
 
 
-def tool(function=None, *, input_schema: dict, name=None, description=None, action=""):
+def tool(
+    function=None, *, input_schema: dict, name=None, description=None, action="", question=None
+):
     """Register a function as a tool the model may call (see the module's docstring)."""
 
     def register(fn):
@@ -142,10 +213,16 @@ def tool(function=None, *, input_schema: dict, name=None, description=None, acti
         if tool_name in BUILTINS:
             raise ValueError(f"tool name {tool_name!r} is a built-in tool's")
         check_schema(tool_name, input_schema)
+        if question is not None:
+            if not isinstance(question, Question):
+                raise ValueError(
+                    f"tool {tool_name!r}: question must be a Question, not {question!r}"
+                )
+            question.check(tool_name, input_schema)
         text = description or inspect.getdoc(fn)
         if not text:
             raise ValueError(f"tool {tool_name!r} needs a description (or a docstring)")
-        registered = Tool(tool_name, text, input_schema, fn, fn.__module__, action)
+        registered = Tool(tool_name, text, input_schema, fn, fn.__module__, action, question)
         existing = _registry.get(tool_name)
         if existing and existing.module != registered.module:
             raise ValueError(f"tool {tool_name!r} is already registered by {existing.module}")

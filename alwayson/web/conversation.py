@@ -1,7 +1,7 @@
 """One inbox's conversation as its people read it: what they sent, what the agent said, and
 the approvals it asked for, in order, in the person's words rather than the tables'."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from approvals.models import Approval
@@ -31,8 +31,9 @@ class Entry:
     at: datetime
     text: str
     state: str
-    approval: Approval | None = None
-    open: bool = False  # an approval a person may still answer
+    # An approval card's requests: one, or the calls a model asked in one turn.
+    approvals: list[Approval] = field(default_factory=list)
+    open: bool = False  # a request of the card a person may still answer
     author: str = ""  # who sent a person's message (a username), if the form said
     row: int = 0  # its row's id: the order it was written in, among rows of one kind
 
@@ -61,19 +62,26 @@ def entries(inbox: Inbox, now) -> list[Entry]:
         )
         for e in Event.objects.filter(inbox=inbox, source="chat").order_by("-id")[:SHOWN]
     ]
+    cards = {}
+    requests = (
+        Approval.objects.filter(inbox=inbox)
+        .select_related("first_approved_by", "answered_by", "edited_by")
+        .order_by("-id")[:SHOWN]
+    )
+    for approval in reversed(requests):
+        approval.inbox = inbox
+        cards.setdefault(approval.group or f"\x00{approval.pk}", []).append(approval)
     asked = [
         Entry(
             "approval",
-            a.requested_at,
-            a.action,
-            a.outcome_words(now),
-            approval=a,
-            open=not a.standing_answer(now),
-            row=a.pk,
+            card[0].requested_at,
+            card[0].action,
+            card[0].outcome_words(now),
+            approvals=card,
+            open=any(not a.standing_answer(now) for a in card),
+            row=card[0].pk,
         )
-        for a in Approval.objects.filter(inbox=inbox)
-        .select_related("first_approved_by", "answered_by")
-        .order_by("-id")[:SHOWN]
+        for card in cards.values()
     ]
     return sorted([*said, *sent, *asked], key=lambda entry: entry.order)
 

@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from alwayson.runtime.api import answer_approval, request_approval, run_scheduler
-from approvals.models import AuditEntry
+from approvals.models import Approval, AuditEntry
 from inbox.models import Membership, Role
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +29,10 @@ HEADER = [
     "from",
     "action as shown",
     "approvers needed",
+    "arguments asked",
+    "arguments as edited",
+    "reason",
+    "reply",
 ]
 
 
@@ -155,6 +159,10 @@ def test_the_export_is_the_filtered_list_in_time_order(history, admin_client, t0
         "approval page",
         "Refund order 1",
         "1",
+        "",  # a plain action: no arguments, nothing edited, no reason or reply
+        "",
+        "",
+        "",
     ]
     times = [row[0] for row in rows[1:]]
     assert times == sorted(times)
@@ -225,3 +233,32 @@ def test_the_audit_is_view_only_and_the_export_needs_a_staff_login(history, admi
     member = Client()
     member.force_login(lee)
     assert member.get(EXPORT).status_code == 302
+
+
+def test_the_export_keeps_the_arguments_asked_and_as_edited_and_the_reason(
+    make_inbox, admin_client, t0, django_user_model
+):
+    desk = make_inbox("desk")
+    dana = django_user_model.objects.create_user(username="dana")
+    Membership.objects.create(inbox=desk, user=dana, role=Role.APPROVER)
+    schema = {
+        "type": "object",
+        "properties": {"order": {"type": "string"}, "amount": {"type": "number"}},
+    }
+    details = {"tool": "refund", "arguments": {"order": "1", "amount": 900}, "schema": schema}
+    request_approval(desk, "refund-1", "refund order 1", WINDOW, now=t0, details=details)
+    request_approval(desk, "refund-2", "refund order 2", WINDOW, now=t0, details=details)
+    answer_approval(
+        desk, "refund-1", "yes", now=t0, by=dana, arguments={"order": "1", "amount": 600}
+    )
+    answer_approval(desk, "refund-2", "no", now=t0, by=dana, reason="=not this one")
+
+    edited, denied = rows_of(admin_client.get(EXPORT))[1:]
+
+    assert edited[9:] == ['{"amount": 900, "order": "1"}', '{"amount": 600, "order": "1"}', "", ""]
+    assert denied[9:] == ['{"amount": 900, "order": "1"}', "", "'=not this one", ""]
+    page = admin_client.get(
+        f"/admin/approvals/approval/{Approval.objects.get(request_id='refund-1').pk}/change/"
+    )
+    assert page.status_code == 200
+    assert "&quot;amount&quot;: 600" in page.content.decode()  # edited_arguments, read-only

@@ -777,3 +777,192 @@ def test_two_approvers_in_two_browsers_approve_a_big_refund(
     assert reply in mail.outbox[-1].body  # and the owner's email says so
     approval = Approval.objects.get()
     assert (approval.first_approved_by.username, approval.answered_by.username) == ("dana", "lee")
+
+
+# --- approvals people act on: an edit, a reason ------------------------------------------------
+
+
+def claude_desk(desk, django_user_model):
+    """The desk runs the Claude agent: refunds above 500 need two approvers, others ask."""
+    from alwayson.runtime.models import AgentConfig
+    from inbox.models import Membership, Role
+
+    AgentConfig.objects.create(
+        inbox=desk,
+        agent="alwayson.claude.agent",
+        policy={
+            "refund": [
+                {"when": {"amount": {"gt": 500}}, "then": "ask", "approvers": 2},
+                {"then": "ask"},
+            ]
+        },
+    )
+    for name in ("dana", "lee"):
+        user = django_user_model.objects.create_user(
+            username=name, password=PASSWORD, first_name=name.capitalize()
+        )
+        Membership.objects.create(inbox=desk, user=user, role=Role.APPROVER)
+
+
+def test_an_approver_edits_the_amount_by_keyboard_on_a_phone_and_a_second_approves_it(
+    new_page, site, desk, messages_api, django_user_model
+):
+    from alwayson.demo.models import Refund
+    from tests.support import claude_tools
+    from tests.support.claude_api import message, tool_use
+
+    claude_desk(desk, django_user_model)
+    ingest(desk, "chat", "m1", {"text": "refund order 881 in full, 900 EUR", "from": "owner"})
+    call = tool_use("refund", {"order": "881", "amount": 900})
+    messages_api.reply(message("This needs two approvers.", call))
+    assert run_background_once().outcome == "asked 1, said 1"
+    approval = Approval.objects.get()
+    assert approval.approvers_needed == 2
+
+    # Dana, on a phone, with the keyboard only: open the arguments, lower the amount, approve.
+    dana = new_page(PHONE)
+    log_in(dana, site, "dana", approval.get_absolute_url())
+    toggle = dana.get_by_text("Change the arguments before approving")
+    toggle.focus()
+    dana.keyboard.press("Enter")
+    amount = dana.get_by_label("amount", exact=True)
+    expect(amount).to_be_visible()
+    expect(amount).to_have_value("900")
+    dana.keyboard.press("Tab")
+    expect(dana.get_by_label("order", exact=True)).to_be_focused()
+    dana.keyboard.press("Tab")
+    expect(amount).to_be_focused()
+    dana.keyboard.press("Control+A")
+    dana.keyboard.type("600")
+    assert_fits_a_phone(dana)
+    screenshot(dana, "approval-edit-phone")
+    approve = dana.get_by_role("button", name="Approve", exact=True)
+    for _ in range(4):  # past the reason's summary to the button, whatever lies between
+        if approve.evaluate("button => button === document.activeElement"):
+            break
+        dana.keyboard.press("Tab")
+    expect(approve).to_be_focused()
+    dana.keyboard.press("Enter")
+    expect(dana.get_by_role("status").first).to_contain_text(
+        "Your approval as you changed it is recorded. A second, different approver must also"
+    )
+    assert run_background_once() is None  # a first approval: nothing for the agent yet
+
+    # Lee sees what Dana changed and approves it as it is.
+    lee = new_page()
+    log_in(lee, site, "lee", approval.get_absolute_url())
+    changes = lee.locator(".changes")
+    expect(changes).to_contain_text("By Dana:")
+    expect(changes).to_contain_text("amount: 900 → 600")
+    lee.get_by_role("button", name="Approve", exact=True).click()
+    expect(lee.locator(".outcome")).to_have_text("Approved.")
+    expect(lee.locator(".answered-by")).to_have_text("Dana and Lee")
+
+    # The tool runs once, with the edited amount; the model reads what changed and by whom.
+    messages_api.reply(message("Refunded 600 EUR."))
+    assert run_background_once().outcome == "quiet"
+    assert [a for _, a, _, _ in claude_tools.CALLS] == [{"order": "881", "amount": 600}]
+    assert Refund.objects.count() == 1
+    [result] = messages_api.messages_requests[1].body["messages"][-1]["content"]
+    assert result["tool_use_id"] == call["id"]
+    assert result["content"].startswith(
+        f"Dana (dana) changed the arguments before approving (approval {approval.request_id}):"
+        " amount: 900 → 600."
+    )
+    assert run_background_once() is None
+
+
+def test_a_denial_with_a_reason_typed_on_the_card_survives_a_live_update_and_reaches_the_model(
+    new_page, site, desk, messages_api, django_user_model
+):
+    from tests.support.claude_api import message, tool_use
+
+    claude_desk(desk, django_user_model)
+    ingest(desk, "chat", "m1", {"text": "refund order 881, 120 EUR", "from": "owner"})
+    call = tool_use("refund", {"order": "881", "amount": 120})
+    messages_api.reply(message(call))
+    assert run_background_once().outcome == "asked 1, said 1"
+
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/inbox/desk/")
+    card = page.locator(".approval-card")
+    card.get_by_text("Deny, with a reason").focus()
+    page.keyboard.press("Enter")
+    reason = card.get_by_label("Reason (optional; the agent reads it)")
+    page.keyboard.press("Tab")
+    expect(reason).to_be_focused()
+    page.keyboard.type("The customer already got")
+    mark_page(page)
+
+    # Something else happens in the conversation while the owner types: the page updates,
+    # and what they typed, the open reason and the focus stay.
+    ingest(desk, "chat", "m2", {"text": "also: parcel arrived", "from": "lee"})
+    expect(page.locator(".entry.person").last).to_contain_text("also: parcel arrived")
+    assert_not_reloaded(page)
+    expect(reason).to_be_focused()
+    expect(reason).to_have_value("The customer already got")
+    page.keyboard.type(" a voucher.")
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-deny-reason-phone")
+    page.keyboard.press("Tab")
+    expect(card.get_by_role("button", name="Approve")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(card.get_by_role("button", name="Deny")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(f"{site}/inbox/desk/")
+    expect(card.locator(".outcome")).to_have_text("Denied.")
+    expect(card.locator(".reason")).to_have_text("Reason: The customer already got a voucher.")
+
+    messages_api.reply(message("Understood."))
+    assert run_background_once().outcome == "quiet"
+    result = messages_api.messages_requests[1].body["messages"][-1]["content"][0]
+    assert (result["tool_use_id"], result["is_error"]) == (call["id"], True)
+    assert result["content"].endswith("The reason owner gave: The customer already got a voucher.")
+
+
+def test_a_turns_calls_answered_all_at_once_on_a_phone(new_page, site, desk, django_user_model):
+    schema = {
+        "type": "object",
+        "properties": {
+            "order": {"type": "string"},
+            "amount": {"type": "number"},
+            "lines": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    for n in (1, 2):
+        details = {
+            "tool": "refund",
+            "arguments": {"order": str(n), "amount": 100 * n},
+            "schema": schema,
+        }
+        request_approval(
+            desk,
+            f"refund-{n}",
+            f"refund order {n}",
+            timedelta(hours=4),
+            details=details,
+            group="refund-1",
+        )
+    page = new_page(PHONE)
+    log_in(page, site, "owner", "/inbox/desk/")
+    card = page.locator(".approval-card")
+    expect(card).to_contain_text("Your agent asks about 2 calls of one turn")
+    for toggle in card.get_by_text("Change the arguments before approving").all():
+        toggle.click()
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-group-card-phone")
+
+    page.goto(f"{site}/approvals/desk/refund-2/")
+    expect(page.get_by_role("heading", level=1)).to_have_text("2 calls asked in one turn")
+    for toggle in page.get_by_text("Change the arguments before approving").all():
+        toggle.click()
+    assert_fits_a_phone(page)
+    screenshot(page, "approval-group-page-phone")
+    approve_all = page.get_by_role("button", name="Approve all")
+    approve_all.focus()
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("status").first).to_contain_text(
+        "Your answer was recorded for 2 call(s): 2 approved."
+    )
+    expect(page.locator(".outcome")).to_have_text(["Approved.", "Approved."])
+    assert set(Approval.objects.values_list("answer", flat=True)) == {"yes"}

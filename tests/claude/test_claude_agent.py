@@ -326,7 +326,12 @@ def test_an_asked_call_ends_the_run_and_stores_the_pending_call(messages_api, cl
         "arguments": {"order": "881", "amount": 120},
         "asked_by": "the Claude agent of support (claude-sonnet-5-5)",
         "context": "a chat message from owner: “refund 120 on order 881”",
+        # What the page builds its edit form from, and who checks an edit beyond it.
+        "schema": claude_tools.REFUND_SCHEMA,
+        "edit_check": "claude",
+        "argument_order": ["order", "amount"],  # the schema's, which jsonb does not keep
     }
+    assert approval.group == ""  # asked alone
     window = approval.expires_at - approval.requested_at
     assert timedelta(hours=4) - timedelta(seconds=1) < window <= timedelta(hours=4)
     assert Timer.objects.filter(inbox=inbox, key=approval.expiry_timer_key).exists()
@@ -335,8 +340,10 @@ def test_an_asked_call_ends_the_run_and_stores_the_pending_call(messages_api, cl
     assert notice.body.startswith("Approval needed: refund order 881 (120 EUR). Approve or deny")
     assert f"/approvals/support/{approval.request_id}/" in notice.body
     pending = session(inbox)["pending"]
-    assert pending["request_id"] == approval.request_id
-    assert pending["call"] == {"type": "tool_use", **{k: call[k] for k in ("id", "name", "input")}}
+    assert pending["waiting"] == {call["id"]: approval.request_id}
+    assert pending["remaining"] == [
+        {"type": "tool_use", **{k: call[k] for k in ("id", "name", "input")}}
+    ]
     assert session(inbox)["runs"][-1][-1]["role"] == "assistant"
 
 

@@ -17,7 +17,7 @@ from django.db import transaction
 from alwayson.egress.gateway import Egress, EgressRefused, check_services
 from alwayson.ops.models import Process
 from approvals.models import Approval, AuditEntry
-from approvals.services import answer_approval, request_approval
+from approvals.services import answer_approval, answer_group, request_approval
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease, Session
 from inbox.services import (
@@ -325,6 +325,38 @@ CASES = [
     ("answer-via", answer_with(via="email"), ValueError, 'via must be "page"'),
     ("answer-by-name", answer_with(by="dana"), ValueError, "by must be a user"),
     ("answer-naive", answer_with(now=NAIVE), ValueError, "now must be"),
+    (
+        "answer-edit-plain",
+        answer_with(arguments={"order": "1"}),
+        ValueError,
+        "no arguments a person",
+    ),
+    ("answer-reason-yes", answer_with(reason="because"), ValueError, 'a reason goes with a "no"'),
+    (
+        "answer-reason-long",
+        answer_with(answer="no", reason="r" * 1001),
+        ValueError,
+        "reason is longer than 1000",
+    ),
+    ("answer-reply-yes", answer_with(reply="Monday"), ValueError, 'a value goes with "replied"'),
+    (
+        "answer-reply-permission",
+        answer_with(answer="replied", reply="Monday"),
+        ValueError,
+        "asks for a yes or a no, not a value",
+    ),
+    (
+        "group-replied",
+        lambda w: answer_group(w.inbox, "refund-1", "replied", now=w.t0),
+        ValueError,
+        'answer must be "yes" or "no" for a group',
+    ),
+    (
+        "group-shown-list",
+        lambda w: answer_group(w.inbox, "refund-1", "yes", now=w.t0, arguments=[1]),
+        ValueError,
+        "arguments must be a JSON object",
+    ),
     # --- the outbox -----------------------------------------------------------------------
     ("dispatch-send-str", lambda w: dispatch("print", now=w.t0), ValueError, "send must be"),
     (

@@ -360,6 +360,22 @@ APPROVAL_ROWS = {
     "answer-huge": ("owner", "desk/refund-1", {"answer": "y" * 100_000}, 400, "answer must be"),
     "answer-nul": ("owner", "desk/refund-1", {"answer": "yes\x00"}, 400, "NUL"),
     "viewer": ("viewer", "desk/refund-1", {"answer": "yes"}, 403, "you are a viewer of desk"),
+    "reply-to-a-permission": (
+        "owner",
+        "desk/refund-1",
+        {"answer": "replied", "reply": "Monday"},
+        400,
+        "asks for a yes or a no, not a value",
+    ),
+    "all-at-once-maybe": ("owner", "desk/refund-1/all", {"answer": "maybe"}, 400, "answer must be"),
+    "all-at-once-viewer": (
+        "viewer",
+        "desk/refund-1/all",
+        {"answer": "no"},
+        403,
+        "a viewer of desk",
+    ),
+    "all-at-once-other-users": ("owner", "other-desk/refund-9/all", {"answer": "yes"}, 404, ""),
 }
 
 

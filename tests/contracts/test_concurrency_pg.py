@@ -965,6 +965,64 @@ def test_a_second_yes_and_a_no_at_once_one_answer_stands(inbox, approvers, t0):
     assert sum(outcomes.values()) == ROUNDS
 
 
+def test_a_second_yes_racing_a_third_approvers_edit_never_approves_unseen_arguments(
+    inbox, approvers, t0
+):
+    """Lee approves the arguments he was shown while Sam changes them: whichever the lock
+    takes first, an approval stands only for arguments two people approved."""
+    dana, lee, sam = approvers
+    schema = {"type": "object", "properties": {"amount": {"type": "number"}}}
+    shown, changed = {"amount": 900}, {"amount": 600}
+    outcomes = Counter()
+    for n in range(ROUNDS):
+        request_id = f"refund-{n}"
+        request_approval(
+            inbox,
+            request_id,
+            "refund order 42 for 900",
+            EXPIRES_IN,
+            now=t0,
+            approvers=2,
+            details={"arguments": shown, "schema": schema},
+        )
+        answer_approval(inbox, request_id, "yes", now=t0 + SECOND, by=dana)
+        yes, edit = _answers_queued_on_the_lease(
+            inbox,
+            partial(
+                answer_approval,
+                inbox,
+                request_id,
+                "yes",
+                now=t0 + 2 * SECOND,
+                by=lee,
+                arguments=shown,
+            ),
+            partial(
+                answer_approval,
+                inbox,
+                request_id,
+                "yes",
+                now=t0 + 2 * SECOND,
+                by=sam,
+                arguments=changed,
+            ),
+        )
+        approval = Approval.objects.get(inbox=inbox, request_id=request_id)
+        results = list(approval.audit.order_by("id").values_list("username", "result"))
+        if yes == "yes":  # Lee's second approval first: the arguments Dana and he approved
+            assert edit == "yes" and approval.answer == "yes", f"round {n}: {yes}/{edit}"
+            [event] = Event.objects.filter(inbox=inbox, source="approval", source_id=request_id)
+            assert "edit" not in event.payload and event.payload["approved_by"] == ["dana", "lee"]
+            assert results[1:] == [("lee", "approved"), ("sam", "already_settled")]
+        else:  # Sam's edit first: a first approval of it; Lee's then one of what he saw
+            assert (yes, edit) == ("waiting", "waiting"), f"round {n}: {yes}/{edit}"
+            assert not Event.objects.filter(inbox=inbox, source_id=request_id).exists()
+            assert (approval.first_approved_by, approval.current_arguments) == (lee, shown)
+            assert results[1:] == [("sam", "first_approval"), ("lee", "first_approval")]
+        outcomes[yes] += 1
+    assert sum(outcomes.values()) == ROUNDS
+
+
 def test_one_approver_in_two_tabs_at_once_is_one_first_approval(inbox, approvers, t0):
     dana = approvers[0]
     _ask_two(inbox, "refund-1", t0)

@@ -18,18 +18,18 @@ class Crash(BaseException):
     """The worker process dies: nothing after this point runs."""
 
 
-@tool(
-    input_schema={
-        "type": "object",
-        "properties": {
-            "order": {"type": "string"},
-            "amount": {"type": "number", "exclusiveMinimum": 0},
-        },
-        "required": ["order", "amount"],
-        "additionalProperties": False,
+REFUND_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order": {"type": "string"},
+        "amount": {"type": "number", "exclusiveMinimum": 0},
     },
-    action="refund order {order} ({amount} EUR)",
-)
+    "required": ["order", "amount"],
+    "additionalProperties": False,
+}
+
+
+@tool(input_schema=REFUND_SCHEMA, action="refund order {order} ({amount} EUR)")
 def refund(call, order, amount):
     """Refund an order, in full or in part, through the payments provider."""
     CALLS.append(

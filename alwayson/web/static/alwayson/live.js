@@ -11,6 +11,30 @@
   var POLL_MS = 1000;
   var MAX_RETRY_MS = 30000;
 
+  // What a person is doing in a region survives its update: a field they changed keeps what
+  // they typed or chose, an opened <details> stays open (and the focus stays, in swap).
+  function carryOver(current, fresh) {
+    function twin(element) {
+      return fresh.querySelector("#" + CSS.escape(element.id));
+    }
+    current.querySelectorAll("details[id]").forEach(function (old) {
+      var now = twin(old);
+      if (now) now.open = old.open;
+    });
+    current.querySelectorAll("input[id], textarea[id], select[id]").forEach(function (old) {
+      var now = twin(old);
+      if (!now || old.type === "hidden") return;
+      if (old.type === "radio" || old.type === "checkbox") {
+        if (old.checked !== old.defaultChecked) now.checked = old.checked;
+      } else if (old.tagName === "SELECT") {
+        var changed = Array.prototype.some.call(old.options, function (o) { return o.selected !== o.defaultSelected; });
+        if (changed) now.value = old.value;
+      } else if (old.value !== old.defaultValue) {
+        now.value = old.value;
+      }
+    });
+  }
+
   function keepLive(id) {
     var region = document.getElementById(id);
     var poll = region.dataset.livePoll;
@@ -27,7 +51,19 @@
       template.innerHTML = html.trim();
       var fresh = template.content.firstElementChild;
       if (!current || !fresh || fresh.id !== id) return;
+      var focused = document.activeElement;
+      var focusId = focused && focused.id && current.contains(focused) ? focused.id : null;
+      var selection = null;
+      try { if (focusId) selection = [focused.selectionStart, focused.selectionEnd]; } catch (e) { selection = null; }
+      carryOver(current, fresh);
       current.replaceWith(fresh);
+      if (focusId) {
+        var again = document.getElementById(focusId);
+        if (again) {
+          again.focus({ preventScroll: true });
+          try { if (selection && selection[0] !== null) again.setSelectionRange(selection[0], selection[1]); } catch (e) { /* not a text field */ }
+        }
+      }
       document.dispatchEvent(new CustomEvent("live:updated", { detail: { id: id } }));
     }
 
