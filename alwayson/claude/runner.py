@@ -264,10 +264,12 @@ class ClaudeRun:
             # Calls still wait: keep what came for the turn that resumes them.
             self._save(pending=pending, held=held)
             return
-        # run.key reads an event's source and key only: the first asked call's answer names
-        # them, whichever run its answer arrived in.
+        # The resumed calls belong to the first asked call's answer, whichever run it arrived
+        # in: their keys come from it and the journal records them as made for it.
         lead = answers[pending["remaining"][0]["id"]]["request_id"]
-        self.key_event = Event(source=APPROVAL_SOURCE, source_id=lead)
+        self.key_event = next(
+            (e for e in answered if e.source_id == lead), None
+        ) or Event.objects.get(inbox_id=self.run.inbox.pk, source=APPROVAL_SOURCE, source_id=lead)
         exchange = self.runs[-1]
         results = list(pending["results"])
         if self._decide(pending["remaining"], results, held, answers):

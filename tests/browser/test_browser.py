@@ -808,8 +808,8 @@ def test_an_approver_edits_the_amount_by_keyboard_on_a_phone_and_a_second_approv
     new_page, site, desk, messages_api, django_user_model
 ):
     from alwayson.demo.models import Refund
+    from alwayson.testing.model import message, tool_use
     from tests.support import claude_tools
-    from tests.support.claude_api import message, tool_use
 
     claude_desk(desk, django_user_model)
     ingest(desk, "chat", "m1", {"text": "refund order 881 in full, 900 EUR", "from": "owner"})
@@ -875,7 +875,7 @@ def test_an_approver_edits_the_amount_by_keyboard_on_a_phone_and_a_second_approv
 def test_a_denial_with_a_reason_typed_on_the_card_survives_a_live_update_and_reaches_the_model(
     new_page, site, desk, messages_api, django_user_model
 ):
-    from tests.support.claude_api import message, tool_use
+    from alwayson.testing.model import message, tool_use
 
     claude_desk(desk, django_user_model)
     ingest(desk, "chat", "m1", {"text": "refund order 881, 120 EUR", "from": "owner"})

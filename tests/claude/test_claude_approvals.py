@@ -1,7 +1,7 @@
 """What a person can do with the Claude agent's approvals, and what the model then receives:
 an edit of the arguments, a denial with a reason, a question's reply, a turn's several asks
 answered one by one or all at once, two approvers by the policy. Against the loopback
-Messages API (tests/support/claude_api.py), on both databases; answers given through the
+Messages API (alwayson.testing.model), on both databases; answers given through the
 Python API and through the pages (Django's test client).
 """
 
@@ -19,6 +19,7 @@ from alwayson.claude.runner import STATE_KEY
 from alwayson.demo.models import Refund
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.worker import Worker
+from alwayson.testing.model import message, tool_use
 from approvals.models import Approval, AuditEntry
 from approvals.services import answer_approval, answer_group
 from inbox import clock
@@ -26,7 +27,6 @@ from inbox.models import Event, Lease, Membership, Role, Session
 from inbox.services import ingest
 from outbox.models import OutboxMessage
 from tests.support import claude_tools
-from tests.support.claude_api import message, tool_use
 from tests.support.pages import detail_url, snapshot, text_of
 from timers.services import run_scheduler
 
