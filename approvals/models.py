@@ -124,6 +124,8 @@ class Approval(models.Model):
     # Copied from the answer event (record_answer): a denial's reason, a question's reply.
     reason = models.TextField(blank=True, default="")
     reply = models.TextField(blank=True, default="")
+    # The lease generation of the run that asked (its RunRecord); null when no run did.
+    generation = models.PositiveBigIntegerField(null=True, blank=True)
 
     objects = ApprovalQuerySet.as_manager()
 

@@ -437,3 +437,68 @@ class Session(models.Model):
 
     def __str__(self):
         return f"session of {self.inbox_id}"
+
+
+class RunRecordQuerySet(models.QuerySet):
+    def of_inbox(self, inbox_id):
+        return self.filter(inbox_id=inbox_id)
+
+
+class RunRecord(models.Model):
+    """What one run did: one row per (inbox, generation), the lease take it ran under.
+
+    A run that ended (done, error, deferred) is recorded by its fenced finish, in the same
+    transaction as what it produced, so a record marked done always has its effects and
+    never the other way round. A run whose finish was refused, and one found lost (its
+    worker gone, its events left running under its generation), are recorded apart: they
+    committed nothing else, and the record says so.
+    """
+
+    class Outcome(models.TextChoices):
+        DONE = "done"
+        ERROR = "error"
+        DEFERRED = "deferred"
+        REFUSED = "refused"  # its finish came after the lease was lost: nothing committed
+        LOST = "lost"  # its worker vanished; a later take found its events running
+
+    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="runs")
+    generation = models.PositiveBigIntegerField()
+    worker = models.CharField(max_length=200)
+    # When its events were claimed, and when it ended (the finish's clock; for a lost run,
+    # when the take that found it ran).
+    started = models.DateTimeField()
+    ended = models.DateTimeField()
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    error = models.TextField(blank=True)
+    # The ids of the events it claimed, oldest first.
+    events = models.JSONField(default=list)
+    # The oldest claimed event's arrival: how long work waited before a worker took it.
+    waiting_since = models.DateTimeField(null=True, blank=True)
+    # What the run produced, as the runtime counts it: {"said", "asked", "scheduled",
+    # "state_bytes", ...}; the rows themselves carry the run's generation.
+    produced = models.JSONField(default=dict, blank=True)
+    # The W3C traceparent of the run's span when tracing is on (alwayson/tracing/).
+    trace = models.CharField(max_length=55, blank=True)
+
+    objects = RunRecordQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-started", "-id"]
+        constraints = [
+            # One record per run: a second finish of the same claim, or a refused run the
+            # takeover already found lost, updates nothing twice.
+            models.UniqueConstraint(fields=["inbox", "generation"], name="runrecord_unique_run"),
+        ]
+        indexes = [
+            # The run list: every inbox's runs, newest first, and the dashboard's windows.
+            models.Index(fields=["started", "id"], name="runrecord_started_idx"),
+            # prune (alwayson/ops/retention.py): oldest ended first.
+            models.Index(fields=["ended", "id"], name="runrecord_ended_idx"),
+        ]
+
+    def __str__(self):
+        return f"run {self.inbox_id}/{self.generation} ({self.outcome})"
+
+    @property
+    def duration(self):
+        return self.ended - self.started

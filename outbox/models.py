@@ -53,6 +53,8 @@ class OutboxMessage(models.Model):
     # the send's first attempt. Every retry and every resend carries exactly the rows with
     # this key, under it; messages queued later go in a later send.
     send_key = models.CharField(max_length=32, blank=True)
+    # The lease generation of the run that said it (its RunRecord); null when no run did.
+    generation = models.PositiveBigIntegerField(null=True, blank=True)
 
     objects = OutboxQuerySet.as_manager()
 

@@ -55,6 +55,8 @@ class Timer(models.Model):
     event_source = models.CharField(max_length=100, blank=True)
     event_id = models.CharField(max_length=255, blank=True)
     done = models.BooleanField(default=False)
+    # The lease generation of the run that last set it (its RunRecord); null when no run did.
+    generation = models.PositiveBigIntegerField(null=True, blank=True)
 
     objects = TimerQuerySet.as_manager()
 

@@ -46,6 +46,8 @@ class ModelCall(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     cache_read_tokens = models.PositiveIntegerField(default=0)
     cache_write_tokens = models.PositiveIntegerField(default=0)
+    # How long the API took to answer; null for rows from before it was kept.
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
     created = models.DateTimeField()
 
     objects = ModelCallQuerySet.as_manager()
@@ -120,6 +122,17 @@ class ToolResult(models.Model):
     # it; narrowed to a later run's events when that run repeats the call.
     events = models.ManyToManyField("inbox.Event", related_name="+", blank=True)
     approved = models.BooleanField(default=False)
+    # The permission policy's decision on the call (allow, ask or deny) and why: the rule
+    # that matched, as alwayson/runtime/policy.py explains it.
+    decision = models.CharField(max_length=5, blank=True)
+    decision_reason = models.TextField(blank=True)
+    # The approval a person answered for an asked call; who approved is on it.
+    approval = models.ForeignKey(
+        "approvals.Approval", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # What the tool raised, when it did not return (the model was told it failed).
+    error = models.TextField(blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
     generation = models.PositiveBigIntegerField()
     created = models.DateTimeField()
 

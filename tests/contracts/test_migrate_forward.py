@@ -52,6 +52,14 @@ NEWER_COLUMNS = {
         "thinking_budget": None,
         "tool_choice": "",
     },
+    "alwayson_modelcall": {"duration_ms": None},
+    "alwayson_toolresult": {
+        "decision": "",
+        "decision_reason": "",
+        "approval_id": None,
+        "error": "",
+        "finished": None,
+    },
 }
 PROJECT_APPS = ("inbox", "timers", "approvals", "outbox", "alwayson")
 OLD_DEMO_AGENT = "alwayson.refund_desk.agent"
@@ -192,6 +200,17 @@ def fill(old_apps):
         available_at=T0,
         created=T0,
         updated=T0 + timedelta(seconds=1),
+    )
+    model("inbox", "RunRecord").objects.create(
+        inbox=desk,
+        generation=7,
+        worker="worker-1",
+        started=T0,
+        ended=T0 + timedelta(seconds=1),
+        outcome="done",
+        events=[event.pk],
+        waiting_since=T0,
+        produced={"said": 1},
     )
     Membership = model("inbox", "Membership")
     Membership.objects.create(inbox=desk, user=operator, role=2)
