@@ -26,7 +26,20 @@ def may_answer(user, inbox) -> bool:
 
 
 def display_name(user) -> str:
-    return (user.get_full_name() or user.get_username()) if user is not None else ""
+    """How a person is named on pages and in the audit: their full name, else what they log
+    in by."""
+    return _name(user, "get_full_name") if user is not None else ""
+
+
+def short_name(user) -> str:
+    """How an email to a person greets them."""
+    return _name(user, "get_short_name")
+
+
+def _name(user, method) -> str:
+    # Optional on a custom user model (AbstractBaseUser has neither); get_username never is.
+    named = getattr(user, method, None)
+    return (named() if callable(named) else "") or user.get_username()
 
 
 def and_join(names) -> str:

@@ -8,6 +8,7 @@ held, whole and under their keys, through the same service as `deadletters --res
 """
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.db import models
 
 from inbox.admin import (
@@ -194,7 +195,12 @@ class NoticeAdmin(MachineryAdmin):
     )
     list_filter = ("status", ("inbox", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("inbox", "recipient")
-    search_fields = ("=inbox__slug", "=key", "topic", "recipient__username")
+    search_fields = (
+        "=inbox__slug",
+        "=key",
+        "topic",
+        f"recipient__{get_user_model().USERNAME_FIELD}",
+    )
     search_help_text = "the exact inbox slug or key (the Message-ID), the topic or the user"
     date_hierarchy = "created"
     ordering = ("-id",)

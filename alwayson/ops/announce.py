@@ -13,7 +13,7 @@ person: each member's request, made in the same transaction, rewrites the notice
 group so it lists them all, and it links the group's page.
 """
 
-from approvals.models import Approval, approval_url
+from approvals.models import Approval, approval_url, short_name
 from inbox.models import Role
 from outbox.models import Notice
 from outbox.services import queue_notice
@@ -58,7 +58,7 @@ def notice_body(approval, person, now) -> str:
     inbox = approval.inbox
     two = "Two different approvers must approve it. " if approval.needs_two else ""
     return (
-        f"{person.get_short_name() or person.get_username()},\n\n"
+        f"{short_name(person)},\n\n"
         f"the agent of {inbox.name or inbox.slug} asks for approval:\n\n"
         f"{approval.shown_action}\n\n"
         f"{two}Approve or deny before {approval.expires_at:%Y-%m-%d %H:%M} UTC"
@@ -75,7 +75,7 @@ def group_notice_body(inbox, calls, person, now) -> str:
         for call in calls
     )
     return (
-        f"{person.get_short_name() or person.get_username()},\n\n"
+        f"{short_name(person)},\n\n"
         f"the agent of {inbox.name or inbox.slug} asks for approval of {len(calls)} calls"
         f" it made in one turn:\n\n{listed}\n\n"
         f"Answer them one by one or all at once before {lead.expires_at:%Y-%m-%d %H:%M} UTC"

@@ -154,12 +154,19 @@ class Harness:
     # --- people and inboxes -----------------------------------------------------------------
 
     def person(self, username: str | None = None, **fields):
-        """A user (with an email address, so the outbox and notices reach them)."""
+        """A user (with an email address, so the outbox and notices reach them).
+
+        `username` names them whatever the user model logs in by: on a model whose
+        USERNAME_FIELD is its email field, "dana" logs in as dana@example.com.
+        """
         self._users += 1
         username = username or f"person-{self._users}"
         model = get_user_model()
-        fields.setdefault("email", f"{username}@example.com")
-        return model.objects.create_user(**{model.USERNAME_FIELD: username}, **fields)
+        email_field = model.get_email_field_name()
+        fields.setdefault(email_field, f"{username}@example.com")
+        if email_field != model.USERNAME_FIELD:
+            fields[model.USERNAME_FIELD] = username
+        return model.objects.create_user(**fields)
 
     def inbox(
         self, slug: str = "desk", *, agent=None, owner=None, channel: dict | None = None, **config

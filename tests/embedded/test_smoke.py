@@ -18,6 +18,7 @@ def test_the_project_runs_on_its_own_user_model():
     assert get_user_model() is User
     assert Inbox._meta.get_field("owner").related_model is User
     assert User._meta.db_table == "acme_people"
+    assert User.USERNAME_FIELD == "email" and not hasattr(User, "username")
 
 
 def test_a_chat_message_is_run_and_answered_by_email(harness):
@@ -26,7 +27,7 @@ def test_a_chat_message_is_run_and_answered_by_email(harness):
     assert desk.chat("hello")
     harness.run_until_idle()
 
-    assert desk.said() == ["Hello desk-owner."]
+    assert desk.said() == ["Hello desk-owner@example.com."]
     [delivery] = desk.sent()
     assert (delivery.channel, delivery.to) == ("email", "desk-owner@example.com")
 
@@ -49,7 +50,7 @@ def test_a_refund_is_asked_answered_on_the_page_under_the_prefix_and_the_run_res
     assert browser.post(page, {"answer": "yes"}).status_code == 302
     harness.run_until_idle()
 
-    assert desk.said()[-1] == "Order 881: yes, by dana."
+    assert desk.said()[-1] == "Order 881: yes, by dana@example.com."
     assert desk.state == {"answers": ["yes"]}
     assert Approval.objects.get(pk=approval.pk).answered_by == dana
     assert [e.source for e in desk.events()] == ["chat", "approval"]
@@ -95,7 +96,7 @@ def test_the_pages_answer_under_the_prefix_beside_the_project_s_own(harness):
 def test_the_project_s_admin_finds_inboxes_by_their_owner_on_its_user_model(harness):
     harness.inbox("desk")
     harness.inbox("returns")
-    boss = get_user_model().objects.create_superuser("boss", "boss@acme.example.com", "pw-boss-1")
+    boss = get_user_model().objects.create_superuser("boss@acme.example.com", "pw-boss-1")
     browser = Client()
     browser.force_login(boss)
 
@@ -107,4 +108,19 @@ def test_the_project_s_admin_finds_inboxes_by_their_owner_on_its_user_model(harn
         {"app_label": "inbox", "model_name": "inbox", "field_name": "owner", "term": "desk"},
     )
     assert owners.status_code == 200
-    assert [person["text"] for person in owners.json()["results"]] == ["desk-owner"]
+    assert [person["text"] for person in owners.json()["results"]] == ["desk-owner@example.com"]
+
+
+def test_a_person_logs_in_by_the_field_the_user_model_names(harness):
+    dana = harness.person("dana", password="pw-dana-1")
+    browser = Client()
+
+    form = browser.get("/accounts/login/")
+    assert b'<label for="id_username">Email address</label>' in form.content
+    wrong = browser.post("/accounts/login/", {"username": "dana", "password": "pw-dana-1"})
+    assert b"Your email address and password didn't match." in wrong.content
+    done = browser.post(
+        "/accounts/login/", {"username": "dana@example.com", "password": "pw-dana-1"}
+    )
+    assert done.status_code == 302
+    assert browser.get("/agents/inbox/").wsgi_request.user == dana

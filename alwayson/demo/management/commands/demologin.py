@@ -35,8 +35,11 @@ class Command(BaseCommand):
                 "demologin is for development: DEBUG is off (runall --no-demo starts without it)"
             )
         password = demo_password()
-        user, _ = get_user_model().objects.get_or_create(
-            username=DEMO_USER, defaults={"email": "demo@example.com"}
+        people = get_user_model()
+        email_field = people.get_email_field_name()
+        login = "demo@example.com" if email_field == people.USERNAME_FIELD else DEMO_USER
+        user, _ = people.objects.get_or_create(
+            **{people.USERNAME_FIELD: login}, defaults={email_field: "demo@example.com"}
         )
         user.is_staff = user.is_superuser = True
         # Set only when it differs: a new hash would log out the browsers logged in with it.
