@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "approvals",
     "outbox",
     "alwayson.egress",
+    "alwayson.tracing",
     "alwayson.ops",
     "alwayson.runtime",
     "alwayson.claude",

@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "approvals",
     "outbox",
     "alwayson.egress",
+    "alwayson.tracing",
     "alwayson.ops",
     "alwayson.runtime",
     "alwayson.claude",
