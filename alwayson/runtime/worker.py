@@ -29,6 +29,7 @@ from alwayson.ops.models import Process
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
 from alwayson.runtime.run import LeaseLost, Run
+from alwayson.tracing import span
 from inbox.services import (
     WORK_CHANNEL,
     Claim,
@@ -41,6 +42,22 @@ from inbox.services import (
 )
 
 log = logging.getLogger("alwayson.worker")
+
+
+def agent_name(agent) -> str:
+    """The name an agent goes by in traces: its `name` attribute, else its dotted path."""
+    name = getattr(agent, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    target = agent if hasattr(agent, "__qualname__") else type(agent)
+    return f"{target.__module__}.{target.__qualname__}"
+
+
+def _raising(exc: Exception):
+    def agent(run):
+        raise exc
+
+    return agent
 
 
 class Heartbeat:
@@ -163,7 +180,32 @@ class Worker:
                     release(claim.inbox.pk, self.worker_id, claim.generation)
 
     def _run(self, claim: Claim, started) -> tuple[StepResult, bool]:
-        """The run and its finish; the result, and whether the finish gave the lease back."""
+        """The run and its finish; the result, and whether the finish gave the lease back.
+
+        One invoke_agent span covers both (OpenTelemetry's GenAI conventions): the Claude
+        agent's chat and execute_tool spans open inside it, and its outcome is the finish's.
+        """
+        try:
+            agent = self.agents.for_inbox(claim.inbox, claim.extras)
+            name = agent_name(agent)
+        except Exception as exc:
+            # An agent that cannot be loaded fails the run like one that raises: the error
+            # is recorded on the events by the finish below, not lost in the step.
+            agent, name = _raising(exc), "unloaded"
+        with span(
+            f"invoke_agent {name}",
+            gen_ai__operation__name="invoke_agent",
+            gen_ai__agent__name=name,
+            alwayson__inbox=claim.inbox.slug,
+            alwayson__generation=claim.generation,
+            alwayson__events=len(claim.events),
+        ) as current:
+            result, finished = self._run_agent(agent, claim, started)
+            if current is not None:
+                current.set_attribute("alwayson.outcome", result.outcome)
+            return result, finished
+
+    def _run_agent(self, agent, claim: Claim, started) -> tuple[StepResult, bool]:
         holder, inbox, generation = self.worker_id, claim.inbox, claim.generation
         run = Run(inbox, holder, generation, claim.events, claim.state)
         ids = [event.pk for event in claim.events]
@@ -171,7 +213,7 @@ class Worker:
         if self.heartbeat:
             self.heartbeat.track(run)
         try:
-            self.agents.for_inbox(inbox, claim.extras)(run)
+            agent(run)
         except LeaseLost:
             return self._result(inbox, generation, len(ids), "fenced", started), False
         except Exception as exc:
