@@ -28,6 +28,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
+from alwayson import tracing
 from alwayson.claude.models import ModelCall
 from alwayson.egress.client import run_headers
 from alwayson.egress.gateway import scrub
@@ -157,7 +158,7 @@ def call(run, request: dict, budget: int | None) -> dict:
         return cached
     check_budget(run.inbox.pk, budget)
     started = time.monotonic()
-    answer = _send(request, run)
+    answer = _traced_send(request, run)
     log.info(
         "model call inbox=%s gen=%s model=%s stop=%s tokens=%s duration=%.2fs",
         run.inbox.slug,
@@ -169,6 +170,42 @@ def call(run, request: dict, budget: int | None) -> dict:
     )
     _store(run, key, request, answer)
     return answer
+
+
+def _traced_send(request: dict, run) -> dict:
+    """_send inside a `chat {model}` CLIENT span (OpenTelemetry's GenAI conventions).
+
+    Only calls that reach the API get one: a cached answer costs nothing and sends nothing.
+    Message content goes into the span only with ALWAYSON_TRACE_CONTENT (it is the users').
+    """
+    model = request.get("model")
+    with tracing.span(
+        f"chat {model}",
+        kind=tracing.trace.SpanKind.CLIENT,
+        gen_ai__operation__name="chat",
+        gen_ai__provider__name="anthropic",
+        gen_ai__request__model=model,
+    ) as current:
+        if current is not None and tracing.trace_content():
+            current.set_attribute("gen_ai.input.messages", json.dumps(request.get("messages")))
+            if request.get("system"):
+                current.set_attribute("gen_ai.system_instructions", json.dumps(request["system"]))
+        answer = _send(request, run)
+        if current is not None:
+            usage = answer.get("usage") or {}
+            for name, value in (
+                ("gen_ai.response.model", answer.get("model")),
+                ("gen_ai.response.id", answer.get("id")),
+                ("gen_ai.usage.input_tokens", usage.get("input_tokens")),
+                ("gen_ai.usage.output_tokens", usage.get("output_tokens")),
+            ):
+                if value is not None:
+                    current.set_attribute(name, value)
+            if answer.get("stop_reason"):
+                current.set_attribute("gen_ai.response.finish_reasons", [answer["stop_reason"]])
+            if tracing.trace_content():
+                current.set_attribute("gen_ai.output.messages", json.dumps(answer.get("content")))
+        return answer
 
 
 def _send(request: dict, run) -> dict:

@@ -34,6 +34,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
+from alwayson import tracing
 from alwayson.claude import client, transcript
 from alwayson.claude.models import ToolResult
 from alwayson.runtime.models import AgentConfig
@@ -467,9 +468,16 @@ class ClaudeRun:
             return {**entry.result, "tool_use_id": tool_use_id}
         key = entry.idempotency_key
         try:
-            output = tool.function(
-                ToolCall(self.run, name, arguments, tool_use_id, key, approved, reply), **arguments
-            )
+            with tracing.span(
+                f"execute_tool {name}",
+                gen_ai__operation__name="execute_tool",
+                gen_ai__tool__name=name,
+                gen_ai__tool__call__id=tool_use_id,
+            ):
+                output = tool.function(
+                    ToolCall(self.run, name, arguments, tool_use_id, key, approved, reply),
+                    **arguments,
+                )
         except ToolError as exc:
             result = error_result(tool_use_id, str(exc) or f"{name} failed")
         else:

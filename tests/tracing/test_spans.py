@@ -6,6 +6,7 @@ import pytest
 from alwayson import tracing
 from alwayson.runtime.api import ingest
 from alwayson.runtime.worker import Worker
+from alwayson.testing.model import message, tool_use, usage
 
 
 def attributes(span):
@@ -75,3 +76,80 @@ def test_with_tracing_off_a_worker_step_exports_nothing(receiver, inbox):
     assert result.events == 1
     assert not tracing.enabled()
     assert receiver == []
+
+
+def claude_run(messages_api, claude_inbox, slug="support"):
+    """One Claude run that makes one allowed tool call (a refund) and then answers."""
+    inbox = claude_inbox(slug)
+    ingest(inbox, "chat", "m1", {"text": "refund 20 on order 7", "from": "owner"})
+    call = tool_use("refund", {"order": "7", "amount": 20})
+    messages_api.reply(
+        message(call, tokens=usage(input_tokens=120, output_tokens=30)), message("Refunded.")
+    )
+    Worker("w1").step()
+    tracing.force_flush()
+    return call
+
+
+@pytest.mark.django_db
+def test_the_claude_agents_calls_and_tools_are_children_of_the_run(
+    receiver, messages_api, claude_inbox
+):
+    call = claude_run(messages_api, claude_inbox)
+
+    (run,) = [s for s in receiver if s.name.startswith("invoke_agent ")]
+    chats = [s for s in receiver if s.name.startswith("chat ")]
+    (tool,) = [s for s in receiver if s.name.startswith("execute_tool ")]
+    assert len(receiver) == 4 and len(chats) == 2
+    for child in (*chats, tool):
+        assert child.trace_id == run.trace_id
+        assert child.parent_span_id == run.span_id
+
+    model = messages_api.messages_requests[0].body["model"]
+    first = min(chats, key=lambda s: s.start_time_unix_nano)
+    assert first.name == f"chat {model}"
+    assert first.kind == first.SPAN_KIND_CLIENT
+    assert attributes(first) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "anthropic",
+        "gen_ai.request.model": model,
+        "gen_ai.response.model": "claude-sonnet-5-5",
+        "gen_ai.response.id": attributes(first)["gen_ai.response.id"],
+        "gen_ai.usage.input_tokens": 120,
+        "gen_ai.usage.output_tokens": 30,
+        "gen_ai.response.finish_reasons": ["tool_use"],
+    }
+    assert attributes(first)["gen_ai.response.id"].startswith("msg_loopback_")
+
+    assert tool.name == "execute_tool refund"
+    assert tool.kind == tool.SPAN_KIND_INTERNAL
+    assert attributes(tool) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "refund",
+        "gen_ai.tool.call.id": call["id"],
+    }
+    # The tool ran between the two calls, inside the run.
+    assert first.end_time_unix_nano <= tool.start_time_unix_nano
+    assert tool.end_time_unix_nano <= max(c.start_time_unix_nano for c in chats)
+
+
+@pytest.mark.django_db
+def test_message_content_goes_into_chat_spans_only_when_allowed(
+    receiver, messages_api, claude_inbox, settings
+):
+    content_keys = {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions"}
+    settings.ALWAYSON_TRACE_CONTENT = False
+    claude_run(messages_api, claude_inbox)
+    for s in receiver:
+        assert not content_keys & attributes(s).keys()
+        assert not any("refund 20" in str(v) for v in attributes(s).values())
+    receiver.clear()
+
+    settings.ALWAYSON_TRACE_CONTENT = True
+    claude_run(messages_api, claude_inbox, "support-2")
+    first = min(
+        (s for s in receiver if s.name.startswith("chat ")), key=lambda s: s.start_time_unix_nano
+    )
+    assert content_keys <= attributes(first).keys()
+    assert "refund 20 on order 7" in attributes(first)["gen_ai.input.messages"]
+    assert '"tool_use"' in attributes(first)["gen_ai.output.messages"]
