@@ -11,6 +11,8 @@ from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from alwayson import tracing
+
 from . import webhooks
 from .clock import database_now
 from .exceptions import InboxBusy, UnknownInbox
@@ -48,6 +50,25 @@ def _read_body(request, limit):
 
 
 def _receive(request, slug, scheme, verify):
+    """The delivery's answer, inside a SERVER span that continues the sender's traceparent."""
+    match = getattr(request, "resolver_match", None)
+    route = "/" + match.route if match and match.route else request.path
+    with tracing.span(
+        f"{request.method} {route}",
+        kind=tracing.trace.SpanKind.SERVER,
+        parent=request.headers.get("traceparent", ""),
+        http__request__method=request.method,
+        http__route=route,
+        alwayson__inbox=slug,
+        alwayson__webhook__scheme=scheme,
+    ) as current:
+        response = _answer(request, slug, scheme, verify)
+        if current is not None:
+            current.set_attribute("http.response.status_code", response.status_code)
+        return response
+
+
+def _answer(request, slug, scheme, verify):
     if request.method != "POST":
         response = _error(405, f"{request.method} is not allowed; webhooks are POSTed")
         response["Allow"] = "POST"

@@ -2,11 +2,13 @@
 execute_tool spans inside it. Exported through the loopback OTLP receiver (conftest.py)."""
 
 import pytest
+from django.test import Client
 
 from alwayson import tracing
 from alwayson.runtime.api import ingest
 from alwayson.runtime.worker import Worker
 from alwayson.testing.model import message, tool_use, usage
+from tests.support.webhooks import STANDARD_SECRET, post, standard_headers
 
 
 def attributes(span):
@@ -153,3 +155,46 @@ def test_message_content_goes_into_chat_spans_only_when_allowed(
     assert content_keys <= attributes(first).keys()
     assert "refund 20 on order 7" in attributes(first)["gen_ai.input.messages"]
     assert '"tool_use"' in attributes(first)["gen_ai.output.messages"]
+
+
+SENDER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.django_db
+def test_a_webhook_request_is_a_server_span_continuing_the_senders_trace(receiver, inbox, settings):
+    settings.ALWAYSON_STANDARD_SECRETS = [STANDARD_SECRET]
+    settings.ALWAYSON_WEBHOOK_INBOX_SECRETS = {}
+    body = b'{"type": "ping"}'
+    headers = {**standard_headers(body), "traceparent": SENDER}
+
+    assert post(Client(), "standard", inbox.slug, body, headers).status_code == 202
+    tracing.force_flush()
+
+    (request,) = receiver
+    assert request.name == "POST /hooks/standard/<str:slug>/"
+    assert request.kind == request.SPAN_KIND_SERVER
+    assert request.trace_id.hex() == SENDER.split("-")[1]
+    assert request.parent_span_id.hex() == SENDER.split("-")[2]
+    assert attributes(request) == {
+        "http.request.method": "POST",
+        "http.route": "/hooks/standard/<str:slug>/",
+        "http.response.status_code": 202,
+        "alwayson.inbox": inbox.slug,
+        "alwayson.webhook.scheme": "standard",
+    }
+
+
+@pytest.mark.django_db
+def test_a_refused_webhook_span_carries_its_status(receiver, inbox, settings):
+    settings.ALWAYSON_STANDARD_SECRETS = [STANDARD_SECRET]
+    settings.ALWAYSON_WEBHOOK_INBOX_SECRETS = {}
+    body = b'{"type": "ping"}'
+    headers = standard_headers(body, secret="whsec_" + "A" * 32)
+
+    status = post(Client(), "standard", inbox.slug, body, headers).status_code
+    tracing.force_flush()
+
+    (request,) = receiver
+    assert status == 401  # the wrong secret signed it
+    assert request.parent_span_id == b""
+    assert attributes(request)["http.response.status_code"] == status
