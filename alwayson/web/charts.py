@@ -1,0 +1,98 @@
+"""Dashboard charts as inline SVG: pure functions from series to markup, no JS.
+
+Every label goes through escape() because inbox names are the person's own text; each chart
+carries a <title> and aria-label, and the numbers sit in a table beside it (the SVG is a
+picture of the table, never the only place the numbers are).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from html import escape
+
+
+def buckets(now: datetime, width: timedelta, count: int) -> list[datetime]:
+    """The starts of `count` buckets of `width` ending at the bucket holding `now`."""
+    if count < 1 or width <= timedelta(0):
+        raise ValueError("buckets needs count >= 1 and a positive width")
+    epoch = datetime(2000, 1, 1, tzinfo=now.tzinfo)
+    last = epoch + ((now - epoch) // width) * width
+    return [last - width * (count - 1 - i) for i in range(count)]
+
+
+def bucket_of(moment: datetime, starts: list[datetime], width: timedelta) -> int | None:
+    """The index of the bucket holding `moment`, or None outside the window."""
+    if not starts or moment < starts[0] or moment >= starts[-1] + width:
+        return None
+    return int((moment - starts[0]) // width)
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100); None for no values, so a gap is not a zero."""
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile p must be in 0..100, got {p}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def bar_chart(title: str, labels: list[str], series: dict[str, list[float]], empty: str) -> str:
+    """Stacked bars, one per label; `series` maps a name to one value per label.
+
+    With nothing to show the chart says `empty` (e.g. "no runs") instead of drawing axes.
+    """
+    for name, values in series.items():
+        if len(values) != len(labels):
+            raise ValueError(f"series {name!r} has {len(values)} values for {len(labels)} labels")
+    totals = [sum((series[n][i] or 0) for n in series) for i in range(len(labels))]
+    w, h = 300, 100
+    head = (
+        f'<svg class="chart" viewBox="0 0 {w} {h}" width="100%" role="img" '
+        f'aria-label="{escape(title)}" preserveAspectRatio="none">'
+        f"<title>{escape(title)}</title>"
+    )
+    if not labels or max(totals, default=0) <= 0:
+        return (
+            head
+            + f'<text x="{w // 2}" y="{h // 2}" text-anchor="middle">{escape(empty)}</text></svg>'
+        )
+    top = max(totals)
+    step = w / len(labels)
+    parts = [head]
+    for i, label in enumerate(labels):
+        y = h
+        for k, name in enumerate(series):
+            value = series[name][i] or 0
+            if value <= 0:
+                continue
+            bar = h * value / top
+            y -= bar
+            parts.append(
+                f'<rect class="s{k}" x="{i * step:.2f}" y="{y:.2f}" width="{step * 0.9:.2f}" '
+                f'height="{bar:.2f}">'
+                f"<title>{escape(label)} {escape(name)}: {value:g}</title></rect>"
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def table(caption: str, labels: list[str], series: dict[str, list[float | None]]) -> str:
+    """The chart's numbers as a (visually hidden when styled so) table; None shows as a dash."""
+    rows = "".join(
+        '<tr><th scope="row">'
+        + escape(label)
+        + "</th>"
+        + "".join(
+            f"<td>{'–' if series[n][i] is None else f'{series[n][i]:g}'}</td>" for n in series
+        )
+        + "</tr>"
+        for i, label in enumerate(labels)
+    )
+    head = "".join(f'<th scope="col">{escape(n)}</th>' for n in series)
+    return (
+        f'<table class="chart-numbers"><caption>{escape(caption)}</caption>'
+        f"<thead><tr><th></th>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    )

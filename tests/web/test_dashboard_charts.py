@@ -1,0 +1,127 @@
+"""The dashboard's charts: bucketing and percentiles on a fixed `now`, the SVG's escaping and
+empty state, and the run window the charts read (bounded, one query however many rows)."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from alwayson.web import charts
+from inbox.models import Inbox, RunRecord
+
+NOW = datetime(2026, 12, 2, 14, 7, 30, tzinfo=UTC)
+MINUTE = timedelta(minutes=1)
+
+
+def test_buckets_end_at_the_bucket_holding_now():
+    starts = charts.buckets(NOW, MINUTE, 60)
+    assert len(starts) == 60
+    assert starts[-1] == datetime(2026, 12, 2, 14, 7, tzinfo=UTC)
+    assert starts[0] == datetime(2026, 12, 2, 13, 8, tzinfo=UTC)
+
+
+def test_a_moment_lands_in_its_bucket_and_outside_the_window_in_none():
+    starts = charts.buckets(NOW, MINUTE, 60)
+    assert charts.bucket_of(NOW, starts, MINUTE) == 59
+    assert charts.bucket_of(starts[0], starts, MINUTE) == 0
+    assert charts.bucket_of(starts[0] - timedelta(seconds=1), starts, MINUTE) is None
+    assert charts.bucket_of(starts[-1] + MINUTE, starts, MINUTE) is None
+
+
+def test_buckets_refuse_a_zero_width():
+    with pytest.raises(ValueError, match="positive width"):
+        charts.buckets(NOW, timedelta(0), 3)
+
+
+def test_percentiles_are_nearest_rank_and_none_for_no_values():
+    values = [float(v) for v in range(1, 101)]
+    assert charts.percentile(values, 50) == 50
+    assert charts.percentile(values, 95) == 95
+    assert charts.percentile([7.0], 95) == 7
+    assert charts.percentile([], 50) is None
+    with pytest.raises(ValueError, match="0..100"):
+        charts.percentile(values, 101)
+
+
+def test_an_empty_window_says_no_runs():
+    svg = charts.bar_chart("Runs per minute", ["14:06", "14:07"], {"done": [0, 0]}, "no runs")
+    assert "no runs" in svg and "<rect" not in svg
+    assert 'viewBox="0 0 300 100"' in svg and 'width="100%"' in svg
+
+
+def test_the_svg_escapes_names_and_carries_a_title():
+    name = '<script>alert("x")</script>'
+    svg = charts.bar_chart(f"Tokens of {name}", [name], {"tokens": [5]}, "no tokens")
+    assert "<script>" not in svg
+    assert "&lt;script&gt;" in svg
+    assert svg.count("<rect") == 1
+    assert "<title>Tokens of &lt;script&gt;" in svg
+
+
+def test_stacked_bars_split_by_outcome_and_the_table_keeps_the_numbers():
+    svg = charts.bar_chart("Runs", ["a", "b"], {"done": [3, 0], "failed": [1, 2]}, "no runs")
+    assert svg.count("<rect") == 3
+    html = charts.table("Runs", ["a", "b"], {"p50": [1.5, None]})
+    assert "<td>1.5</td>" in html and "<td>–</td>" in html
+
+
+def test_a_series_of_the_wrong_length_is_refused():
+    with pytest.raises(ValueError, match="has 1 values for 2 labels"):
+        charts.bar_chart("Runs", ["a", "b"], {"done": [1]}, "no runs")
+
+
+def make_run(inbox, generation, started, outcome="done"):
+    return RunRecord.objects.create(
+        inbox=inbox,
+        generation=generation,
+        worker="w",
+        started=started,
+        ended=started + timedelta(seconds=2),
+        outcome=outcome,
+        waiting_since=started - timedelta(seconds=5),
+    )
+
+
+@pytest.fixture
+def inboxes():
+    users = get_user_model()
+    mine = Inbox.objects.create(owner=users.objects.create_user("me@x", "me@x"), slug="mine")
+    theirs = Inbox.objects.create(owner=users.objects.create_user("you@x", "you@x"), slug="theirs")
+    return mine, theirs
+
+
+@pytest.mark.django_db
+def test_the_window_holds_only_runs_started_in_it_and_only_the_owners(inboxes):
+    mine, theirs = inboxes
+    since = NOW - timedelta(hours=1)
+    inside = make_run(mine, 1, NOW - timedelta(minutes=3))
+    make_run(mine, 2, since - timedelta(seconds=1))
+    make_run(mine, 3, NOW)  # until is exclusive
+    make_run(theirs, 1, NOW - timedelta(minutes=3))
+    rows = RunRecord.objects.filter(inbox__owner=mine.owner).in_window(since, NOW)
+    assert list(rows) == [inside]
+
+
+@pytest.mark.django_db
+def test_the_window_refuses_an_inverted_range():
+    with pytest.raises(ValueError, match="since < until"):
+        RunRecord.objects.in_window(NOW, NOW)
+
+
+@pytest.mark.django_db
+def test_the_window_reads_in_one_query_however_many_rows(inboxes):
+    mine, _ = inboxes
+    since = NOW - timedelta(hours=1)
+
+    def read():
+        with CaptureQueriesContext(connection) as ctx:
+            list(RunRecord.objects.of_inbox(mine.id).in_window(since, NOW))
+        return len(ctx)
+
+    make_run(mine, 1, NOW - MINUTE)
+    few = read()
+    for g in range(2, 30):
+        make_run(mine, g, NOW - MINUTE * (g % 50 + 1), "error")
+    assert read() == few == 1
