@@ -96,3 +96,48 @@ def table(caption: str, labels: list[str], series: dict[str, list[float | None]]
         f'<table class="chart-numbers"><caption>{escape(caption)}</caption>'
         f"<thead><tr><th></th>{head}</tr></thead><tbody>{rows}</tbody></table>"
     )
+
+
+FAILED = ("error", "refused", "lost")
+
+
+def run_series(rows, starts: list[datetime], width: timedelta) -> dict:
+    """Per bucket: runs done / failed (error, refused, lost) / deferred, duration and claim-age
+    p50/p95 in seconds. `rows` are dicts with started, ended, outcome, waiting_since."""
+    n = len(starts)
+    done, failed, deferred = [0] * n, [0] * n, [0] * n
+    durations = [[] for _ in range(n)]
+    ages = [[] for _ in range(n)]
+    for row in rows:
+        i = bucket_of(row["started"], starts, width)
+        if i is None:
+            continue
+        outcome = row["outcome"]
+        (done if outcome == "done" else failed if outcome in FAILED else deferred)[i] += 1
+        durations[i].append((row["ended"] - row["started"]).total_seconds())
+        if row["waiting_since"] is not None:
+            ages[i].append((row["started"] - row["waiting_since"]).total_seconds())
+    return {
+        "counts": {"done": done, "error/refused/lost": failed, "deferred": deferred},
+        "duration": {
+            "p50 s": [percentile(d, 50) for d in durations],
+            "p95 s": [percentile(d, 95) for d in durations],
+        },
+        "age": {
+            "p50 s": [percentile(a, 50) for a in ages],
+            "p95 s": [percentile(a, 95) for a in ages],
+        },
+    }
+
+
+def chart_block(title: str, labels: list[str], series: dict, empty: str, stacked=True) -> str:
+    """One chart and its numbers. Percentile series are drawn as p95 bars (p50 in the table)."""
+    drawn = series if stacked else {k: v for k, v in list(series.items())[-1:]}
+    clean = {k: [v or 0 for v in vs] for k, vs in drawn.items()}
+    return (
+        '<figure class="chart-block">'
+        + bar_chart(title, labels, clean, empty)
+        + "<details><summary>Numbers</summary>"
+        + table(title, labels, series)
+        + "</details></figure>"
+    )

@@ -21,10 +21,10 @@ from alwayson.claude.models import ModelCall, token_sums
 from alwayson.runtime.models import AgentConfig
 from inbox import clock
 from inbox.clock import day_start
-from inbox.models import Event, Inbox, Lease
+from inbox.models import Event, Inbox, Lease, RunRecord
 from outbox.models import OutboxMessage
 
-from . import live
+from . import charts, live
 
 STATUSES = Event.Status.values
 
@@ -96,6 +96,26 @@ def recent_runs():
     )
 
 
+def run_charts(now):
+    """The last hour per minute, from one bounded query over RunRecord's started index."""
+    width = timedelta(minutes=1)
+    starts = charts.buckets(now, width, 60)
+    rows = RunRecord.objects.in_window(starts[0], starts[-1] + width).values(
+        "started", "ended", "outcome", "waiting_since"
+    )
+    series = charts.run_series(rows, starts, width)
+    labels = [start.strftime("%H:%M") for start in starts]
+    return [
+        charts.chart_block("Runs per minute, last hour", labels, series["counts"], "no runs"),
+        charts.chart_block(
+            "Run duration per minute (p95 drawn)", labels, series["duration"], "no runs", False
+        ),
+        charts.chart_block(
+            "Event age when claimed (p95 drawn)", labels, series["age"], "no runs", False
+        ),
+    ]
+
+
 def dashboard_context(now):
     outbox = outbox_by_inbox()
     leases = list(
@@ -141,6 +161,7 @@ def dashboard_context(now):
         "tokens_today": sum(row["tokens"].get("total", 0) for row in rows),
         "token_rows": [row for row in rows if row["tokens"] or row["budget"]],
         "recent_runs": recent_runs(),
+        "charts": run_charts(now),
     }
 
 

@@ -125,3 +125,60 @@ def test_the_window_reads_in_one_query_however_many_rows(inboxes):
     for g in range(2, 30):
         make_run(mine, g, NOW - MINUTE * (g % 50 + 1), "error")
     assert read() == few == 1
+
+
+def test_run_series_buckets_outcomes_and_takes_percentiles_per_minute():
+    starts = charts.buckets(NOW, MINUTE, 3)
+    base = starts[0]
+    rows = [
+        {
+            "started": base + timedelta(seconds=10 * k),
+            "ended": base + timedelta(seconds=10 * k + k + 1),
+            "outcome": "done" if k < 4 else "lost",
+            "waiting_since": base + timedelta(seconds=10 * k - 2 * (k + 1)),
+        }
+        for k in range(5)
+    ] + [{"started": starts[2], "ended": starts[2], "outcome": "deferred", "waiting_since": None}]
+    series = charts.run_series(rows, starts, MINUTE)
+    assert series["counts"] == {
+        "done": [4, 0, 0],
+        "error/refused/lost": [1, 0, 0],
+        "deferred": [0, 0, 1],
+    }
+    assert series["duration"]["p50 s"] == [3.0, None, 0.0]
+    assert series["duration"]["p95 s"] == [5.0, None, 0.0]
+    assert series["age"]["p95 s"] == [10.0, None, None]
+
+
+@pytest.mark.django_db
+def test_the_dashboard_says_no_runs_for_an_empty_hour(admin_client):
+    from django.urls import reverse
+
+    body = admin_client.get(reverse("admin-dashboard")).content.decode()
+    assert body.count(">no runs</text>") == 3
+    assert "Runs per minute, last hour" in body
+
+
+@pytest.mark.django_db
+def test_the_dashboard_charts_runs_and_its_queries_do_not_grow_with_them(admin_client, inboxes):
+    from django.urls import reverse
+
+    from inbox import clock
+
+    mine, theirs = inboxes
+    now = clock.database_now()
+    path = reverse("admin-dashboard")
+
+    def queries():
+        with CaptureQueriesContext(connection) as ctx:
+            body = admin_client.get(path).content.decode()
+        return len(ctx), body
+
+    make_run(mine, 1, now - MINUTE)
+    few, body = queries()
+    assert body.count(">no runs</text>") == 0
+    for g in range(2, 40):
+        make_run(mine if g % 2 else theirs, g, now - MINUTE * (g % 50 + 1), "error")
+    many, body = queries()
+    assert many == few
+    assert "error/refused/lost: 1" in body
