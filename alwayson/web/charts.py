@@ -11,6 +11,9 @@ import math
 from datetime import datetime, timedelta
 from html import escape
 
+# done, failed, deferred: distinct in hue and in lightness, so they part without colour too.
+PALETTE = ("#417690", "#ba2121", "#c9a227")
+
 
 def buckets(now: datetime, width: timedelta, count: int) -> list[datetime]:
     """The starts of `count` buckets of `width` ending at the bucket holding `now`."""
@@ -71,7 +74,8 @@ def bar_chart(title: str, labels: list[str], series: dict[str, list[float]], emp
             bar = h * value / top
             y -= bar
             parts.append(
-                f'<rect class="s{k}" x="{i * step:.2f}" y="{y:.2f}" width="{step * 0.9:.2f}" '
+                f'<rect class="s{k}" fill="{PALETTE[k % len(PALETTE)]}" '
+                f'x="{i * step:.2f}" y="{y:.2f}" width="{step * 0.9:.2f}" '
                 f'height="{bar:.2f}">'
                 f"<title>{escape(label)} {escape(name)}: {value:g}</title></rect>"
             )
@@ -135,7 +139,8 @@ def chart_block(title: str, labels: list[str], series: dict, empty: str, stacked
     drawn = series if stacked else {k: v for k, v in list(series.items())[-1:]}
     clean = {k: [v or 0 for v in vs] for k, vs in drawn.items()}
     return (
-        '<figure class="chart-block">'
+        '<figure class="chart-block" style="margin:1em 0;max-width:40em">'
+        + f"<figcaption>{escape(title)}: {escape(', '.join(drawn))}</figcaption>"
         + bar_chart(title, labels, clean, empty)
         + "<details><summary>Numbers</summary>"
         + table(title, labels, series)

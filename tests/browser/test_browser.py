@@ -966,3 +966,33 @@ def test_a_turns_calls_answered_all_at_once_on_a_phone(new_page, site, desk, dja
     )
     expect(page.locator(".outcome")).to_have_text(["Approved.", "Approved."])
     assert set(Approval.objects.values_list("answer", flat=True)) == {"yes"}
+
+
+def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
+    from pathlib import Path
+
+    from inbox.models import RunRecord
+
+    now = clock.database_now()
+    for g in range(1, 30):
+        started = now - timedelta(minutes=g % 55 + 1)
+        RunRecord.objects.create(
+            inbox=desk,
+            generation=g,
+            worker="w",
+            started=started,
+            ended=started + timedelta(seconds=g % 7 + 1),
+            outcome="done" if g % 4 else "error",
+            waiting_since=started - timedelta(seconds=g % 11),
+        )
+    shots = Path("/work/notes/screens")
+    shots.mkdir(parents=True, exist_ok=True)
+    for name, viewport in (("dashboard-charts", DESKTOP), ("dashboard-charts-phone", PHONE)):
+        page = new_page(viewport)
+        log_in_to_admin(page, site, "operator")
+        page.goto(f"{site}/admin/dashboard/")
+        expect(page.locator("svg.chart").first).to_be_visible()
+        assert page.locator("svg.chart rect").count() > 0
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+        if viewport is PHONE:
+            assert_fits_a_phone(page)
