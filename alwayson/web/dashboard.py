@@ -96,24 +96,42 @@ def recent_runs():
     )
 
 
+# (name, bucket width, bucket count, label format): the last hour per minute and the last day
+# per hour, both always drawn so the live fragment needs no state to refresh either.
+WINDOWS = (
+    ("last hour", "minute", timedelta(minutes=1), 60, "%H:%M"),
+    ("last day", "hour", timedelta(hours=1), 24, "%H:00"),
+)
+
+
 def run_charts(now):
-    """The last hour per minute, from one bounded query over RunRecord's started index."""
-    width = timedelta(minutes=1)
-    starts = charts.buckets(now, width, 60)
-    rows = RunRecord.objects.in_window(starts[0], starts[-1] + width).values(
-        "started", "ended", "outcome", "waiting_since"
-    )
-    series = charts.run_series(rows, starts, width)
-    labels = [start.strftime("%H:%M") for start in starts]
-    return [
-        charts.chart_block("Runs per minute, last hour", labels, series["counts"], "no runs"),
-        charts.chart_block(
-            "Run duration per minute (p95 drawn)", labels, series["duration"], "no runs", False
-        ),
-        charts.chart_block(
-            "Event age when claimed (p95 drawn)", labels, series["age"], "no runs", False
-        ),
-    ]
+    """Per window, one bounded query over RunRecord's started index; three charts each."""
+    blocks = []
+    for name, unit, width, count, fmt in WINDOWS:
+        starts = charts.buckets(now, width, count)
+        rows = RunRecord.objects.in_window(starts[0], starts[-1] + width).values(
+            "started", "ended", "outcome", "waiting_since"
+        )
+        series = charts.run_series(rows, starts, width)
+        labels = [start.strftime(fmt) for start in starts]
+        blocks += [
+            charts.chart_block(f"Runs per {unit}, {name}", labels, series["counts"], "no runs"),
+            charts.chart_block(
+                f"Run duration per {unit}, {name} (p95 drawn)",
+                labels,
+                series["duration"],
+                "no runs",
+                False,
+            ),
+            charts.chart_block(
+                f"Event age when claimed per {unit}, {name} (p95 drawn)",
+                labels,
+                series["age"],
+                "no runs",
+                False,
+            ),
+        ]
+    return blocks
 
 
 def dashboard_context(now):

@@ -155,8 +155,9 @@ def test_the_dashboard_says_no_runs_for_an_empty_hour(admin_client):
     from django.urls import reverse
 
     body = admin_client.get(reverse("admin-dashboard")).content.decode()
-    assert body.count(">no runs</text>") == 3
+    assert body.count(">no runs</text>") == 6
     assert "Runs per minute, last hour" in body
+    assert "Runs per hour, last day" in body
 
 
 @pytest.mark.django_db
@@ -182,3 +183,27 @@ def test_the_dashboard_charts_runs_and_its_queries_do_not_grow_with_them(admin_c
     many, body = queries()
     assert many == few
     assert "error/refused/lost: 1" in body
+
+
+@pytest.mark.django_db
+def test_the_day_charts_bucket_runs_by_hour_and_the_hour_charts_ignore_older_ones(inboxes):
+    from alwayson.web.dashboard import run_charts
+
+    mine, _ = inboxes
+    make_run(mine, 1, NOW - timedelta(hours=3))  # 11:07: only in the day window
+    make_run(mine, 2, NOW - MINUTE, "error")  # 14:06: in both
+    make_run(mine, 3, NOW - timedelta(hours=25))  # outside both
+    with CaptureQueriesContext(connection) as ctx:
+        blocks = run_charts(NOW)
+    assert len(ctx) == 2
+    assert len(blocks) == 6
+    hour_runs, day_runs = blocks[0], blocks[3]
+    assert (
+        "Runs per minute, last hour" in hour_runs
+        and "<title>14:06 error/refused/lost: 1" in hour_runs
+    )
+    assert "11:00 done" not in hour_runs
+    assert "Runs per hour, last day" in day_runs
+    assert "<title>11:00 done: 1</title>" in day_runs
+    assert "<title>14:00 error/refused/lost: 1</title>" in day_runs
+    assert day_runs.count("<rect") == 2
