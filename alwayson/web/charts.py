@@ -134,6 +134,16 @@ def run_series(rows, starts: list[datetime], width: timedelta) -> dict:
     }
 
 
+def count_series(moments, starts: list[datetime], width: timedelta) -> list[int]:
+    """How many of `moments` fall in each bucket; those outside the window are dropped."""
+    counts = [0] * len(starts)
+    for moment in moments:
+        i = bucket_of(moment, starts, width)
+        if i is not None:
+            counts[i] += 1
+    return counts
+
+
 def chart_block(title: str, labels: list[str], series: dict, empty: str, stacked=True) -> str:
     """One chart and its numbers. Percentile series are drawn as p95 bars (p50 in the table)."""
     drawn = series if stacked else {k: v for k, v in list(series.items())[-1:]}

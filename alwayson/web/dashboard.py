@@ -134,6 +134,46 @@ def run_charts(now):
     return blocks
 
 
+def flow_charts(now):
+    """Dead events (by when they died) and outbox messages sent, per bucket of both windows.
+
+    The hour window lies inside the day's, so each kind is one bounded query over the day
+    (event_dead_idx's partial index, outbox_sent_age_idx) bucketed twice; the held backlog is
+    one count, as of now."""
+    day = WINDOWS[-1]
+    since = charts.buckets(now, day[2], day[3])[0]
+    dead = list(
+        Event.objects.dead()
+        .filter(updated__gte=since, updated__lte=now)
+        .values_list("updated", flat=True)
+    )
+    sent = list(
+        OutboxMessage.objects.sent()
+        .filter(sent_at__gte=since, sent_at__lte=now)
+        .values_list("sent_at", flat=True)
+    )
+    held = OutboxMessage.objects.held().count()
+    blocks = []
+    for name, unit, width, count, fmt in WINDOWS:
+        starts = charts.buckets(now, width, count)
+        labels = [start.strftime(fmt) for start in starts]
+        blocks += [
+            charts.chart_block(
+                f"Events gone dead per {unit}, {name}",
+                labels,
+                {"dead": charts.count_series(dead, starts, width)},
+                "no dead events",
+            ),
+            charts.chart_block(
+                f"Outbox sent per {unit}, {name}; {held} held now",
+                labels,
+                {"sent": charts.count_series(sent, starts, width)},
+                "nothing sent",
+            ),
+        ]
+    return blocks
+
+
 def dashboard_context(now):
     outbox = outbox_by_inbox()
     leases = list(
@@ -179,7 +219,7 @@ def dashboard_context(now):
         "tokens_today": sum(row["tokens"].get("total", 0) for row in rows),
         "token_rows": [row for row in rows if row["tokens"] or row["budget"]],
         "recent_runs": recent_runs(),
-        "charts": run_charts(now),
+        "charts": run_charts(now) + flow_charts(now),
     }
 
 

@@ -156,6 +156,7 @@ def test_the_dashboard_says_no_runs_for_an_empty_hour(admin_client):
 
     body = admin_client.get(reverse("admin-dashboard")).content.decode()
     assert body.count(">no runs</text>") == 6
+    assert body.count(">no dead events</text>") == 2
     assert "Runs per minute, last hour" in body
     assert "Runs per hour, last day" in body
 
@@ -207,3 +208,78 @@ def test_the_day_charts_bucket_runs_by_hour_and_the_hour_charts_ignore_older_one
     assert "<title>11:00 done: 1</title>" in day_runs
     assert "<title>14:00 error/refused/lost: 1</title>" in day_runs
     assert day_runs.count("<rect") == 2
+
+
+def test_count_series_counts_moments_per_bucket_and_drops_those_outside():
+    starts = charts.buckets(NOW, MINUTE, 3)
+    moments = [
+        starts[0],
+        starts[0] + timedelta(seconds=59),
+        starts[2],
+        starts[0] - MINUTE,
+        NOW + MINUTE,
+    ]
+    assert charts.count_series(moments, starts, MINUTE) == [2, 0, 1]
+
+
+def make_event(inbox, n, status, updated):
+    from inbox.models import Event
+
+    return Event.objects.create(
+        inbox=inbox,
+        source="test",
+        source_id=str(n),
+        status=status,
+        available_at=updated,
+        created=updated,
+        updated=updated,
+    )
+
+
+def make_message(inbox, status, sent_at=None):
+    from outbox.models import OutboxMessage
+
+    return OutboxMessage.objects.create(
+        inbox=inbox, body="b", status=status, created=NOW - timedelta(hours=2), sent_at=sent_at
+    )
+
+
+@pytest.mark.django_db
+def test_flow_charts_count_dead_events_and_sent_messages_and_the_held_backlog(inboxes):
+    from alwayson.web.dashboard import flow_charts
+
+    mine, theirs = inboxes
+
+    def read():
+        with CaptureQueriesContext(connection) as ctx:
+            blocks = flow_charts(NOW)
+        return len(ctx), blocks
+
+    make_event(mine, 1, "dead", NOW - MINUTE)  # 14:06, in both windows
+    make_event(theirs, 2, "dead", NOW - timedelta(hours=2))  # 12:07, day only
+    make_event(mine, 3, "done", NOW - MINUTE)  # not dead
+    make_event(mine, 4, "dead", NOW - timedelta(hours=30))  # outside both
+    make_message(mine, "sent", NOW - timedelta(minutes=2))  # 14:05
+    make_message(mine, "held")
+    make_message(theirs, "held")
+    few, blocks = read()
+    hour_dead, hour_sent, day_dead, day_sent = blocks
+    assert "<title>14:06 dead: 1</title>" in hour_dead and hour_dead.count("<rect") == 1
+    assert day_dead.count("<rect") == 2 and "<title>12:00 dead: 1</title>" in day_dead
+    assert "<title>14:05 sent: 1</title>" in hour_sent
+    assert "2 held now" in hour_sent and "<title>14:00 sent: 1</title>" in day_sent
+    for n in range(5, 40):
+        make_event(mine, n, "dead", NOW - MINUTE * n)
+        make_message(theirs, "sent", NOW - MINUTE * n)
+    many, _ = read()
+    assert many == few == 3
+
+
+@pytest.mark.django_db
+def test_flow_charts_say_so_when_nothing_died_or_was_sent():
+    from alwayson.web.dashboard import flow_charts
+
+    blocks = flow_charts(NOW)
+    assert sum(">no dead events</text>" in b for b in blocks) == 2
+    assert sum(">nothing sent</text>" in b for b in blocks) == 2
+    assert "0 held now" in blocks[1]
