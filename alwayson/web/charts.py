@@ -134,6 +134,40 @@ def run_series(rows, starts: list[datetime], width: timedelta) -> dict:
     }
 
 
+def budget_bars(title: str, rows: list[tuple[str, int, int | None]], empty: str) -> str:
+    """Horizontal bars, one per (label, used, budget): the share of its budget used, capped at
+    full width and red when reached; without a budget, the share of the largest use. The
+    percentage is floored so an inbox is shown at 100% only once it has reached its budget."""
+    rows = [(label, used, budget) for label, used, budget in rows if used or budget]
+    if not rows:
+        return f'<p class="chart-empty">{escape(empty)}</p>'
+    most = max(used for _, used, _ in rows) or 1
+    row_h, w = 24, 300
+    h = row_h * len(rows)
+    parts = [
+        f'<svg class="chart bars" viewBox="0 0 {w} {h}" width="100%" role="img" '
+        f'aria-label="{escape(title)}"><title>{escape(title)}</title>'
+    ]
+    for k, (label, used, budget) in enumerate(rows):
+        if budget:
+            share = used / budget
+            text = f"{label}: {used:,} of {budget:,} ({math.floor(100 * share)}%)"
+        else:
+            share = used / most
+            text = f"{label}: {used:,} (no budget)"
+        over = bool(budget) and used >= budget
+        y = k * row_h
+        parts.append(
+            f'<rect fill="#eee" x="0" y="{y + 2}" width="{w}" height="{row_h - 4}"></rect>'
+            f'<rect class="{"over" if over else "used"}" '
+            f'fill="{PALETTE[1] if over else PALETTE[0]}" x="0" y="{y + 2}" '
+            f'width="{w * min(share, 1):.2f}" height="{row_h - 4}"><title>{escape(text)}</title>'
+            f'</rect><text x="4" y="{y + row_h - 8}" font-size="11">{escape(text)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def count_series(moments, starts: list[datetime], width: timedelta) -> list[int]:
     """How many of `moments` fall in each bucket; those outside the window are dropped."""
     counts = [0] * len(starts)

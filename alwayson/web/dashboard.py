@@ -8,6 +8,7 @@ the one the leases and timers use.
 """
 
 from datetime import timedelta
+from html import escape
 
 from django.conf import settings
 from django.contrib import admin
@@ -174,6 +175,18 @@ def flow_charts(now):
     return blocks
 
 
+def token_chart(rows):
+    """Today's tokens per inbox against its budget, from the rows already read (no query)."""
+    bars = [(row["slug"], row["tokens"].get("total", 0), row["budget"]) for row in rows]
+    title = "Model tokens today per inbox, share of the daily budget"
+    return (
+        '<figure class="chart-block chart-wide">'
+        f"<figcaption>{escape(title)}</figcaption>"
+        + charts.budget_bars(title, bars, "no tokens today")
+        + "</figure>"
+    )
+
+
 def dashboard_context(now):
     outbox = outbox_by_inbox()
     leases = list(
@@ -219,7 +232,7 @@ def dashboard_context(now):
         "tokens_today": sum(row["tokens"].get("total", 0) for row in rows),
         "token_rows": [row for row in rows if row["tokens"] or row["budget"]],
         "recent_runs": recent_runs(),
-        "charts": run_charts(now) + flow_charts(now),
+        "charts": run_charts(now) + flow_charts(now) + [token_chart(rows)],
     }
 
 

@@ -283,3 +283,72 @@ def test_flow_charts_say_so_when_nothing_died_or_was_sent():
     assert sum(">no dead events</text>" in b for b in blocks) == 2
     assert sum(">nothing sent</text>" in b for b in blocks) == 2
     assert "0 held now" in blocks[1]
+
+
+def test_budget_bars_show_the_floored_share_and_cap_an_inbox_over_its_budget():
+    svg = charts.budget_bars(
+        "Tokens",
+        [("a", 999, 1000), ("b", 1500, 1000), ("c", 50, None), ("idle", 0, None)],
+        "no tokens today",
+    )
+    assert "a: 999 of 1,000 (99%)" in svg
+    assert "b: 1,500 of 1,000 (150%)" in svg
+    assert "c: 50 (no budget)" in svg
+    assert "idle" not in svg
+    assert 'width="299.70"' in svg  # a: 99.9% of 300
+    assert (
+        svg.count('class="over"') == 1
+        and 'class="over" fill="#ba2121" x="0" y="26" width="300.00"' in svg
+    )
+    assert 'width="10.00"' in svg  # c: 50 of the largest use 1500
+
+
+def test_budget_bars_escape_the_inbox_name_and_say_when_there_is_nothing():
+    svg = charts.budget_bars("Tokens", [("<b>x</b>", 5, 10)], "none")
+    assert "<b>" not in svg and "&lt;b&gt;x&lt;/b&gt;: 5 of 10 (50%)" in svg
+    assert charts.budget_bars("Tokens", [("a", 0, None)], "no tokens today") == (
+        '<p class="chart-empty">no tokens today</p>'
+    )
+
+
+@pytest.mark.django_db
+def test_the_dashboard_draws_tokens_today_against_each_budget_in_constant_queries(
+    admin_client, inboxes, settings
+):
+    from django.urls import reverse
+
+    from alwayson.claude.models import ModelCall
+    from alwayson.runtime.models import AgentConfig
+    from inbox import clock
+
+    settings.ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET = None
+    mine, theirs = inboxes
+    AgentConfig.objects.create(inbox=mine, daily_token_budget=1000)
+    now = clock.database_now()
+    path = reverse("admin-dashboard")
+
+    def call(inbox, tokens):
+        n = ModelCall.objects.count()
+        return ModelCall.objects.create(
+            inbox=inbox,
+            request_key=f"k{n}",
+            generation=n + 1,
+            model="m",
+            response={},
+            input_tokens=tokens,
+            created=now,
+        )
+
+    def queries():
+        with CaptureQueriesContext(connection) as ctx:
+            body = admin_client.get(path).content.decode()
+        return len(ctx), body
+
+    call(mine, 250)
+    few, body = queries()
+    assert "mine: 250 of 1,000 (25%)" in body
+    for _ in range(5):
+        call(theirs, 10)
+    many, body = queries()
+    assert many == few
+    assert "theirs: 50 (no budget)" in body
