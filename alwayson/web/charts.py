@@ -183,7 +183,7 @@ def chart_block(title: str, labels: list[str], series: dict, empty: str, stacked
     drawn = series if stacked else {k: v for k, v in list(series.items())[-1:]}
     clean = {k: [v or 0 for v in vs] for k, vs in drawn.items()}
     return (
-        '<figure class="chart-block" style="margin:1em 0;max-width:40em">'
+        '<figure class="chart-block">'
         + f"<figcaption>{escape(title)}: {escape(', '.join(drawn))}</figcaption>"
         + bar_chart(title, labels, clean, empty)
         + "<details><summary>Numbers</summary>"

@@ -994,5 +994,11 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
         expect(page.locator("svg.chart").first).to_be_visible()
         assert page.locator("svg.chart rect").count() > 0
         page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+        # Each chart fills its column rather than sitting at the SVG's default 300 px.
+        svg = page.locator("svg.chart").first.bounding_box()
+        column = page.locator(".chart-block").first.bounding_box()
+        assert svg["width"] >= column["width"] - 1
+        if viewport is DESKTOP:
+            assert svg["width"] > 320
         if viewport is PHONE:
             assert_fits_a_phone(page)
