@@ -985,6 +985,34 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
             outcome="done" if g % 4 else "error",
             waiting_since=started - timedelta(seconds=g % 11),
         )
+    # Something for every chart: dead events, sent and held messages, tokens against a budget.
+    from alwayson.runtime.models import AgentConfig
+
+    for n in range(1, 6):
+        moment = now - timedelta(minutes=7 * n)
+        Event.objects.create(
+            inbox=desk,
+            source="chart",
+            source_id=str(n),
+            status="dead",
+            available_at=moment,
+            created=moment,
+            updated=moment,
+        )
+        OutboxMessage.objects.create(
+            inbox=desk, body="b", status="sent", created=moment, sent_at=moment
+        )
+    OutboxMessage.objects.create(inbox=desk, body="b", status="held", created=now)
+    AgentConfig.objects.update_or_create(inbox=desk, defaults={"daily_token_budget": 10000})
+    ModelCall.objects.create(
+        inbox=desk,
+        request_key="chart",
+        generation=1,
+        model="m",
+        response={},
+        input_tokens=6200,
+        created=now,
+    )
     shots = Path("/work/notes/screens")
     shots.mkdir(parents=True, exist_ok=True)
     for name, viewport in (("dashboard-charts", DESKTOP), ("dashboard-charts-phone", PHONE)):
@@ -1000,5 +1028,6 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
         assert svg["width"] >= column["width"] - 1
         if viewport is DESKTOP:
             assert svg["width"] > 320
+        expect(page.locator("svg.chart.bars")).to_contain_text("of 10,000 (62%)")
         if viewport is PHONE:
             assert_fits_a_phone(page)
