@@ -443,6 +443,13 @@ class RunRecordQuerySet(models.QuerySet):
     def of_inbox(self, inbox_id):
         return self.filter(inbox_id=inbox_id)
 
+    def in_window(self, since, until):
+        """Runs started in [since, until): bounded by runrecord_started_idx, so a chart's one
+        query reads only its window however long the history is."""
+        if since >= until:
+            raise ValueError(f"in_window needs since < until, got {since} >= {until}")
+        return self.filter(started__gte=since, started__lt=until)
+
 
 class RunRecord(models.Model):
     """What one run did: one row per (inbox, generation), the lease take it ran under.

@@ -8,6 +8,7 @@ the one the leases and timers use.
 """
 
 from datetime import timedelta
+from html import escape
 
 from django.conf import settings
 from django.contrib import admin
@@ -21,10 +22,10 @@ from alwayson.claude.models import ModelCall, token_sums
 from alwayson.runtime.models import AgentConfig
 from inbox import clock
 from inbox.clock import day_start
-from inbox.models import Event, Inbox, Lease
+from inbox.models import Event, Inbox, Lease, RunRecord
 from outbox.models import OutboxMessage
 
-from . import live
+from . import charts, live
 
 STATUSES = Event.Status.values
 
@@ -96,6 +97,96 @@ def recent_runs():
     )
 
 
+# (name, bucket width, bucket count, label format): the last hour per minute and the last day
+# per hour, both always drawn so the live fragment needs no state to refresh either.
+WINDOWS = (
+    ("last hour", "minute", timedelta(minutes=1), 60, "%H:%M"),
+    ("last day", "hour", timedelta(hours=1), 24, "%H:00"),
+)
+
+
+def run_charts(now):
+    """Per window, one bounded query over RunRecord's started index; three charts each."""
+    blocks = []
+    for name, unit, width, count, fmt in WINDOWS:
+        starts = charts.buckets(now, width, count)
+        rows = RunRecord.objects.in_window(starts[0], starts[-1] + width).values(
+            "started", "ended", "outcome", "waiting_since"
+        )
+        series = charts.run_series(rows, starts, width)
+        labels = [start.strftime(fmt) for start in starts]
+        blocks += [
+            charts.chart_block(f"Runs per {unit}, {name}", labels, series["counts"], "no runs"),
+            charts.chart_block(
+                f"Run duration per {unit}, {name} (p95 drawn)",
+                labels,
+                series["duration"],
+                "no runs",
+                False,
+            ),
+            charts.chart_block(
+                f"Event age when claimed per {unit}, {name} (p95 drawn)",
+                labels,
+                series["age"],
+                "no runs",
+                False,
+            ),
+        ]
+    return blocks
+
+
+def flow_charts(now):
+    """Dead events (by when they died) and outbox messages sent, per bucket of both windows.
+
+    The hour window lies inside the day's, so each kind is one bounded query over the day
+    (event_dead_idx's partial index, outbox_sent_age_idx) bucketed twice; the held backlog is
+    one count, as of now."""
+    day = WINDOWS[-1]
+    since = charts.buckets(now, day[2], day[3])[0]
+    dead = list(
+        Event.objects.dead()
+        .filter(updated__gte=since, updated__lte=now)
+        .values_list("updated", flat=True)
+    )
+    sent = list(
+        OutboxMessage.objects.sent()
+        .filter(sent_at__gte=since, sent_at__lte=now)
+        .values_list("sent_at", flat=True)
+    )
+    held = OutboxMessage.objects.held().count()
+    blocks = []
+    for name, unit, width, count, fmt in WINDOWS:
+        starts = charts.buckets(now, width, count)
+        labels = [start.strftime(fmt) for start in starts]
+        blocks += [
+            charts.chart_block(
+                f"Events gone dead per {unit}, {name}",
+                labels,
+                {"dead": charts.count_series(dead, starts, width)},
+                "no dead events",
+            ),
+            charts.chart_block(
+                f"Outbox sent per {unit}, {name}; {held} held now",
+                labels,
+                {"sent": charts.count_series(sent, starts, width)},
+                "nothing sent",
+            ),
+        ]
+    return blocks
+
+
+def token_chart(rows):
+    """Today's tokens per inbox against its budget, from the rows already read (no query)."""
+    bars = [(row["slug"], row["tokens"].get("total", 0), row["budget"]) for row in rows]
+    title = "Model tokens today per inbox, share of the daily budget"
+    return (
+        '<figure class="chart-block chart-wide">'
+        f"<figcaption>{escape(title)}</figcaption>"
+        + charts.budget_bars(title, bars, "no tokens today")
+        + "</figure>"
+    )
+
+
 def dashboard_context(now):
     outbox = outbox_by_inbox()
     leases = list(
@@ -141,6 +232,7 @@ def dashboard_context(now):
         "tokens_today": sum(row["tokens"].get("total", 0) for row in rows),
         "token_rows": [row for row in rows if row["tokens"] or row["budget"]],
         "recent_runs": recent_runs(),
+        "charts": run_charts(now) + flow_charts(now) + [token_chart(rows)],
     }
 
 

@@ -966,3 +966,68 @@ def test_a_turns_calls_answered_all_at_once_on_a_phone(new_page, site, desk, dja
     )
     expect(page.locator(".outcome")).to_have_text(["Approved.", "Approved."])
     assert set(Approval.objects.values_list("answer", flat=True)) == {"yes"}
+
+
+def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
+    from pathlib import Path
+
+    from inbox.models import RunRecord
+
+    now = clock.database_now()
+    for g in range(1, 30):
+        started = now - timedelta(minutes=g % 55 + 1)
+        RunRecord.objects.create(
+            inbox=desk,
+            generation=g,
+            worker="w",
+            started=started,
+            ended=started + timedelta(seconds=g % 7 + 1),
+            outcome="done" if g % 4 else "error",
+            waiting_since=started - timedelta(seconds=g % 11),
+        )
+    # Something for every chart: dead events, sent and held messages, tokens against a budget.
+    from alwayson.runtime.models import AgentConfig
+
+    for n in range(1, 6):
+        moment = now - timedelta(minutes=7 * n)
+        Event.objects.create(
+            inbox=desk,
+            source="chart",
+            source_id=str(n),
+            status="dead",
+            available_at=moment,
+            created=moment,
+            updated=moment,
+        )
+        OutboxMessage.objects.create(
+            inbox=desk, body="b", status="sent", created=moment, sent_at=moment
+        )
+    OutboxMessage.objects.create(inbox=desk, body="b", status="held", created=now)
+    AgentConfig.objects.update_or_create(inbox=desk, defaults={"daily_token_budget": 10000})
+    ModelCall.objects.create(
+        inbox=desk,
+        request_key="chart",
+        generation=1,
+        model="m",
+        response={},
+        input_tokens=6200,
+        created=now,
+    )
+    shots = Path("/work/notes/screens")
+    shots.mkdir(parents=True, exist_ok=True)
+    for name, viewport in (("dashboard-charts", DESKTOP), ("dashboard-charts-phone", PHONE)):
+        page = new_page(viewport)
+        log_in_to_admin(page, site, "operator")
+        page.goto(f"{site}/admin/dashboard/")
+        expect(page.locator("svg.chart").first).to_be_visible()
+        assert page.locator("svg.chart rect").count() > 0
+        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+        # Each chart fills its column rather than sitting at the SVG's default 300 px.
+        svg = page.locator("svg.chart").first.bounding_box()
+        column = page.locator(".chart-block").first.bounding_box()
+        assert svg["width"] >= column["width"] - 1
+        if viewport is DESKTOP:
+            assert svg["width"] > 320
+        expect(page.locator("svg.chart.bars")).to_contain_text("of 10,000 (62%)")
+        if viewport is PHONE:
+            assert_fits_a_phone(page)
