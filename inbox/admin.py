@@ -469,15 +469,15 @@ class SessionAdmin(MachineryAdmin):
 
 
 @admin.register(RunRecord)
-class RunRecordAdmin(LedgerAdmin):
-    """What each run did. A ledger: only a finish or a take writes it, nobody edits it."""
+class RunRecordAdmin(MachineryAdmin):
+    """What each run did. Only a finish or a take writes it; nobody adds or edits one, and it
+    goes only with its inbox (a ledger's no-delete would block deleting the inbox)."""
 
     list_display = ("inbox", "generation", "worker", "outcome", "started", "duration")
     list_filter = ("outcome", "inbox")
     list_select_related = ("inbox",)
     search_fields = ("=inbox__slug", "worker")
     search_help_text = "the exact inbox slug, or the worker (contains)"
-    show_full_result_count = False
     ordering = ("-id",)
     fields = (
         "inbox",
