@@ -20,6 +20,7 @@ from .ingest import ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
 from .locks import bounded_write, lock_inbox
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
+from .records import record_refused
 from .rules import (
     CLAIM_EXTRAS,
     HOLDER_MAX,
@@ -55,6 +56,7 @@ __all__ = [
     "ingest_many",
     "lease_ttl",
     "lock_inbox",
+    "record_refused",
     "mark_dead",
     "mark_dead_ids",
     "release",
