@@ -12,9 +12,10 @@ from datetime import datetime, timedelta
 from django.db.models import F
 from django.db.models.functions import Greatest
 
+from . import clock
 from .backends import current
 from .models import Event, Inbox, Session
-from .records import record_values
+from .records import record_values, write_refused
 from .rules import Claim, Effect, given_now, per_row, require_run, retry_delay
 from .validation import require_duration, require_ids, require_json, require_text
 
@@ -189,3 +190,12 @@ def _require_effects(effects) -> list:
         if not callable(effect):
             raise ValueError(f"effects[{n}] is not callable: {type(effect).__name__}")
     return effects
+
+
+def record_refused(inbox_id, generation, holder, events, error="", produced=None, now=None):
+    """The record of a run whose finish was refused (or that was fenced off mid-run):
+    `events` as it claimed them (their `updated` is the claim time)."""
+    now = clock.resolve(now)
+    started = min((event.updated for event in events), default=now)
+    ids = [event.pk for event in events]
+    write_refused(inbox_id, generation, holder, ids, started, now, error, produced)

@@ -11,7 +11,6 @@ import json
 from django.conf import settings
 from django.db.models import Min
 
-from . import clock
 from .models import Event, RunRecord
 from .validation import require_json, require_text
 
@@ -92,15 +91,6 @@ def write_lost(inbox_id, orphans, holder, now):
         for generation, rows in sorted(runs.items())
         if generation not in recorded
     )
-
-
-def record_refused(inbox_id, generation, holder, events, error="", produced=None, now=None):
-    """The record of a run whose finish was refused (or that was fenced off mid-run):
-    `events` as it claimed them (their `updated` is the claim time)."""
-    now = clock.resolve(now)
-    started = min((event.updated for event in events), default=now)
-    ids = [event.pk for event in events]
-    write_refused(inbox_id, generation, holder, ids, started, now, error, produced)
 
 
 def write_refused(inbox_id, generation, holder, event_ids, started, now, error, produced):

@@ -15,12 +15,11 @@ its bounded wait), rules.py (what they share); the statements that differ betwee
 PostgreSQL and SQLite in backends/.
 """
 
-from .finish import Defer, SaveState, finish, finish_and_take
+from .finish import Defer, SaveState, finish, finish_and_take, record_refused
 from .ingest import ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
 from .locks import bounded_write, lock_inbox
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
-from .records import record_refused
 from .rules import (
     CLAIM_EXTRAS,
     HOLDER_MAX,
