@@ -68,11 +68,14 @@ def write_lost(inbox_id, orphans, holder, now):
     runs: dict[int, list] = {}
     for pk, generation, _, updated in orphans:
         runs.setdefault(generation, []).append((pk, updated))
-    recorded = set(
-        RunRecord.objects.filter(inbox_id=inbox_id, generation__in=runs).values_list(
-            "generation", flat=True
-        )
-    )
+    # A run refused before this take found it is recorded already, with its events.
+    recorded = {
+        generation
+        for generation, events in RunRecord.objects.filter(
+            inbox_id=inbox_id, generation__in=runs
+        ).values_list("generation", "events")
+        if set(events) & {pk for pk, _ in runs[generation]}
+    }
     arrivals = dict(
         Event.objects.filter(pk__in=[pk for pk, *_ in orphans]).values_list("pk", "created")
     )
@@ -96,8 +99,8 @@ def write_lost(inbox_id, orphans, holder, now):
 def write_refused(inbox_id, generation, holder, event_ids, started, now, error, produced):
     """A run whose finish was refused, recorded apart from any finish: it committed
     nothing, and this says so. A take that found it lost first recorded it; then the row
-    gets what the worker knows. Compare-and-set: a record that says the run ended (a
-    second finish of one claim) is never overwritten."""
+    gets what the worker knows. Compare-and-set: a record of these events that says the run
+    ended (a second finish of one claim) is never overwritten."""
     if not settings.ALWAYSON_RUN_RECORDS:
         return
     values = {
@@ -109,9 +112,9 @@ def write_refused(inbox_id, generation, holder, event_ids, started, now, error, 
         "produced": produced or {},
     }
     runs = RunRecord.objects.filter(inbox_id=inbox_id, generation=generation)
-    if runs.filter(outcome=RunRecord.Outcome.LOST).update(**values):
-        return
-    if runs.exists():
+    mine = [pk for pk, events in runs.values_list("pk", "events") if set(events) & set(event_ids)]
+    if mine:
+        runs.filter(pk__in=mine, outcome=RunRecord.Outcome.LOST).update(**values)
         return
     events = Event.objects.filter(pk__in=event_ids)
     RunRecord.objects.bulk_create(
@@ -123,6 +126,5 @@ def write_refused(inbox_id, generation, holder, event_ids, started, now, error, 
                 waiting_since=events.aggregate(at=Min("created"))["at"],
                 **values,
             )
-        ],
-        ignore_conflicts=True,
+        ]
     )
