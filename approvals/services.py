@@ -70,6 +70,8 @@ class Ask:
     details: dict = field(default_factory=dict)
     approvers: int = 1
     group: str = ""
+    # The run that asked (its RunRecord), for the run's history.
+    generation: int | None = None
 
     def __post_init__(self):
         require_int("inbox_id", self.inbox_id)
@@ -109,6 +111,7 @@ class Ask:
                 "requested_at": now,
                 "expires_at": expires_at,
                 "approvers_needed": self.approvers,
+                "generation": self.generation,
             },
         )
         if not created:

@@ -27,7 +27,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from . import clock, services
-from .models import Event, Inbox, Lease, Membership, Role, Session
+from .models import Event, Inbox, Lease, Membership, Role, RunRecord, Session
 from .validation import require_key
 
 # Ids handed to a service per call: keeps `pk IN (...)` under SQLite's variable limit when
@@ -466,3 +466,43 @@ class SessionAdmin(MachineryAdmin):
     @admin.display(description="state")
     def state_pretty(self, obj):
         return pretty_json(obj.state)
+
+
+@admin.register(RunRecord)
+class RunRecordAdmin(MachineryAdmin):
+    """What each run did. Only a finish or a take writes it; nobody adds or edits one, and it
+    goes only with its inbox (a ledger's no-delete would block deleting the inbox)."""
+
+    list_display = ("inbox", "generation", "worker", "outcome", "started", "duration")
+    list_filter = ("outcome", "inbox")
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug", "worker")
+    search_help_text = "the exact inbox slug, or the worker (contains)"
+    ordering = ("-id",)
+    fields = (
+        "inbox",
+        "generation",
+        "worker",
+        "outcome",
+        "started",
+        "ended",
+        "duration",
+        "waiting_since",
+        "events",
+        "produced_pretty",
+        "trace",
+        "error_block",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="duration")
+    def duration(self, obj):
+        return obj.ended - obj.started
+
+    @admin.display(description="produced")
+    def produced_pretty(self, obj):
+        return pretty_json(obj.produced)
+
+    @admin.display(description="error")
+    def error_block(self, obj):
+        return preformatted(obj.error)

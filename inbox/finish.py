@@ -12,8 +12,10 @@ from datetime import datetime, timedelta
 from django.db.models import F
 from django.db.models.functions import Greatest
 
+from . import clock
 from .backends import current
 from .models import Event, Inbox, Session
+from .records import record_values, write_refused
 from .rules import Claim, Effect, given_now, per_row, require_run, retry_delay
 from .validation import require_duration, require_ids, require_json, require_text
 
@@ -75,6 +77,8 @@ def finish(
     now=None,
     defer: Defer | None = None,
     release: bool = False,
+    produced: dict | None = None,
+    trace: str = "",
 ) -> bool:
     """Record a run's outcome, and commit what it produced, in one fenced transaction.
 
@@ -84,6 +88,9 @@ def finish(
     counted at claim. With `defer`, the events go back to pending until the deferral's time
     with their attempt given back, and the effects commit (a notice, the session state).
     With `release`, the lease is given up in the same transaction (not when refused).
+
+    The run's RunRecord commits with it (ALWAYSON_RUN_RECORDS): what the run `produced` as
+    its runtime counts it, and the `trace` (traceparent) of its span.
     """
     if error and defer is not None:
         raise ValueError("finish: a run ends with an error or a deferral, not both")
@@ -91,7 +98,7 @@ def finish(
         require_text("error", error)
     if defer is not None and not isinstance(defer, Defer):
         raise ValueError(f"defer must be a Defer, not {type(defer).__name__}")
-    run, effects = _checked_run(inbox, holder, generation, event_ids, effects, now)
+    run, effects = _checked_run(inbox, holder, generation, event_ids, effects, now, produced, trace)
     if error:
         return current().finish(inbox, run, [], release, _Failed(error))
     if defer is not None:
@@ -100,7 +107,14 @@ def finish(
 
 
 def finish_and_take(
-    inbox, holder, generation, event_ids: Iterable[int], effects: Iterable[Effect] = (), now=None
+    inbox,
+    holder,
+    generation,
+    event_ids: Iterable[int],
+    effects: Iterable[Effect] = (),
+    now=None,
+    produced: dict | None = None,
+    trace: str = "",
 ) -> tuple[bool, Claim | None]:
     """finish(..., release=True) of a run that ended well, then take_next(holder): whether
     the finish was accepted, and the next claim (None when there is no work; it may also be
@@ -109,7 +123,7 @@ def finish_and_take(
     On PostgreSQL the take is a statement of the finish's own transaction (one commit and,
     without effects, one round trip for both).
     """
-    run, effects = _checked_run(inbox, holder, generation, event_ids, effects, now)
+    run, effects = _checked_run(inbox, holder, generation, event_ids, effects, now, produced, trace)
     return current().finish_and_take(inbox, run, effects)
 
 
@@ -149,14 +163,21 @@ class _Deferred:
         )
 
 
-def _checked_run(inbox, holder, generation, event_ids, effects, now) -> tuple[dict, list]:
+def _checked_run(
+    inbox, holder, generation, event_ids, effects, now, produced, trace
+) -> tuple[dict, list]:
     """A finish's run checked before anything is locked: its inbox id, holder, generation,
-    `now` and sorted event ids (the finish statements' parameters), and its effects."""
+    `now`, sorted event ids and its record's values (the finish statements' parameters),
+    and its effects."""
     require_run(holder, generation)
     event_ids = sorted(set(require_ids("event_ids", event_ids)))
     effects = _require_effects(effects)
     run = {"holder": holder, "generation": generation, "ids": event_ids, "now": given_now(now)}
-    return {**run, "inbox": Inbox.objects.pk_of(inbox)}, effects
+    return {
+        **run,
+        "inbox": Inbox.objects.pk_of(inbox),
+        **record_values(produced, trace),
+    }, effects
 
 
 def _require_effects(effects) -> list:
@@ -169,3 +190,12 @@ def _require_effects(effects) -> list:
         if not callable(effect):
             raise ValueError(f"effects[{n}] is not callable: {type(effect).__name__}")
     return effects
+
+
+def record_refused(inbox_id, generation, holder, events, error="", produced=None, now=None):
+    """The record of a run whose finish was refused (or that was fenced off mid-run):
+    `events` as it claimed them (their `updated` is the claim time)."""
+    now = clock.resolve(now)
+    started = min((event.updated for event in events), default=now)
+    ids = [event.pk for event in events]
+    write_refused(inbox_id, generation, holder, ids, started, now, error, produced)

@@ -452,7 +452,7 @@ class RunRecordQuerySet(models.QuerySet):
 
 
 class RunRecord(models.Model):
-    """What one run did: one row per (inbox, generation), the lease take it ran under.
+    """What one run did, under the lease generation it ran in.
 
     A run that ended (done, error, deferred) is recorded by its fenced finish, in the same
     transaction as what it produced, so a record marked done always has its effects and
@@ -491,12 +491,11 @@ class RunRecord(models.Model):
 
     class Meta:
         ordering = ["-started", "-id"]
-        constraints = [
-            # One record per run: a second finish of the same claim, or a refused run the
-            # takeover already found lost, updates nothing twice.
-            models.UniqueConstraint(fields=["inbox", "generation"], name="runrecord_unique_run"),
-        ]
         indexes = [
+            # A run's record by its lease generation (the timeline, a lost or refused run's
+            # record). Not unique: a worker's run is one take and one generation, but a
+            # caller of claim_batch may claim and finish twice under one held lease.
+            models.Index(fields=["inbox", "generation"], name="runrecord_run_idx"),
             # The run list: every inbox's runs, newest first, and the dashboard's windows.
             models.Index(fields=["started", "id"], name="runrecord_started_idx"),
             # prune (alwayson/ops/retention.py): oldest ended first.

@@ -15,7 +15,7 @@ its bounded wait), rules.py (what they share); the statements that differ betwee
 PostgreSQL and SQLite in backends/.
 """
 
-from .finish import Defer, SaveState, finish, finish_and_take
+from .finish import Defer, SaveState, finish, finish_and_take, record_refused
 from .ingest import ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
 from .locks import bounded_write, lock_inbox
@@ -55,6 +55,7 @@ __all__ = [
     "ingest_many",
     "lease_ttl",
     "lock_inbox",
+    "record_refused",
     "mark_dead",
     "mark_dead_ids",
     "release",

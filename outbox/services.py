@@ -30,6 +30,8 @@ class Say:
     inbox_id: int
     body: str
     urgent: bool = False
+    # The run that said it (its RunRecord), for the run's history.
+    generation: int | None = None
 
     def __post_init__(self):
         require_int("inbox_id", self.inbox_id)
@@ -39,7 +41,11 @@ class Say:
 
     def __call__(self, now):
         return OutboxMessage.objects.create(
-            inbox_id=self.inbox_id, body=self.body, urgent=self.urgent, created=now
+            inbox_id=self.inbox_id,
+            body=self.body,
+            urgent=self.urgent,
+            created=now,
+            generation=self.generation,
         )
 
 

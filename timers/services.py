@@ -49,6 +49,8 @@ class Schedule:
     timezone: str = "UTC"
     policy: str = Timer.Policy.COALESCE
     catch_up_max: int = 10
+    # The run that set it (its RunRecord), for the run's history.
+    generation: int | None = None
 
     @classmethod
     def reserved(cls, *args, **kwargs) -> "Schedule":
@@ -157,6 +159,7 @@ class Schedule:
                 "event_source": event_source,
                 "event_id": event_id,
                 "done": False,
+                "generation": self.generation,
             },
         )
         return timer

@@ -12,6 +12,7 @@ or a deferred tool call asks the user (`ask`). A fourth gives the batch back unt
 
 import copy
 import hashlib
+import json
 import logging
 import threading
 from datetime import datetime, timedelta
@@ -46,6 +47,7 @@ class Run:
         self._http = None
         self.said = 0
         self.asked = 0
+        self.scheduled = 0
         self.deferred: Defer | None = None
 
     def __repr__(self):
@@ -55,7 +57,9 @@ class Run:
 
     def say(self, text: str, urgent: bool = False):
         """An outbox message. Urgent ones go out at once, past the gap."""
-        self._effects.append(Say(self.inbox.pk, text, urgent=bool(urgent)))
+        self._effects.append(
+            Say(self.inbox.pk, text, urgent=bool(urgent), generation=self.generation)
+        )
         self.said += 1
 
     def ask(
@@ -84,6 +88,7 @@ class Run:
                 details=details or {},
                 approvers=approvers,
                 group=group,
+                generation=self.generation,
             )
         )
         self.asked += 1
@@ -111,8 +116,10 @@ class Run:
                 payload=payload or {},
                 cron=cron,
                 timezone=timezone,
+                generation=self.generation,
             )
         )
+        self.scheduled += 1
 
     def defer(self, reason: str, *, until: datetime | None = None, delay=None):
         """Give the batch back untouched, to be claimed again at `until` (or `delay` after the
@@ -124,7 +131,7 @@ class Run:
         """
         self.deferred = Defer(reason, until=until, delay=delay)
         self._effects = []
-        self.said = self.asked = 0
+        self.said = self.asked = self.scheduled = 0
 
     def key(self, name: str, event: Event | None = None) -> str:
         """An idempotency key for an external call, the same on every retry.
@@ -172,6 +179,17 @@ class Run:
         if self.asked:
             return f"asked {self.asked}" + (f", said {self.said}" if self.said else "")
         return f"said {self.said}" if self.said else "quiet"
+
+    def produced(self) -> dict:
+        """What the run produced, for its record: counts, and the size of the state it saves
+        (0 when it leaves the state as it was)."""
+        changed = self._claimed_state is None or self.state != self._claimed_state
+        return {
+            "said": self.said,
+            "asked": self.asked,
+            "scheduled": self.scheduled,
+            "state_bytes": len(json.dumps(self.state)) if changed else 0,
+        }
 
     def effects(self) -> list:
         if self._claimed_state is not None and self.state == self._claimed_state:

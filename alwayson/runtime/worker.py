@@ -36,6 +36,7 @@ from inbox.services import (
     finish,
     finish_and_take,
     lease_ttl,
+    record_refused,
     release,
     renew,
     take_next,
@@ -215,6 +216,7 @@ class Worker:
         try:
             agent(run)
         except LeaseLost:
+            record_refused(inbox.pk, generation, holder, claim.events, "fenced off mid-run")
             return self._result(inbox, generation, len(ids), "fenced", started), False
         except Exception as exc:
             error = _describe(exc)
@@ -225,7 +227,7 @@ class Worker:
         try:
             if error is None and run.deferred is None and self.may_chain():
                 finished, self._carried.claim = finish_and_take(
-                    inbox.pk, holder, generation, ids, run.effects()
+                    inbox.pk, holder, generation, ids, run.effects(), produced=run.produced()
                 )
             else:
                 finished = finish(
@@ -237,6 +239,7 @@ class Worker:
                     error=error,
                     defer=None if error else run.deferred,
                     release=True,
+                    produced=run.produced(),
                 )
         except (OperationalError, InterfaceError):
             # The database, not the run, failed: nothing was committed, the events stay
@@ -250,6 +253,7 @@ class Worker:
             finished = finish(inbox.pk, holder, generation, ids, error=error, release=True)
         if not finished:
             outcome = "refused"
+            record_refused(inbox.pk, generation, holder, claim.events, error or "", run.produced())
         elif error:
             outcome = f"error: {error.splitlines()[-1]}"
         else:

@@ -9,6 +9,8 @@ ALWAYSON_REFUND_TWO_APPROVERS_ABOVE = env.positive_int("ALWAYSON_REFUND_TWO_APPR
 # Where people reach this site: absolute links in the agent's messages start here.
 ALWAYSON_SITE_URL = env.http_url("ALWAYSON_SITE_URL", "http://127.0.0.1:8000")
 
+# Every run's RunRecord (inbox.models): off only to measure what recording costs.
+ALWAYSON_RUN_RECORDS = env.strict_bool("ALWAYSON_RUN_RECORDS", True)
 # Claims before an event is parked as dead.
 ALWAYSON_MAX_ATTEMPTS = env.positive_int("ALWAYSON_MAX_ATTEMPTS", 3)
 # Seconds a worker owns an inbox without renewing.

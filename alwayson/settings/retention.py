@@ -32,6 +32,8 @@ ALWAYSON_RETAIN_EGRESS_CALLS = env.days("ALWAYSON_RETAIN_EGRESS_CALLS", 30)
 # The Claude agent's answer cache and tool results (ModelCall, ToolResult); at least 2 days,
 # since the daily token budget counts the calls of the current UTC day.
 ALWAYSON_RETAIN_MODEL_CALLS = env.days("ALWAYSON_RETAIN_MODEL_CALLS", 30, minimum=2)
+# The run records (RunRecord), by when each run ended.
+ALWAYSON_RETAIN_RUN_RECORDS = env.days("ALWAYSON_RETAIN_RUN_RECORDS", 30)
 # The audit trail: settled approvals with their audit entries, the admin's history and the
 # login log. Unset: kept forever; deleting it is the operator's decision. Not shorter than
 # the event keys: a settled approval refuses a second answer for as long as it exists.

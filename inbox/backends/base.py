@@ -15,8 +15,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..exceptions import InboxBusy, UnknownInbox
-from ..models import Event, Inbox, Lease, Session
+from ..models import Event, Inbox, Lease, RunRecord, Session
 from ..pinned_clock import pinned_now
+from ..records import claimed_times, write_finished, write_lost
 from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
 from ..signals import events_dead
 from ..store import Stored
@@ -173,6 +174,9 @@ class Backend:
             events.orphaned_by(generation).values_list("pk", "claim_gen", "attempts", "updated")
         )
         if orphans:
+            # The worker that claimed them is gone from the lease row by now (this take
+            # holds it): a late finish of that worker names itself (write_refused).
+            write_lost(inbox_id, orphans, "", now)
             events.filter(pk__in=[pk for pk, *_ in orphans]).update(
                 status=Event.Status.PENDING,
                 error=per_row(
@@ -233,11 +237,13 @@ class Backend:
             claimed = Event.objects.running().filter(
                 inbox_id=inbox_id, pk__in=run["ids"], claim_gen=generation
             )
+            claim_times = claimed_times(run, claimed)
             if outcome(claimed, now) != len(run["ids"]):
                 # A second finish of the same claim, or ids that were never claimed by this
                 # generation: refuse the whole run rather than commit its effects twice.
                 transaction.set_rollback(True)
                 return False
+            write_finished(run, claim_times, *_recorded_as(outcome), now)
             self.recount_work(inbox_id)
             for effect in effects:
                 effect(now)
@@ -251,6 +257,15 @@ class Backend:
         """finish_done with release, then take_next for the same holder."""
         finished = self.finish_done(ref, run, effects, release=True)
         return finished, self.take_next(run["holder"], run["now"]) if finished else None
+
+
+def _recorded_as(outcome) -> tuple[str, str]:
+    """The record's outcome and error of a finish's outcome."""
+    if outcome is _mark_done:
+        return RunRecord.Outcome.DONE, ""
+    if hasattr(outcome, "defer"):
+        return RunRecord.Outcome.DEFERRED, outcome.defer.reason
+    return RunRecord.Outcome.ERROR, outcome.error
 
 
 def _mark_done(claimed, now) -> int:

@@ -29,8 +29,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['-started', '-id'],
-                'indexes': [models.Index(fields=['started', 'id'], name='runrecord_started_idx'), models.Index(fields=['ended', 'id'], name='runrecord_ended_idx')],
-                'constraints': [models.UniqueConstraint(fields=('inbox', 'generation'), name='runrecord_unique_run')],
+                'indexes': [models.Index(fields=['inbox', 'generation'], name='runrecord_run_idx'), models.Index(fields=['started', 'id'], name='runrecord_started_idx'), models.Index(fields=['ended', 'id'], name='runrecord_ended_idx')],
             },
         ),
     ]

@@ -15,7 +15,7 @@ from alwayson.runtime.api import acquire, finish, ingest
 from inbox.backends import postgresql
 from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import UnknownInbox
-from inbox.models import Event, Inbox, Lease
+from inbox.models import Event, Inbox, Lease, RunRecord
 from inbox.services import finish_and_take, take_next
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -80,6 +80,9 @@ def test_a_good_finish_commits_in_one_pipeline(inbox, t0, pipelines):
     assert lease_row(inbox) == ("W", claim.generation, None)
     assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND  # m-3, recounted
     assert states(inbox) == [("done", 1), ("done", 1), ("pending", None)]
+    # The run's record is a part of the same statement: no round trip of its own.
+    record = RunRecord.objects.get(inbox=inbox)
+    assert (record.outcome, record.events, record.started) == ("done", ids, t0)
 
 
 def test_a_finish_after_the_lease_was_taken_over_writes_nothing(inbox, t0, ttl, pipelines):
@@ -94,6 +97,7 @@ def test_a_finish_after_the_lease_was_taken_over_writes_nothing(inbox, t0, ttl, 
     assert no_transaction_open()
     assert lease_row(inbox) == ("B", new, later + ttl)
     assert states(inbox) == [("running", old.generation)]
+    assert not RunRecord.objects.exists()
 
 
 def test_a_second_finish_of_one_claim_is_refused(inbox, t0, pipelines):

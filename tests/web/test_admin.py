@@ -29,7 +29,7 @@ from alwayson.runtime.api import (
 )
 from alwayson.runtime.models import AgentConfig
 from approvals.models import Approval, AuditEntry
-from inbox.models import Event, Inbox, Lease, Membership, Role, Session
+from inbox.models import Event, Inbox, Lease, Membership, Role, RunRecord, Session
 from outbox.channels import SendFailed
 from outbox.models import Channel, Notice, OutboxMessage
 from tests.support.admin import messages_of, post_action, timer_form, url
@@ -43,6 +43,7 @@ MODELS = [
     Event,
     Lease,
     Session,
+    RunRecord,
     Timer,
     Approval,
     AuditEntry,
@@ -83,6 +84,16 @@ def grow(make_inbox, count):
             status=status, error="boom" if status == "dead" else ""
         )
         Session.objects.filter(inbox=inbox).update(state={"step": n}, updated=now)
+        RunRecord.objects.create(
+            inbox=inbox,
+            generation=n,
+            worker=f"worker-{n}",
+            started=now - timedelta(seconds=n),
+            ended=now,
+            outcome=RunRecord.Outcome.values[n % 5],
+            events=[n],
+            produced={"said": n},
+        )
         if n % 2:
             acquire(inbox, f"worker-{n}")
         member = get_user_model().objects.create(username=f"member-{n}")
