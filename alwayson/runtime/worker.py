@@ -29,7 +29,7 @@ from alwayson.ops.models import Process
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
 from alwayson.runtime.run import LeaseLost, Run
-from alwayson.tracing import span
+from alwayson.tracing import span, traceparent
 from inbox.services import (
     WORK_CHANNEL,
     Claim,
@@ -227,7 +227,13 @@ class Worker:
         try:
             if error is None and run.deferred is None and self.may_chain():
                 finished, self._carried.claim = finish_and_take(
-                    inbox.pk, holder, generation, ids, run.effects(), produced=run.produced()
+                    inbox.pk,
+                    holder,
+                    generation,
+                    ids,
+                    run.effects(),
+                    produced=run.produced(),
+                    trace=traceparent(),
                 )
             else:
                 finished = finish(
@@ -240,6 +246,7 @@ class Worker:
                     defer=None if error else run.deferred,
                     release=True,
                     produced=run.produced(),
+                    trace=traceparent(),
                 )
         except (OperationalError, InterfaceError):
             # The database, not the run, failed: nothing was committed, the events stay

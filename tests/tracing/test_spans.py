@@ -8,6 +8,7 @@ from alwayson import tracing
 from alwayson.runtime.api import ingest
 from alwayson.runtime.worker import Worker
 from alwayson.testing.model import message, tool_use, usage
+from inbox.models import RunRecord
 from tests.support.webhooks import STANDARD_SECRET, post, standard_headers
 
 
@@ -47,6 +48,10 @@ def test_a_worker_step_exports_one_invoke_agent_span_with_the_runs_attributes(re
         "alwayson.events": 2,
         "alwayson.outcome": result.outcome,
     }
+    # The run's record names the span: from a record to its trace, and back.
+    record = RunRecord.objects.get(inbox=inbox, generation=result.generation)
+    assert record.trace.startswith(f"00-{run.trace_id.hex()}-{run.span_id.hex()}-")
+    assert record.produced["said"] == 1
 
 
 @pytest.mark.django_db
