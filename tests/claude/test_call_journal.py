@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 from django.db.models import F
+from django.urls import reverse
 
 from alwayson.claude import ToolError
 from alwayson.claude.models import ModelCall, ToolResult
@@ -279,3 +280,31 @@ def test_a_retry_after_a_crash_neither_adds_rows_nor_changes_their_decisions(des
     assert ModelCall.objects.of_run(desk.inbox.pk, 1).count() == 2
     assert not ModelCall.objects.of_run(desk.inbox.pk, 2).exists()
     assert ToolResult.objects.of_run(desk.inbox.pk, 1).count() == 2
+
+
+# --- the admin ---------------------------------------------------------------------------------
+
+
+def test_the_admin_shows_the_journal_read_only(desk, admin_client):
+    arguments = {"order": "881", "amount": 120}
+    chat(desk.inbox, "m1", "refund 120 on order 881")
+    desk.api.reply(message(tool_use("refund", arguments)))
+    step()
+    [approval] = Approval.objects.filter(inbox=desk.inbox)
+    answer_approval(desk.inbox, approval.request_id, "no", by=desk.dana, reason="too much")
+    desk.api.reply(message("Understood."))
+    step()
+    [row] = ToolResult.objects.filter(inbox=desk.inbox)
+    call = ModelCall.objects.first()
+
+    page = admin_client.get(reverse("admin:alwayson_claude_toolresult_change", args=[row.pk]))
+    listed = admin_client.get(reverse("admin:alwayson_claude_toolresult_changelist"))
+    model_page = admin_client.get(reverse("admin:alwayson_claude_modelcall_change", args=[call.pk]))
+
+    html = page.content.decode()
+    assert "policy for refund, rule 2: ask" in html
+    approval_url = reverse("admin:approvals_approval_change", args=[approval.pk])
+    assert f'href="{approval_url}"' in html
+    assert page.context["adminform"].form.fields == {}  # nothing to edit
+    assert listed.context["cl"].result_list[0] == row
+    assert "Duration ms" in model_page.content.decode()
