@@ -118,6 +118,7 @@ class ModelCallAdmin(MachineryAdmin):
         "cache_read_tokens",
         "cache_write_tokens",
         "total",
+        "duration_ms",
     )
     list_filter = ("inbox", "model")
     list_select_related = ("inbox",)
@@ -134,6 +135,7 @@ class ModelCallAdmin(MachineryAdmin):
         "output_tokens",
         "cache_read_tokens",
         "cache_write_tokens",
+        "duration_ms",
         "created",
         "request_key",
         "response_pretty",
@@ -166,10 +168,22 @@ class ModelCallAdmin(MachineryAdmin):
 
 @admin.register(ToolResult)
 class ToolResultAdmin(MachineryAdmin):
-    """Every application tool call the Claude agent ran, under its idempotency key."""
+    """Every application tool call the Claude agent made, under its idempotency key: the
+    policy's decision and why, the approval that answered an asked one (who approved is on
+    it), the error a tool raised, when it finished."""
 
-    list_display = ("created", "inbox", "tool", "approved", "generation", "idempotency_key")
-    list_filter = ("tool", "approved", "inbox")
+    list_display = (
+        "created",
+        "inbox",
+        "tool",
+        "decision",
+        "approved",
+        "generation",
+        "finished",
+        "failed",
+        "idempotency_key",
+    )
+    list_filter = ("tool", "decision", "approved", "inbox")
     list_select_related = ("inbox",)
     search_fields = ("=inbox__slug", "idempotency_key")
     search_help_text = "the exact inbox slug, or the idempotency key (contains)"
@@ -178,14 +192,23 @@ class ToolResultAdmin(MachineryAdmin):
     fields = (
         "inbox",
         "tool",
+        "decision",
+        "decision_reason",
+        "approval",
         "approved",
         "generation",
         "idempotency_key",
         "created",
+        "finished",
+        "error",
         "arguments_pretty",
         "result_pretty",
     )
     readonly_fields = fields
+
+    @admin.display(description="error", boolean=True)
+    def failed(self, obj):
+        return bool(obj.error)
 
     @admin.display(description="arguments")
     def arguments_pretty(self, obj):

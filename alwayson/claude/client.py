@@ -157,8 +157,10 @@ def call(run, request: dict, budget: int | None) -> dict:
         log.debug("model call answered from the cache: inbox=%s key=%s", run.inbox.slug, key)
         return cached
     check_budget(run.inbox.pk, budget)
+    # Monotonic: a wall clock set back mid-call would give a negative duration.
     started = time.monotonic()
     answer = _traced_send(request, run)
+    duration = time.monotonic() - started
     log.info(
         "model call inbox=%s gen=%s model=%s stop=%s tokens=%s duration=%.2fs",
         run.inbox.slug,
@@ -166,9 +168,9 @@ def call(run, request: dict, budget: int | None) -> dict:
         answer.get("model"),
         answer.get("stop_reason"),
         answer.get("usage"),
-        time.monotonic() - started,
+        duration,
     )
-    _store(run, key, request, answer)
+    _store(run, key, request, answer, duration_ms=round(duration * 1000))
     return answer
 
 
@@ -292,7 +294,7 @@ def retry_after(headers) -> float | None:
     return None
 
 
-def _store(run, key: str, request: dict, answer: dict):
+def _store(run, key: str, request: dict, answer: dict, duration_ms: int):
     usage = answer.get("usage") or {}
     try:
         with transaction.atomic():
@@ -307,6 +309,7 @@ def _store(run, key: str, request: dict, answer: dict):
                 output_tokens=usage.get("output_tokens") or 0,
                 cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
                 cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
+                duration_ms=duration_ms,
                 created=clock.database_now(),
             )
     except IntegrityError:

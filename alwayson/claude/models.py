@@ -25,6 +25,23 @@ class ModelCallQuerySet(models.QuerySet):
         """Summed usage: input, output, cache_read, cache_write and total."""
         return self.aggregate(**{name: Coalesce(s, 0) for name, s in token_sums().items()})
 
+    def of_run(self, inbox_id, generation) -> "ModelCallQuerySet":
+        """The model calls one run paid for (its inbox and lease generation), oldest first.
+        A run retried after a crash reuses the answers an earlier generation paid for: those
+        stay with the earlier run."""
+        return self.filter(inbox_id=inbox_id, generation=generation).order_by("id")
+
+    def tokens_by_run(self) -> "ModelCallQuerySet":
+        """One row per run (inbox_id, generation) with its calls, its summed tokens (input,
+        output, cache_read, cache_write, total) and its time waiting for the API (api_ms,
+        summed over the calls that kept a duration), by inbox then generation."""
+        return (
+            self.order_by()
+            .values("inbox_id", "generation")
+            .annotate(calls=models.Count("id"), api_ms=Sum("duration_ms"), **token_sums())
+            .order_by("inbox_id", "generation")
+        )
+
 
 class ModelCall(models.Model):
     """One answer of the Messages API, kept under the request it answered.
@@ -84,6 +101,11 @@ class ToolResultQuerySet(models.QuerySet):
         calls = self.filter(inbox_id=inbox_id, tool=tool, events__in=event_ids)
         return calls.distinct().order_by("id")
 
+    def of_run(self, inbox_id, generation) -> "ToolResultQuerySet":
+        """The tool calls one run (its inbox and lease generation) journaled, oldest first. A
+        call a retried run replays stays with the run that first journaled it."""
+        return self.filter(inbox_id=inbox_id, generation=generation).order_by("id")
+
     def start(self, *, inbox_id, idempotency_key, event_ids, **fields) -> "ToolResult":
         """The row of a call about to run (no result yet), with the events it is made for,
         committed before the tool runs; the row already stored under the key if a run fenced
@@ -110,6 +132,11 @@ class ToolResult(models.Model):
     result instead of running again; one that did not return runs again under the same key,
     so the receiving system can refuse the repeat. How a call is recognised:
     docs/how-to/claude-agent.md#idempotency-keys.
+
+    It is also the call's journal: the policy's decision and why, the approval of an asked
+    call, the error a tool raised, when it finished. A call that is not run (the policy or a
+    person refused it, its approval expired) gets a row too, written with the result the
+    model was given, so a retry replays the refusal rather than deciding again.
     """
 
     inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="tool_results")
@@ -157,6 +184,13 @@ class ToolResult(models.Model):
         links = ToolResult.events.through.objects.filter(toolresult_id=self.pk)
         links.exclude(event_id__in=event_ids).delete()
 
-    def give_result(self, result: dict):
-        self.result = result
-        ToolResult.objects.filter(pk=self.pk).update(result=result)
+    def give_result(self, result: dict, *, now, error: str = ""):
+        """The tool returned (or raised `error`, the model told it failed) at `now`."""
+        self.result, self.error, self.finished = result, error, now
+        ToolResult.objects.filter(pk=self.pk).update(result=result, error=error, finished=now)
+
+    def crashed(self, error: str, *, now):
+        """The tool raised what it should not have (not a ToolError): the run fails with it and
+        the call runs again on the retry, under the same key. Kept so the journal shows why."""
+        self.error, self.finished = error, now
+        ToolResult.objects.filter(pk=self.pk).update(error=error, finished=now)

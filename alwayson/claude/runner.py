@@ -48,7 +48,7 @@ from alwayson.runtime.tools import (
     ToolError,
     offered_tools,
 )
-from approvals.models import APPROVAL_SOURCE, approval_url
+from approvals.models import APPROVAL_SOURCE, Approval, approval_url
 from inbox import clock
 from inbox.models import Event
 from inbox.services import retry_delay
@@ -227,6 +227,8 @@ class ClaudeRun:
         self.key_event = None
         # Application tool calls made so far in this run, per (tool, arguments).
         self.calls_made = Counter()
+        # Why the policy asked each waiting call, by tool-use id, for its journal row.
+        self.ask_reasons = {}
 
     # --- the run ------------------------------------------------------------------------
 
@@ -249,6 +251,7 @@ class ClaudeRun:
             return
         pending = _upgraded(pending)
         waiting, answers = pending["waiting"], pending["answers"]
+        self.ask_reasons = pending.setdefault("reasons", {})
         asked = {request_id: tool_use_id for tool_use_id, request_id in waiting.items()}
         answered = [
             e for e in self.run.events if e.source == APPROVAL_SOURCE and e.source_id in asked
@@ -344,14 +347,15 @@ class ClaudeRun:
                 results.append(error_result(tool_use_id, f"Invalid input for {name}: {problem}"))
                 continue
             decision = verdict(self.config, tool, arguments)
+            journal = {"decision": decision.verdict, "decision_reason": decision.because}
             if decision.verdict == DENY:
                 text = f"Denied by policy ({decision.because}): {name} was not run."
-                results.append(error_result(tool_use_id, text))
+                results.append(self._not_run(call, error_result(tool_use_id, text), journal))
             elif decision.verdict == ASK:
                 self._ask(calls[index:], results, held, answers)
                 return True
             else:
-                results.append(self._execute(tool, call, approved=False))
+                results.append(self._execute(tool, call, approved=False, journal=journal))
         return False
 
     def _ask(self, rest, results, held, answers):
@@ -396,7 +400,16 @@ class ClaudeRun:
             urgent=True,
         )
         waiting = {call["id"]: rid for rid, (call, _, _) in zip(request_ids, asking, strict=True)}
-        pending = {"results": results, "remaining": rest, "waiting": waiting, "answers": answers}
+        # The asked calls are journaled when their answers resume them: their keys come from
+        # the answer's event, which does not exist yet. Until then the approvals show them.
+        reasons = self.ask_reasons | {call["id"]: d.because for call, _, d in asking}
+        pending = {
+            "results": results,
+            "remaining": rest,
+            "waiting": waiting,
+            "answers": answers,
+            "reasons": reasons,
+        }
         self._save(pending=pending, held=held)
 
     def _resolve(self, call, answered) -> dict:
@@ -408,27 +421,35 @@ class ClaudeRun:
         word = payload.get("answer")
         names = payload.get("names") if isinstance(payload.get("names"), dict) else {}
         tool = self.config.tools.get(name)
+        # The policy asked; who answered, and how, is on the approval.
+        journal = {
+            "decision": ASK,
+            "decision_reason": self.ask_reasons.get(tool_use_id, ""),
+            "approval": Approval.objects.filter(
+                inbox_id=self.run.inbox.pk, request_id=request_id
+            ).first(),
+        }
         if word in ("yes", "replied") and tool is None:
-            return error_result(tool_use_id, f"Approved, but {name} is no longer offered.")
+            text = f"Approved, but {name} is no longer offered."
+            return self._not_run(call, error_result(tool_use_id, text), journal)
         if word == "yes":
             edit = payload.get("edit")
             if isinstance(edit, dict) and isinstance(edit.get("arguments"), dict):
-                return self._run_edited(tool, call, edit, names, request_id)
-            return self._execute(tool, call, approved=True)
+                return self._run_edited(tool, call, edit, names, request_id, journal)
+            return self._execute(tool, call, approved=True, journal=journal)
         if word == "replied":
-            return self._execute(tool, call, approved=True, reply=str(payload.get("reply", "")))
+            reply = str(payload.get("reply", ""))
+            return self._execute(tool, call, approved=True, reply=reply, journal=journal)
         if word == "no":
             text = f"The owner denied this call (approval {request_id}): {name} was not run."
             if payload.get("reason"):
                 who = _who(payload.get("answered_by"), names)
                 text += f" The reason {who} gave: {payload['reason']}"
-            return error_result(tool_use_id, text)
-        return error_result(
-            tool_use_id,
-            f"Nobody answered approval {request_id} before it expired: {name} was not run.",
-        )
+            return self._not_run(call, error_result(tool_use_id, text), journal)
+        text = f"Nobody answered approval {request_id} before it expired: {name} was not run."
+        return self._not_run(call, error_result(tool_use_id, text), journal)
 
-    def _run_edited(self, tool, call, edit, names, request_id) -> dict:
+    def _run_edited(self, tool, call, edit, names, request_id, journal) -> dict:
         """The call with the arguments as a person changed them, checked again (the tool or
         the policy may have changed since they answered); the model is told what changed."""
         name, tool_use_id, arguments = call["name"], call["id"], edit["arguments"]
@@ -436,16 +457,16 @@ class ClaudeRun:
         changed = f"{who} changed the arguments before approving (approval {request_id})"
         problem = tool.check_input(arguments)
         if problem:
-            return error_result(
-                tool_use_id, f"{changed}, but {name} refuses them ({problem}): it was not run."
-            )
+            text = f"{changed}, but {name} refuses them ({problem}): it was not run."
+            return self._not_run(call, error_result(tool_use_id, text), journal)
         decision = verdict(self.config, tool, arguments)
         if decision.verdict == DENY:
-            return error_result(
-                tool_use_id,
-                f"{changed}, but the policy denies them ({decision.because}): {name} was not run.",
+            text = (
+                f"{changed}, but the policy denies them ({decision.because}): {name} was not run."
             )
-        result = self._execute(tool, {**call, "input": arguments}, approved=True)
+            return self._not_run(call, error_result(tool_use_id, text), journal)
+        # Journaled with the arguments it ran with; the approval keeps those asked.
+        result = self._execute(tool, {**call, "input": arguments}, approved=True, journal=journal)
         order = list(tool.input_schema.get("properties") or {})
         note = (
             f"{changed}: {_changes(call['input'], arguments, order)}. {name} ran with the"
@@ -453,7 +474,9 @@ class ClaudeRun:
         )
         return {**result, "content": f"{note}\n{result['content']}"}
 
-    def _execute(self, tool, call, approved, reply=None) -> dict:
+    def _execute(self, tool, call, approved, reply=None, journal=None) -> dict:
+        """Run the call (an application tool once per key, its row journaled with `journal`:
+        the policy's decision and why, the approval) and give its result."""
         name, arguments, tool_use_id = call["name"], call["input"], call["id"]
         if tool is SEND_MESSAGE:
             urgent = bool(arguments.get("urgent", False))
@@ -461,10 +484,11 @@ class ClaudeRun:
             return ok_result(tool_use_id, "Sent." if urgent else "Queued for the next send.")
         if tool is SCHEDULE:
             return self._schedule(tool_use_id, arguments)
-        entry = self._journal_entry(name, arguments, approved)
+        entry = self._journal_entry(name, arguments, approved, **(journal or {}))
         if entry.result is not None:
-            # Ran before (before a crash, or in a deferred batch): the same result, under the
-            # id the model gave the call this time, not a second run.
+            # Ran before (before a crash, or in a deferred batch), or was refused then: the
+            # same result, under the id the model gave the call this time, not a second run
+            # nor a second decision.
             return {**entry.result, "tool_use_id": tool_use_id}
         key = entry.idempotency_key
         try:
@@ -479,13 +503,41 @@ class ClaudeRun:
                     **arguments,
                 )
         except ToolError as exc:
-            result = error_result(tool_use_id, str(exc) or f"{name} failed")
-        else:
-            result = ok_result(tool_use_id, output)
-        entry.give_result(result)
+            text = str(exc) or f"{name} failed"
+            result = error_result(tool_use_id, text)
+            entry.give_result(result, now=clock.database_now(), error=client.scrubbed(text))
+            return result
+        except Exception as exc:
+            # The run fails and is retried, the call with it (its result stays None): the row
+            # keeps what the last attempt raised meanwhile.
+            entry.crashed(client.scrubbed(f"{type(exc).__name__}: {exc}"), now=clock.database_now())
+            raise
+        result = ok_result(tool_use_id, output)
+        entry.give_result(result, now=clock.database_now())
         return result
 
-    def _journal_entry(self, name, arguments, approved) -> ToolResult:
+    def _not_run(self, call, result, journal) -> dict:
+        """A call refused (by the policy, by a person, by an expiry), journaled with the
+        result the model gets, under the key it would have run with: a retry that makes the
+        call again replays that result rather than deciding again. A built-in's is not
+        journaled: its effects are the run's own, in the fence."""
+        if call["name"] in BUILTINS:
+            return result
+        entry = self._journal_entry(
+            call["name"],
+            call["input"],
+            approved=False,
+            result=result,
+            finished=clock.database_now(),
+            **journal,
+        )
+        if entry.result is None:
+            # An earlier attempt ran it (the policy allowed it then) and died in the tool: the
+            # row stays as that attempt left it, the model is told it was not run now.
+            return result
+        return {**entry.result, "tool_use_id": call["id"]}
+
+    def _journal_entry(self, name, arguments, approved, **fields) -> ToolResult:
         """The journal row of this call: an earlier one it repeats, or a new one, written
         before the tool runs so that a crash in the tool leaves its key behind.
 
@@ -493,7 +545,8 @@ class ClaudeRun:
         for one of this call's events, when this is the n-th such call of the run. A repeated
         row is narrowed to this run's events: one side effect is the repeat of one later call,
         so when a crashed batch is retried event by event, two events that each ask for the
-        same thing do not both take the one call made for the batch.
+        same thing do not both take the one call made for the batch. A new row gets `fields`
+        (the decision and why, the approval, a refusal's result); a repeated one keeps its own.
         """
         events = [self.key_event] if self.key_event is not None else list(self.run.events)
         ids = [event.pk for event in events]
@@ -515,6 +568,7 @@ class ClaudeRun:
             approved=approved,
             generation=self.run.generation,
             created=clock.database_now(),
+            **fields,
         )
 
     def _schedule(self, tool_use_id, arguments) -> dict:
