@@ -38,7 +38,7 @@ from django.db.models.functions import Concat
 from alwayson.egress.models import EgressCall
 from alwayson.ops.models import PROCESS_RETENTION, Process
 from approvals.models import APPROVAL_SOURCE, Approval, AuditEntry
-from inbox.models import Event
+from inbox.models import Event, RunRecord
 from outbox.models import Notice, OutboxMessage
 from timers.models import RESERVED_KEY_PREFIX, Timer
 
@@ -176,6 +176,14 @@ def rules(now) -> list[Rule]:
             "inbox.Event",
             done.filter(updated__lt=keys_cutoff).exclude(Exists(timer_will_write)),
             "updated",
+        ),
+        # The run history, by when each run ended (runrecord_ended_idx).
+        Rule(
+            "inbox.RunRecord",
+            RunRecord.objects.filter(
+                ended__lt=days_before(now, settings.ALWAYSON_RETAIN_RUN_RECORDS)
+            ),
+            "ended",
         ),
         # A fired one-off (an approval's expiry among them): its event's key is gone too.
         Rule("timers.Timer", Timer.objects.filter(done=True, due__lt=keys_cutoff), "due"),

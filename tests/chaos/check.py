@@ -296,6 +296,7 @@ def _check_runs(report, observed, events) -> list[dict]:
             if e["status"] == "done" and e["id"] not in finished_by
         ],  # fmt: skip
     )
+    _check_run_records(report, observed, runs, events)
     logs = observed.logs
     report.add(
         section, "finishes refused by the fence (worker logs)", logs.get("refused", 0), "counted"
@@ -305,6 +306,49 @@ def _check_runs(report, observed, events) -> list[dict]:
         section, "runs that failed (poison, severed connections)", logs.get("failed", 0), "counted"
     )
     return runs
+
+
+def _check_run_records(report, observed, runs, events):
+    """alwayson's own RunRecord rows against the runs that committed (their messages): one
+    record marked done per committed run, listing its events, and none marked done that
+    did not commit."""
+    section = "run records (RunRecord, written by the fenced finish)"
+    records = observed.db["run_records"]
+    report.add(section, "run records", len(records))
+    done = Counter((r["inbox"], r["gen"]) for r in records if r["outcome"] == "done")
+    listed = {(r["inbox"], r["gen"]): r["events"] for r in records if r["outcome"] == "done"}
+    report.must_be_zero(
+        section,
+        "committed runs without exactly one record marked done, listing their events",
+        [
+            f"{run['inbox']} gen {run['gen']}: {done[(run['inbox'], run['gen'])]} done records"
+            for run in runs
+            if done[(run["inbox"], run["gen"])] != 1
+            or sorted(listed[(run["inbox"], run["gen"])]) != sorted(run["events"])
+        ],
+    )
+    committed = {(run["inbox"], run["gen"]) for run in runs}
+    report.must_be_zero(
+        section,
+        "records marked done whose run did not commit",
+        [
+            f"{inbox} gen {gen}: events {events_of}"
+            for (inbox, gen), events_of in listed.items()
+            if (inbox, gen) not in committed
+            and any(
+                events.by_id.get(pk, {}).get("status") != "done"
+                or events.by_id[pk]["claim_gen"] != gen
+                for pk in events_of
+            )
+        ],
+    )
+    for outcome in ("error", "deferred", "refused", "lost"):
+        report.add(
+            section,
+            f"records marked {outcome}",
+            sum(1 for r in records if r["outcome"] == outcome),
+            "counted",
+        )
 
 
 def _check_effects(report, observed, events):

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.db import DatabaseError, connection, connections, transaction
 
 from approvals.models import Approval
-from inbox.models import Event, Inbox, Lease
+from inbox.models import Event, Inbox, Lease, RunRecord
 from outbox.models import Channel, Notice, OutboxMessage
 from tests.chaos.agent import LEDGER_TABLES
 from timers.models import Timer
@@ -187,6 +187,15 @@ def collect(first_due: dict) -> dict:
         if timer.recurring and name in first_due:
             record["expected"] = expected_occurrences(timer, first_due[name])
         timers.append(record)
+    run_records = [
+        {
+            "inbox": slug_of[r.inbox_id],
+            "gen": r.generation,
+            "outcome": r.outcome,
+            "events": r.events,
+        }
+        for r in RunRecord.objects.order_by("id")
+    ]
     with connection.cursor() as cursor:
         cursor.execute("SELECT key, inbox_id, source, source_id, kind FROM chaos_ledger")
         ledger = [
@@ -204,4 +213,5 @@ def collect(first_due: dict) -> dict:
         "timers": timers,
         "ledger": ledger,
         "attempts": attempts,
+        "run_records": run_records,
     }

@@ -126,6 +126,10 @@ def world():
             },  # fmt: skip
         ],
         "attempts": {"fresh": 3},
+        "run_records": [
+            {"inbox": inbox, "gen": gen, "outcome": "done", "events": [pk]}
+            for pk, inbox, _, _, gen, _ in events
+        ],
     }
     acks = [
         {"inbox": "a", "source": "chat", "source_id": "m1", "stored": True},
@@ -506,3 +510,17 @@ def test_the_receivers_record_each_delivery_with_its_key_and_messages(tmp_path):
         ("webhook", "k1", "a", ["one", "two"]),
         ("email", "<k2@alwayson>", "b", ["three", "four"]),
     ]
+
+
+def test_a_committed_run_without_its_done_record_fails(world):
+    del world.db["run_records"][0]
+
+    assert "committed runs without exactly one record marked done, listing their events" in (
+        failed(world)
+    )
+
+
+def test_a_record_marked_done_for_a_run_that_did_not_commit_fails(world):
+    world.db["run_records"].append({"inbox": "a", "gen": 9, "outcome": "done", "events": [1]})
+
+    assert "records marked done whose run did not commit" in failed(world)
