@@ -30,7 +30,7 @@ from alwayson.runtime.api import (
 )
 from alwayson.web.models import PasswordResetRequest
 from approvals.models import Approval, AuditEntry
-from inbox.models import Event, Session
+from inbox.models import Event, RunRecord, Session
 from outbox.models import Notice, OutboxMessage
 from tests.support.env import environment, manage
 from timers.models import Timer
@@ -229,9 +229,16 @@ def make_egress_call(inbox, at):
     )
 
 
+def make_run_record(inbox, at):
+    return RunRecord.objects.create(
+        inbox=inbox, generation=1, worker="w", started=at, ended=at, outcome="done"
+    )
+
+
 @pytest.mark.parametrize(
     "make, setting",
     [
+        (make_run_record, "ALWAYSON_RETAIN_RUN_RECORDS"),
         (make_model_call, "ALWAYSON_RETAIN_MODEL_CALLS"),
         (make_tool_result, "ALWAYSON_RETAIN_MODEL_CALLS"),
         (make_egress_call, "ALWAYSON_RETAIN_EGRESS_CALLS"),
@@ -457,7 +464,8 @@ def test_dry_run_prints_each_table_and_deletes_nothing(inbox, t0, settings):
     assert "inbox.Event (payload cleared)\t1" in lines
     assert "inbox.Event\t1" in lines
     assert "outbox.OutboxMessage\t0" in lines
-    assert lines[-1] == "would prune 2 row(s)"
+    assert "inbox.RunRecord\t1" in lines  # the run that finished it, a year ago too
+    assert lines[-1] == "would prune 3 row(s)"
     assert Event.objects.get(source_id="evt_1").payload == {"amount": 12}
 
 
@@ -469,7 +477,8 @@ def test_prune_prints_the_count_per_table(inbox, t0):
 
     lines = out.getvalue().splitlines()
     assert "inbox.Event (payload cleared)\t1" in lines and "inbox.Event\t1" in lines
-    assert lines[-1] == "pruned 2 row(s)"
+    assert "inbox.RunRecord\t1" in lines
+    assert lines[-1] == "pruned 3 row(s)"
     assert not Event.objects.exists()
     assert would_prune(t0) == dict.fromkeys(would_prune(t0), 0)
 
