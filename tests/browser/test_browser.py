@@ -634,7 +634,9 @@ def test_the_admins_tables_show_every_column(new_page, site, desk, staff_user, v
         ("dashboard", "/admin/dashboard/", False),
     ):
         page.goto(f"{site}{path}")
-        expect(page.locator("#content table").first).to_be_visible()
+        # The dashboard's charts keep their numbers under a closed <details>: the first
+        # table in sight is the first one outside them.
+        expect(page.locator("#content table:not(details table)").first).to_be_visible()
         screenshot(page, f"admin-{name}-{width}")
         assert_no_cell_hidden(page, scrolling)
 
