@@ -6,7 +6,9 @@ Two shapes of work, each drained by 2 processes x 4 slots of a no-op agent:
 many events per inbox (1,000 x 10) and many one-event inboxes (10,000 x 1); quick mode
 200 x 10 and 2,000 x 1. The reference is procrastinate (>= 3.10) with one job per event,
 `lock=f"inbox:{i}"` (its way of running one inbox's jobs one at a time), an async no-op task,
-the same processes and concurrency, in the same database.
+the same processes and concurrency, in the same database. alwayson runs twice: with its run
+records (the default, what the goal is on) and with ALWAYSON_RUN_RECORDS=false, so a row of its
+own shows what recording every run costs the drain.
 
 Each system drains its whole queue and exits (`runworker --once`; procrastinate's
 `wait=False`). Throughput is timed from the moment every process is ready (imported, set
@@ -40,6 +42,9 @@ CONCURRENCY = 4
 FULL_SHAPES = [(1000, 10), (10000, 1)]
 QUICK_SHAPES = [(200, 10), (2000, 1)]
 GOALS = {10: 5.0, 1: 1.5}  # events per inbox -> the issue's goal for the ratio
+# Recording a run is one more CTE in the finish's one statement, no round trip (issue 26):
+# with records at least this fraction of the rate without.
+RECORDS_GOAL = 0.9
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/bench_d"
 # As in production: DEBUG on keeps every query's SQL in memory and costs each one.
 PRODUCTION_ENV = {"DEBUG": "false", "SECRET_KEY": "bench-only-secret-key-not-used-for-anything"}
@@ -69,7 +74,8 @@ def measure(db_url: str, quick: bool, repeats: int) -> list[dict]:
                         f"  {system:13} {shape[0]}x{shape[1]}: {sample['rate']:7.0f} events/s, "
                         f"{sample['cpu_ms']:.2f} ms CPU/event, start-up {sample['startup']:.2f}s"
                     )
-        return [_row(shape, samples, repeats) for shape in shapes]
+        rows = [_row(shape, samples, repeats) for shape in shapes]
+        return rows + [_records_row(shape, samples, repeats) for shape in shapes]
     finally:
         drop_database(db_url)
 
@@ -102,6 +108,28 @@ def _row(shape, samples, repeats):
             "alwayson": [s["rate"] for s in ours],
             "reference": [s["rate"] for s in theirs],
         },
+    }
+
+
+def _records_row(shape, samples, repeats):
+    inboxes, per_inbox = shape
+    on, off = samples[(shape, "alwayson")], samples[(shape, "alwayson-unrecorded")]
+    rate = statistics.median(row["rate"] for row in on)
+    reference = statistics.median(row["rate"] for row in off)
+    return {
+        "measure": f"drain {inboxes:,} x {per_inbox}: run records on, against off",
+        "alwayson": round(rate, 1),
+        "reference": round(reference, 1),
+        "unit": "events/s",
+        "ratio": round(rate / reference, 2),
+        "goal": RECORDS_GOAL,
+        "key": f"drain.x{per_inbox}.records",
+        "clients": PROCESSES * CONCURRENCY,
+        "reference_system": "alwayson with ALWAYSON_RUN_RECORDS=false",
+        "alwayson_cpu_ms_per_event": round(statistics.median(r["cpu_ms"] for r in on), 3),
+        "reference_cpu_ms_per_event": round(statistics.median(r["cpu_ms"] for r in off), 3),
+        "repeats": repeats,
+        "samples": {"alwayson": [s["rate"] for s in on], "reference": [s["rate"] for s in off]},
     }
 
 
@@ -210,6 +238,13 @@ def run_alwayson(url, inboxes, per_inbox):
     return _sample(sample, inboxes * per_inbox)
 
 
+def run_alwayson_unrecorded(url, inboxes, per_inbox):
+    seed_alwayson(url, inboxes, per_inbox)
+    sample, ledgers = _drain("alwayson", url, {"ALWAYSON_RUN_RECORDS": "false"})
+    _check_alwayson(url, ledgers, inboxes * per_inbox, recorded=False)
+    return _sample(sample, inboxes * per_inbox)
+
+
 def run_procrastinate(url, inboxes, per_inbox):
     seed_procrastinate(url, inboxes, per_inbox)
     sample, ledgers = _drain("procrastinate", url)
@@ -217,13 +252,18 @@ def run_procrastinate(url, inboxes, per_inbox):
     return _sample(sample, inboxes * per_inbox)
 
 
-SYSTEMS = {"alwayson": run_alwayson, "procrastinate": run_procrastinate}
+SYSTEMS = {
+    "alwayson": run_alwayson,
+    "alwayson-unrecorded": run_alwayson_unrecorded,
+    "procrastinate": run_procrastinate,
+}
 
 
-def _drain(system, url):
+def _drain(system, url, settings=None):
     """Start the processes, wait until all are ready, let them go at once, wait for them."""
     workdir = Path(tempfile.mkdtemp(prefix="drain-"))
     env = {**os.environ, **PRODUCTION_ENV, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    env.update(settings or {})
     spawned = time.time()
     children = []
     for n in range(PROCESSES):
@@ -267,7 +307,7 @@ def _sample(sample, events):
     }
 
 
-def _check_alwayson(url, ledgers, events):
+def _check_alwayson(url, ledgers, events, recorded=True):
     import psycopg
 
     ran = [event_id for ledger in ledgers for entry in ledger for event_id in entry["events"]]
@@ -278,8 +318,19 @@ def _check_alwayson(url, ledgers, events):
     with psycopg.connect(_conninfo(url)) as conn:
         states = dict(conn.execute("SELECT status, count(*) FROM inbox_event GROUP BY 1"))
         ids = {row[0] for row in conn.execute("SELECT id FROM inbox_event")}
+        records = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE outcome = 'done'),"
+            " coalesce(sum(jsonb_array_length(events)), 0) FROM inbox_runrecord"
+        ).fetchone()
     if states != {"done": events} or ids != set(ran):
         raise AssertionError(f"alwayson left events {states}, expected {events} done")
+    # Every run recorded once as done, with its events; with records off, none at all.
+    runs = sum(len(ledger) for ledger in ledgers)
+    expected = (runs, runs, events) if recorded else (0, 0, 0)
+    if records != expected:
+        raise AssertionError(
+            f"alwayson recorded (records, done, events) {records}, expected {expected}"
+        )
 
 
 def _check_procrastinate(url, ledgers, events):

@@ -196,7 +196,7 @@ def test_every_goal_of_the_issue_is_in_the_goals_table():
     keys = {goal.key for goal in goals.GOALS if isinstance(goal, goals.Ratio | goals.Between)}
     produced = {"ingest.slug.1", "ingest.slug.8", "ingest.id.1", "ingest.id.8",
                 "duplicate.slug", "web.webhook", "web.chat", "web.answer", "drain.x10",
-                "drain.x1"}  # fmt: skip
+                "drain.x1", "drain.x10.records", "drain.x1.records"}  # fmt: skip
     assert keys <= produced
 
 
@@ -288,3 +288,23 @@ def test_fresh_statistics_refuse_a_database_where_a_marker_is_already_set(make_i
     mark_with_ingest([inbox.pk])
     with pytest.raises(RuntimeError, match="every work_at NULL; 1 are set"):
         phases.prepare(bench_cursor, "fresh")
+
+
+def test_the_drain_rows_put_records_on_against_procrastinate_and_against_records_off():
+    from bench import drain
+
+    def sample(rate):
+        return {"rate": rate, "cpu_ms": 1.0, "startup": 0.5}
+
+    shape = (200, 10)
+    samples = {
+        (shape, "alwayson"): [sample(900), sample(1000), sample(1100)],
+        (shape, "alwayson-unrecorded"): [sample(1200), sample(1250), sample(1300)],
+        (shape, "procrastinate"): [sample(90), sample(100), sample(110)],
+    }
+    main, records = drain._row(shape, samples, 3), drain._records_row(shape, samples, 3)
+    assert (main["key"], main["alwayson"], main["reference"], main["ratio"]) == (
+        "drain.x10", 1000, 100, 10.0)  # fmt: skip
+    assert (records["key"], records["alwayson"], records["reference"], records["ratio"]) == (
+        "drain.x10.records", 1000, 1250, 0.8)  # fmt: skip
+    assert common.met(records) == "no"
