@@ -179,14 +179,43 @@ def count_series(moments, starts: list[datetime], width: timedelta) -> list[int]
 
 
 def chart_block(title: str, labels: list[str], series: dict, empty: str, stacked=True) -> str:
-    """One chart and its numbers. Percentile series are drawn as p95 bars (p50 in the table)."""
+    """One chart with its axes and legend, and its numbers. Percentile series are drawn as p95
+    bars (p50 in the table)."""
     drawn = series if stacked else {k: v for k, v in list(series.items())[-1:]}
     clean = {k: [v or 0 for v in vs] for k, vs in drawn.items()}
     return (
         '<figure class="chart-block">'
-        + f"<figcaption>{escape(title)}: {escape(', '.join(drawn))}</figcaption>"
-        + bar_chart(title, labels, clean, empty)
+        + f"<figcaption>{escape(title)}</figcaption>"
+        + legend(drawn)
+        + axes(bar_chart(title, labels, clean, empty), labels, clean)
         + "<details><summary>Numbers</summary>"
         + table(title, labels, series)
         + "</details></figure>"
+    )
+
+
+def legend(series: dict) -> str:
+    """Each drawn series' colour and name, in the bars' stacking order (bottom first)."""
+    items = "".join(
+        f'<li><span class="swatch" style="background:{PALETTE[k % len(PALETTE)]}"></span>'
+        f"{escape(name)}</li>"
+        for k, name in enumerate(series)
+    )
+    return f'<ul class="chart-legend">{items}</ul>'
+
+
+def axes(svg: str, labels: list[str], series: dict) -> str:
+    """The chart between its scale and its time span, as HTML beside the SVG: text inside a
+    stretched (preserveAspectRatio="none") SVG would stretch with it. The scale is the tallest
+    stack, the bar that reaches the top; the span is the first and last bucket's label."""
+    totals = [sum(values[i] for values in series.values()) for i in range(len(labels))]
+    top = max(totals, default=0)
+    if top <= 0:
+        return svg
+    return (
+        '<div class="chart-frame">'
+        f'<div class="chart-y" aria-hidden="true"><span>{top:g}</span><span>0</span></div>'
+        f"{svg}"
+        f'<div class="chart-x" aria-hidden="true"><span>{escape(labels[0])}</span>'
+        f"<span>{escape(labels[-1])}</span></div></div>"
     )

@@ -1024,10 +1024,15 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
         expect(page.locator("svg.chart").first).to_be_visible()
         assert page.locator("svg.chart rect").count() > 0
         page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
-        # Each chart fills its column rather than sitting at the SVG's default 300 px.
+        # Each chart fills its column, beside its scale, rather than sitting at the SVG's
+        # default 300 px; the scale and the time span are read beside it.
         svg = page.locator("svg.chart").first.bounding_box()
         column = page.locator(".chart-block").first.bounding_box()
-        assert svg["width"] >= column["width"] - 1
+        scale = page.locator(".chart-frame .chart-y").first.bounding_box()
+        assert svg["width"] + scale["width"] >= column["width"] - 10
+        assert svg["x"] >= scale["x"] + scale["width"]
+        expect(page.locator(".chart-frame .chart-x").first).to_be_visible()
+        expect(page.locator(".chart-legend").first).to_contain_text("done")
         if viewport is DESKTOP:
             assert svg["width"] > 320
         expect(page.locator("svg.chart.bars")).to_contain_text("of 10,000 (62%)")

@@ -67,6 +67,29 @@ def test_stacked_bars_split_by_outcome_and_the_table_keeps_the_numbers():
     assert "<td>1.5</td>" in html and "<td>–</td>" in html
 
 
+def test_a_chart_shows_its_scale_its_time_span_and_a_legend_in_stacking_order():
+    block = charts.chart_block(
+        "Runs per minute", ["14:05", "14:06", "14:07"],
+        {"done": [3, 0, 1], "failed": [1, 2, 0]}, "no runs",
+    )  # fmt: skip
+    # The tallest stack (3 + 1) tops the scale; the span runs from the first bucket to the last.
+    assert '<div class="chart-y" aria-hidden="true"><span>4</span><span>0</span></div>' in block
+    assert '<div class="chart-x" aria-hidden="true"><span>14:05</span><span>14:07</span>' in block
+    legend = block[block.index('<ul class="chart-legend">') : block.index("</ul>")]
+    assert legend.index("done") < legend.index("failed")
+    assert charts.PALETTE[0] in legend and charts.PALETTE[1] in legend
+
+
+def test_an_empty_chart_draws_no_scale_and_a_percentile_chart_scales_to_its_p95():
+    empty = charts.chart_block("Runs", ["14:06", "14:07"], {"done": [0, 0]}, "no runs")
+    assert "no runs" in empty and "chart-y" not in empty
+    durations = charts.chart_block(
+        "Duration", ["a", "b"], {"p50 s": [1.0, 2.0], "p95 s": [1.5, 7.25]}, "no runs", False
+    )
+    assert "<span>7.25</span><span>0</span>" in durations
+    assert "p50 s" not in durations.split("<details>")[0]
+
+
 def test_a_series_of_the_wrong_length_is_refused():
     with pytest.raises(ValueError, match="has 1 values for 2 labels"):
         charts.bar_chart("Runs", ["a", "b"], {"done": [1]}, "no runs")
