@@ -230,3 +230,19 @@ def test_with_tracing_off_nothing_is_stored_and_no_query_is_added(receiver, hook
     # The dispatcher reads no run record to link: only the run's finish wrote one.
     assert [q for q in queries_of(captured, "inbox_runrecord") if q.startswith("SELECT")] == []
     assert receiver == []
+
+
+@pytest.mark.django_db
+def test_a_batch_stored_in_a_span_keeps_its_context_for_each_new_event(receiver, inbox):
+    from alwayson.runtime.api import ingest, ingest_many
+
+    assert ingest(inbox, "stripe", "evt_1", {})
+    with tracing.span("POST /import"):
+        traceparent = tracing.traceparent()
+        stored = ingest_many(inbox, [("stripe", "evt_1"), ("stripe", "evt_2"), ("stripe", "evt_3")])
+    assert stored == [False, True, True]
+    traces = EventTrace.objects.order_by("event_id")
+    assert [(t.event.source_id, t.traceparent) for t in traces] == [
+        ("evt_2", traceparent),
+        ("evt_3", traceparent),
+    ]
