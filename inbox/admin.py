@@ -27,7 +27,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from . import clock, services
-from .models import Event, Inbox, Lease, Membership, Role, RunRecord, Session
+from .models import Event, EventTrace, Inbox, Lease, Membership, Role, RunRecord, Session
 from .validation import require_key
 
 # Ids handed to a service per call: keeps `pk IN (...)` under SQLite's variable limit when
@@ -466,6 +466,20 @@ class SessionAdmin(MachineryAdmin):
     @admin.display(description="state")
     def state_pretty(self, obj):
         return pretty_json(obj.state)
+
+
+@admin.register(EventTrace)
+class EventTraceAdmin(MachineryAdmin):
+    """The trace context each event was stored under (tracing on): which trace to open in
+    the tracing backend for an event. Written by ingest, gone with its event."""
+
+    list_display = ("event", "traceparent")
+    list_select_related = ("event",)
+    search_fields = ("=traceparent",)
+    search_help_text = "the exact traceparent"
+    ordering = ("-event_id",)
+    fields = ("event", "traceparent")
+    readonly_fields = fields
 
 
 @admin.register(RunRecord)

@@ -4,9 +4,11 @@ announced (event_stored)."""
 
 from django.conf import settings
 
+from alwayson import tracing
+
 from . import store
 from .backends import current
-from .models import Event, Inbox
+from .models import Event, EventTrace, Inbox
 from .rules import RESERVED_SOURCES, SOURCE_ID_MAX, SOURCE_MAX, given_now, require_unreserved_source
 from .signals import event_stored, reserved_event_stored
 from .validation import mapping_text, require_key
@@ -68,6 +70,12 @@ def store_event(inbox_id, source, source_id, payload, now, lock_wait=None) -> bo
     return bool(_store(inbox_id, [(source, source_id, payload)], now, lock_wait))
 
 
+def event_traces(event_ids) -> dict[int, str]:
+    """The traceparents stored with these events at ingest, by event id: one query, for a
+    caller with tracing on (the worker's run span continues them)."""
+    return EventTrace.objects.of_events(event_ids)
+
+
 def _checked(field, source, source_id, payload):
     """The row (source, source_id, payload) checked, and the payload's JSON text."""
     require_unreserved_source(f"{field}source", require_key(f"{field}source", source, SOURCE_MAX))
@@ -81,7 +89,10 @@ def _store(inbox, rows, now, lock_wait, text=None) -> list[store.Stored]:
     rows stored. event_stored is sent for each, in the caller's transaction when there is
     one; otherwise the insert has already committed (on PostgreSQL it commits on its own).
     `text`: a single row's payload as JSON already (validation made it)."""
-    inbox_id, stored = current().store(inbox, rows, now, lock_wait, text)
+    # The request's span (the webhook's, a chat post's), kept with what it stored so the
+    # run that handles the events continues its trace; "" (nothing written) when tracing is
+    # off or no span is current.
+    inbox_id, stored = current().store(inbox, rows, now, lock_wait, text, tracing.traceparent())
     if not stored:
         return stored
     # With nobody listening, no Event is built: this runs on every delivery.

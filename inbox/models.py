@@ -425,6 +425,35 @@ class Event(models.Model):
         return f"{self.source}:{self.source_id} ({self.status})"
 
 
+class EventTraceQuerySet(models.QuerySet):
+    def of_events(self, event_ids) -> dict[int, str]:
+        """The stored traceparents of these events, by event id (events without one absent)."""
+        return dict(self.filter(event_id__in=list(event_ids)).values_list("event", "traceparent"))
+
+
+class EventTrace(models.Model):
+    """The trace context of the request that stored an event, so the run that handles it
+    continues that trace (alwayson/tracing; docs/how-to/tracing.md).
+
+    A table of its own rather than a column of Event: a column would cost every event row
+    and every insert statement whether tracing is on or not, and the hot insert statements
+    (inbox/sql/insert_*.sql) would carry one more parameter. This row is written only when a
+    span is current at ingest (tracing on), in the ingest's transaction and only for the
+    events that statement stored: a duplicate delivery stores no event and so no row. It
+    goes with its event (CASCADE: prune's deletes and an inbox's take it along).
+    """
+
+    event = models.OneToOneField(
+        Event, on_delete=models.CASCADE, primary_key=True, related_name="trace"
+    )
+    traceparent = models.CharField(max_length=55)
+
+    objects = EventTraceQuerySet.as_manager()
+
+    def __str__(self):
+        return f"{self.event_id}: {self.traceparent}"
+
+
 class Session(models.Model):
     """The agent's durable state for one inbox: what a run that ended on a deferred tool call
     leaves for the run that resumes it. Replaced only by a fenced finish."""

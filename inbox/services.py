@@ -16,7 +16,7 @@ PostgreSQL and SQLite in backends/.
 """
 
 from .finish import Defer, SaveState, finish, finish_and_take, record_refused
-from .ingest import ingest, ingest_many, store_event
+from .ingest import event_traces, ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
 from .locks import bounded_write, lock_inbox
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
@@ -49,6 +49,7 @@ __all__ = [
     "acquire_next",
     "bounded_write",
     "claim_batch",
+    "event_traces",
     "finish",
     "finish_and_take",
     "ingest",

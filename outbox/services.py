@@ -2,14 +2,16 @@
 
 import logging
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 
+from alwayson import tracing
 from inbox import clock
-from inbox.models import Inbox
+from inbox.models import Inbox, RunRecord
 from inbox.services import retry_delay
 from inbox.validation import require_int, require_text
 
@@ -129,10 +131,9 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
         batch = _next_send(channel, at, may_start=False)
         if not batch:
             return 0  # another dispatcher sent it in between
-        try:
-            (send or sender_for(channel))(MergedSend(channel.inbox, batch))
-        except SendFailed as exc:
-            _record_failure(channel, batch, str(exc), at)
+        failed = _deliver(channel, batch, send)
+        if failed is not None:
+            _record_failure(channel, batch, failed, at)
             return 0
         _mark_sent(channel, batch, at)
         messages_sent.send(sender=OutboxMessage, messages=batch, at=at)
@@ -180,15 +181,65 @@ def _next_send(channel, now, may_start) -> list:
     return list(stamped_rows.order_by("id"))
 
 
+def _deliver(channel, batch, send) -> str | None:
+    """The send itself, in a PRODUCER span when tracing is on; None when it went, else why
+    it failed (SendFailed's message). Any other exception propagates (the span records it)."""
+    with _send_span(channel, batch) as current:
+        try:
+            (send or sender_for(channel))(MergedSend(channel.inbox, batch))
+        except SendFailed as exc:
+            if current is not None:
+                current.set_attribute("alwayson.outcome", "failed")
+                current.set_attribute("error.type", type(exc).__qualname__)
+                current.set_status(tracing.trace.Status(tracing.trace.StatusCode.ERROR, str(exc)))
+            return str(exc)
+        if current is not None:
+            current.set_attribute("alwayson.outcome", "sent")
+        return None
+
+
+@contextmanager
+def _send_span(channel, batch):
+    """A send's span (OpenTelemetry's messaging conventions: `send {destination}`, PRODUCER),
+    linked to the runs that said its messages: the run span's context their RunRecord keeps.
+    A send is its own trace, made later by another process, so the runs are links, not its
+    parent. The records are read in one query, and only with tracing on."""
+    if not tracing.enabled():
+        yield None
+        return
+    generations = {m.generation for m in batch if m.generation is not None}
+    links = []
+    if generations:
+        links = list(
+            RunRecord.objects.filter(inbox_id=channel.pk, generation__in=generations)
+            .exclude(trace="")
+            .order_by("generation", "id")
+            .values_list("trace", flat=True)
+        )
+    with tracing.span(
+        f"send {channel.kind}",
+        kind=tracing.trace.SpanKind.PRODUCER,
+        links=list(dict.fromkeys(links)),
+        messaging__system="alwayson",
+        messaging__operation__name="send",
+        messaging__operation__type="send",
+        messaging__destination__name=channel.kind,
+        messaging__batch__message_count=len(batch),
+        messaging__message__id=batch[0].send_key or None,
+        alwayson__inbox=channel.inbox.slug,
+        alwayson__outbox__mode=channel.mode,
+    ) as current:
+        yield current
+
+
 def _send_at_most_once(channel, batch, send, sent_at) -> int:
-    try:
-        (send or sender_for(channel))(MergedSend(channel.inbox, batch))
-    except SendFailed as exc:
+    failed = _deliver(channel, batch, send)
+    if failed is not None:
         # The rows were given up when they were marked sent; say why.
         OutboxMessage.objects.filter(pk__in=[m.pk for m in batch]).update(
-            status=OutboxMessage.Status.FAILED, attempts=F("attempts") + 1, error=str(exc)
+            status=OutboxMessage.Status.FAILED, attempts=F("attempts") + 1, error=failed
         )
-        log_parked(channel, batch, max(m.attempts for m in batch) + 1, str(exc), "at most once")
+        log_parked(channel, batch, max(m.attempts for m in batch) + 1, failed, "at most once")
         return 0
     messages_sent.send(sender=OutboxMessage, messages=batch, at=sent_at)
     return len(batch)

@@ -29,10 +29,11 @@ from alwayson.ops.models import Process
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
 from alwayson.runtime.run import LeaseLost, Run
-from alwayson.tracing import span, traceparent
+from alwayson.tracing import enabled, span, traceparent
 from inbox.services import (
     WORK_CHANNEL,
     Claim,
+    event_traces,
     finish,
     finish_and_take,
     lease_ttl,
@@ -185,6 +186,8 @@ class Worker:
 
         One invoke_agent span covers both (OpenTelemetry's GenAI conventions): the Claude
         agent's chat and execute_tool spans open inside it, and its outcome is the finish's.
+        It continues the trace of the request that stored its first event and links the
+        other events' requests (_causes).
         """
         try:
             agent = self.agents.for_inbox(claim.inbox, claim.extras)
@@ -193,8 +196,11 @@ class Worker:
             # An agent that cannot be loaded fails the run like one that raises: the error
             # is recorded on the events by the finish below, not lost in the step.
             agent, name = _raising(exc), "unloaded"
+        parent, links = _causes(claim)
         with span(
             f"invoke_agent {name}",
+            parent=parent,
+            links=links,
             gen_ai__operation__name="invoke_agent",
             gen_ai__agent__name=name,
             alwayson__inbox=claim.inbox.slug,
@@ -279,6 +285,21 @@ class Worker:
             result.seconds,
         )
         return result
+
+
+def _causes(claim: Claim) -> tuple[str, list[str]]:
+    """The run span's parent and links: the trace contexts stored with its events at ingest
+    (EventTrace). As a batch consumer in OpenTelemetry's messaging conventions, the run
+    continues the trace of its oldest event that has one and links every other event's
+    request. One query, and only with tracing on: off, a run reads nothing more."""
+    if not enabled():
+        return "", []
+    traces = event_traces(event.pk for event in claim.events)
+    ordered = [traces[event.pk] for event in claim.events if event.pk in traces]
+    if not ordered:
+        return "", []
+    parent = ordered[0]
+    return parent, list(dict.fromkeys(tp for tp in ordered[1:] if tp != parent))
 
 
 def _describe(exc: BaseException) -> str:

@@ -15,7 +15,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..exceptions import InboxBusy, UnknownInbox
-from ..models import Event, Inbox, Lease, RunRecord, Session
+from ..models import Event, EventTrace, Inbox, Lease, RunRecord, Session
 from ..pinned_clock import pinned_now
 from ..records import claimed_times, write_finished, write_lost
 from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
@@ -69,12 +69,20 @@ class Backend:
 
     # --- storing events ----------------------------------------------------------------------
 
-    def store(self, ref, rows, now, lock_wait, text=None) -> tuple[int, list[Stored]]:
+    def store(self, ref, rows, now, lock_wait, text=None, trace="") -> tuple[int, list[Stored]]:
         """Store validated rows ((source, source_id, payload), keys distinct) in inbox `ref`,
         mark its work and wake a worker: the inbox's id and the rows stored. `now` None: the
         database's clock. `lock_wait` bounds the wait for the lease row (InboxBusy past it).
-        `text`: a single row's payload as JSON already."""
+        `text`: a single row's payload as JSON already. `trace`: the traceparent of the
+        request storing them (tracing on), written with the rows stored (store_traces)."""
         raise NotImplementedError
+
+    def store_traces(self, stored, trace):
+        """In the insert's transaction: each stored event's trace context (EventTrace)."""
+        if trace and stored:
+            EventTrace.objects.bulk_create(
+                [EventTrace(event_id=row.id, traceparent=trace) for row in stored]
+            )
 
     # --- leases ------------------------------------------------------------------------------
 

@@ -460,7 +460,7 @@ class PostgreSQL(Backend):
 
     # --- storing events ----------------------------------------------------------------------
 
-    def store(self, ref, rows, now, lock_wait, text=None):
+    def store(self, ref, rows, now, lock_wait, text=None, trace=""):
         db = connections[DEFAULT_DB_ALIAS]
         column, value = _lookup(ref)
         params = {
@@ -473,10 +473,16 @@ class PostgreSQL(Backend):
         # Inside a caller's transaction a lock timeout must not abort it: a savepoint there.
         bounded = lock_wait is not None and db.in_atomic_block
         try:
-            with transaction.atomic() if bounded else nullcontext():
+            # With a trace to keep (tracing on) the insert and its EventTrace rows commit
+            # together: a transaction of two statements instead of one, so the single
+            # statement's fast paths (insert_try.sql, FOR SHARE) are for tracing off.
+            with transaction.atomic() if bounded or trace else nullcontext():
                 if len(rows) == 1:
-                    return _insert_one(db, ref, params, *rows[0], text)
-                return _insert_many(ref, params, rows)
+                    inbox_id, stored = _insert_one(db, ref, params, *rows[0], text)
+                else:
+                    inbox_id, stored = _insert_many(ref, params, rows)
+                self.store_traces(stored, trace)
+                return inbox_id, stored
         except OperationalError as exc:
             if lock_wait is not None and self.is_lock_timeout(exc):
                 raise InboxBusy(ref, lock_wait) from exc

@@ -59,13 +59,15 @@ class SQLite(Backend):
         # SQLITE_BUSY after the busy timeout.
         return "database is locked" in str(exc)
 
-    def store(self, ref, rows, now, lock_wait, text=None):
+    def store(self, ref, rows, now, lock_wait, text=None, trace=""):
         # Looked up even for an id: SQLite checks the foreign key only at commit, too late
         # for UnknownInbox.
         inbox_id = Inbox.objects.resolve(ref).pk
         now = self.resolve(now)
         with self.bounded_write(inbox_id, lock_wait):
-            return inbox_id, _insert(inbox_id, rows, now)
+            stored = _insert(inbox_id, rows, now)
+            self.store_traces(stored, trace)
+            return inbox_id, stored
 
 
 def _insert(inbox_id, rows, now) -> list[Stored]:

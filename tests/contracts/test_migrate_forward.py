@@ -201,6 +201,9 @@ def fill(old_apps):
         created=T0,
         updated=T0 + timedelta(seconds=1),
     )
+    model("inbox", "EventTrace").objects.create(
+        event=event, traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    )
     model("inbox", "RunRecord").objects.create(
         inbox=desk,
         generation=7,

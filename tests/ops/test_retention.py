@@ -30,7 +30,7 @@ from alwayson.runtime.api import (
 )
 from alwayson.web.models import PasswordResetRequest
 from approvals.models import Approval, AuditEntry
-from inbox.models import Event, RunRecord, Session
+from inbox.models import Event, EventTrace, RunRecord, Session
 from outbox.models import Notice, OutboxMessage
 from tests.support.env import environment, manage
 from timers.models import Timer
@@ -90,6 +90,22 @@ def test_a_pruned_done_event_refuses_its_duplicate_until_the_key_retention_passe
     assert not Event.objects.filter(source_id="evt_1").exists()
     # Past every sender's retry window the key is free again, as documented.
     assert ingest(inbox, "stripe", "evt_1", {}, now=keys_kept + DAY) is True
+
+
+def test_an_events_trace_context_stays_with_its_tombstone_and_goes_with_its_row(
+    inbox, t0, settings
+):
+    event = deliver_done(inbox, "evt_1", t0)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    EventTrace.objects.create(event=event, traceparent=traceparent)
+    keys_kept = t0 + settings.ALWAYSON_RETAIN_EVENT_KEYS * DAY
+
+    prune(t0 + settings.ALWAYSON_RETAIN_DONE_EVENTS * DAY + SECOND)
+    assert EventTrace.objects.get(event=event).traceparent == traceparent
+
+    counts = prune(keys_kept + SECOND)
+    assert counts["inbox.Event"] == counts["inbox.EventTrace"] == 1
+    assert not EventTrace.objects.exists()
 
 
 def test_pending_running_and_dead_events_are_never_pruned(inbox, t0):
