@@ -1,8 +1,7 @@
 from django.apps import AppConfig
-from django.conf import settings
 
 from . import webhooks
-from .validation import checked_setting
+from .validation import alwayson_setting, checked_setting
 
 
 def checked_secrets(name, scheme, secrets):
@@ -27,7 +26,7 @@ class InboxConfig(AppConfig):
         # process at start-up (gunicorn's too) instead of rejecting every delivery.
         for scheme in webhooks.SCHEMES:
             name = f"ALWAYSON_{scheme.upper()}_SECRETS"  # as inbox/views.py reads them
-            checked_secrets(name, scheme, getattr(settings, name))
+            checked_secrets(name, scheme, alwayson_setting(name))
         checked_inbox_secrets(
-            "ALWAYSON_WEBHOOK_INBOX_SECRETS", settings.ALWAYSON_WEBHOOK_INBOX_SECRETS
+            "ALWAYSON_WEBHOOK_INBOX_SECRETS", alwayson_setting("ALWAYSON_WEBHOOK_INBOX_SECRETS")
         )

@@ -194,6 +194,24 @@ def require_now(now) -> datetime:
     return now
 
 
+def alwayson_setting(name: str):
+    """Setting `name`, one of alwayson's (alwayson/settings/), as an app's ready() reads it.
+
+    Missing, the project that installs alwayson's apps has not taken alwayson's settings:
+    every process stops at start-up saying how to, the first app to read one says so, and
+    nothing fails later on a setting no process was started without."""
+    from django.conf import settings
+
+    try:
+        return getattr(settings, name)
+    except AttributeError:
+        raise ImproperlyConfigured(
+            f"{name} is not set, and alwayson's apps read it: add"
+            " `from alwayson.settings.embedded import *` to your settings, before your own"
+            " values of alwayson's settings (docs/how-to/embed-in-a-project.md)"
+        ) from None
+
+
 def checked_setting(name: str, check, value, expected: str = ""):
     """`check(value)` for setting `name`, its ValueError raised as ImproperlyConfigured naming
     the setting (and what it `expected`). Each app checks its own settings in ready() with

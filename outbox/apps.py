@@ -1,7 +1,6 @@
 from django.apps import AppConfig
-from django.conf import settings
 
-from inbox.validation import checked_setting
+from inbox.validation import alwayson_setting, checked_setting
 from inbox.webhooks import check_secret
 
 
@@ -25,5 +24,5 @@ class OutboxConfig(AppConfig):
         # Here, not in the settings, which import no app: a malformed secret stops every
         # process at start-up instead of failing every signed send.
         checked_signing_secrets(
-            "ALWAYSON_OUTBOX_SIGNING_SECRETS", settings.ALWAYSON_OUTBOX_SIGNING_SECRETS
+            "ALWAYSON_OUTBOX_SIGNING_SECRETS", alwayson_setting("ALWAYSON_OUTBOX_SIGNING_SECRETS")
         )

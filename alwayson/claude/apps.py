@@ -1,8 +1,7 @@
 from django.apps import AppConfig
-from django.conf import settings
 
 from alwayson.runtime.policy import check_policy_syntax
-from inbox.validation import checked_setting
+from inbox.validation import alwayson_setting, checked_setting
 
 
 def checked_policy(name, policy):
@@ -24,7 +23,7 @@ class ClaudeConfig(AppConfig):
 
         # Here, not in the settings, which import no app: every process stops at start-up on
         # a malformed default policy, not when a Claude agent first reads it.
-        checked_policy("ALWAYSON_CLAUDE_POLICY", settings.ALWAYSON_CLAUDE_POLICY)
+        checked_policy("ALWAYSON_CLAUDE_POLICY", alwayson_setting("ALWAYSON_CLAUDE_POLICY"))
         retention.register(self.label, own_tables.rules)
         # A person's edit of an asked call is checked against this agent's policy, in
         # whichever process takes the answer (the approval page's, the API's).

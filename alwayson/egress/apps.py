@@ -1,9 +1,8 @@
 import os
 
 from django.apps import AppConfig
-from django.conf import settings
 
-from inbox.validation import checked_setting
+from inbox.validation import alwayson_setting, checked_setting
 
 
 def checked_services(name, config):
@@ -28,7 +27,7 @@ class EgressConfig(AppConfig):
 
         # Here, not in the settings, which import no app: every process that sets Django up
         # (gunicorn's too) refuses a malformed service before an agent calls one.
-        checked_services("ALWAYSON_EGRESS_SERVICES", settings.ALWAYSON_EGRESS_SERVICES)
+        checked_services("ALWAYSON_EGRESS_SERVICES", alwayson_setting("ALWAYSON_EGRESS_SERVICES"))
         # The chat senders need the bot tokens, which only the gateway adds: the outbox
         # sends through whatever is registered and never imports the gateway.
         register_sender("slack", send_slack)

@@ -1,5 +1,6 @@
 from django.apps import AppConfig
-from django.conf import settings
+
+from inbox.validation import alwayson_setting
 
 
 class OpsConfig(AppConfig):
@@ -18,8 +19,10 @@ class OpsConfig(AppConfig):
 
         # Here, not in the settings: every process that sets Django up (runserver, gunicorn,
         # the loops, any command) reports to Sentry, and importing the settings starts nothing.
-        if settings.SENTRY_DSN:
-            init_sentry(settings.SENTRY_DSN, settings.SENTRY_ENVIRONMENT, settings.SENTRY_RELEASE)
+        if dsn := alwayson_setting("SENTRY_DSN"):
+            init_sentry(
+                dsn, alwayson_setting("SENTRY_ENVIRONMENT"), alwayson_setting("SENTRY_RELEASE")
+            )
         approval_requested.connect(announce_approval, dispatch_uid="alwayson.announce_approval")
         events_dead.connect(events_going_dead, dispatch_uid="alwayson.events_going_dead")
         metrics.connect_signals()

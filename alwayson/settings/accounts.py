@@ -24,6 +24,10 @@ AUTH_PASSWORD_VALIDATORS = [
 # while locked out, the right password is refused too. The admin's login is the same gate.
 AXES_FAILURE_LIMIT = env.positive_int("ALWAYSON_LOGIN_FAILURE_LIMIT", 5)
 AXES_LOCKOUT_PARAMETERS = ["username"]
+# Where axes reads the username: Django's login forms post it, and authenticate() receives it,
+# as "username" whatever the user model's USERNAME_FIELD. axes' default is USERNAME_FIELD,
+# under which a project logging in by email (tests/embedded) would lock nobody out.
+AXES_USERNAME_FORM_FIELD = "username"
 # axes.W006 asks for the address among the parameters, against a lock that rotating the
 # User-Agent or cookies escapes; a lock per username escapes neither, nor a new address.
 SILENCED_SYSTEM_CHECKS = ["axes.W006"]

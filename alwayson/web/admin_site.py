@@ -17,6 +17,9 @@ class AlwaysonAdminSite(admin.AdminSite):
     site_header = "alwayson administration"
     site_title = "alwayson admin"
     index_title = "alwayson site administration"
+    # Django's index with a link to the dashboard, under alwayson's name: a project's own
+    # admin/index.html (the project's templates come first) stays the project's.
+    index_template = "alwayson/admin/index.html"
 
     def get_app_list(self, request, app_label=None):
         apps = super().get_app_list(request, app_label)

@@ -248,7 +248,7 @@ def dashboard_cursor() -> str:
 
 @staff_member_required
 # Every inbox's events at a glance: for staff who may view events, not any staff user (403).
-# templates/admin/index.html shows the link on the same permission.
+# The admin index (alwayson/admin/index.html) shows the link on the same permission.
 @permission_required("inbox.view_event", raise_exception=True)
 def dashboard(request):
     cursor = dashboard_cursor()  # first: what is shown is at least as new
@@ -258,4 +258,4 @@ def dashboard(request):
         "title": "Dashboard",
         **dashboard_context(clock.database_now()),
     }
-    return render(request, "admin/alwayson_dashboard.html", context)
+    return render(request, "alwayson/admin/dashboard.html", context)

@@ -25,7 +25,7 @@ from .views import conversation_context
 
 CONVERSATION = "alwayson/_conversation.html"
 APPROVALS = "approvals/_list.html"
-DASHBOARD = "admin/_dashboard.html"
+DASHBOARD = "alwayson/admin/_dashboard.html"
 DASHBOARD_GAP = 2  # seconds between two pushes of the dashboard: it reads every inbox
 
 

@@ -110,9 +110,7 @@ def cool_off_minutes() -> int:
 def login_locked_out(request, response=None, credentials=None):
     """django-axes' answer (AXES_LOCKOUT_CALLABLE) to a login for a locked-out username, the
     right password included, on the site's and the admin's login alike."""
-    return render(
-        request, "registration/locked_out.html", {"minutes": cool_off_minutes()}, status=429
-    )
+    return render(request, "alwayson/locked_out.html", {"minutes": cool_off_minutes()}, status=429)
 
 
 class ThrottledPasswordResetView(auth_views.PasswordResetView):

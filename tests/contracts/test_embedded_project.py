@@ -11,7 +11,7 @@ from django.db import connection
 
 from tests.support.paths import ROOT
 
-SMOKE_TESTS = 8
+SMOKE_TESTS = 12
 
 
 def embedded_environment():
@@ -54,3 +54,35 @@ def test_the_embedded_project_passes_its_smoke_suite_on_this_database():
         summary
     )
     assert "skipped" not in summary and "deselected" not in summary
+
+
+def test_a_project_that_forgets_alwayson_s_settings_stops_at_start_up_saying_how_to_take_them(
+    tmp_path,
+):
+    line = "from alwayson.settings.embedded import *  # noqa: F403\n"
+    settings = (ROOT / "tests" / "embedded" / "settings.py").read_text()
+    assert line in settings
+    (tmp_path / "forgetful_settings.py").write_text(settings.replace(line, ""))
+    env = {
+        **embedded_environment(),
+        "DJANGO_SETTINGS_MODULE": "forgetful_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert result.returncode == 1
+    # Its first alwayson app (inbox) reads the webhook secrets in ready().
+    assert result.stderr.strip().splitlines()[-1] == (
+        "django.core.exceptions.ImproperlyConfigured: ALWAYSON_GITHUB_SECRETS is not set, and"
+        " alwayson's apps read it: add `from alwayson.settings.embedded import *` to your"
+        " settings, before your own values of alwayson's settings"
+        " (docs/how-to/embed-in-a-project.md)"
+    )

@@ -10,12 +10,9 @@ Run by tests/contracts/test_embedded_project.py in a pytest process of its own.
 import os
 from pathlib import Path
 
-import alwayson
 from alwayson.settings.embedded import *  # noqa: F403
 
 BASE_DIR = Path(__file__).resolve().parent
-# alwayson's templates: a directory of the checkout (or the installed source), not an app's.
-ALWAYSON_TEMPLATES = Path(alwayson.__file__).resolve().parent.parent / "templates"
 
 DEBUG = False
 SECRET_KEY = "the-acme-project-s-own-test-key-not-alwayson-s"
@@ -73,7 +70,8 @@ LOGIN_URL = "login"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates", ALWAYSON_TEMPLATES],
+        # The project's own templates (its login page) only: alwayson's ship in its apps.
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

@@ -4,6 +4,9 @@ from django.contrib import admin
 from django.http import HttpResponse
 from django.urls import include, path
 
+# Django's admin index, with alwayson's link to its dashboard (embed-in-a-project.md).
+admin.site.index_template = "alwayson/admin/index.html"
+
 
 def acme_home(request):
     return HttpResponse("Acme's own home page")

@@ -77,3 +77,34 @@ def test_the_web_process_still_fails_loudly_on_a_bad_setting():
     assert done.returncode != 0
     assert "Traceback (most recent call last)" in done.stderr
     assert "SECRET_KEY is not set" in done.stderr.strip().splitlines()[-1]
+
+
+FORGOTTEN = (
+    " is not set, and alwayson's apps read it: add `from alwayson.settings.embedded import *`"
+    " to your settings, before your own values of alwayson's settings"
+    " (docs/how-to/embed-in-a-project.md)"
+)
+
+
+@pytest.mark.parametrize(
+    "label, name",
+    [
+        ("inbox", "ALWAYSON_GITHUB_SECRETS"),
+        ("inbox", "ALWAYSON_WEBHOOK_INBOX_SECRETS"),
+        ("outbox", "ALWAYSON_OUTBOX_SIGNING_SECRETS"),
+        ("alwayson_egress", "ALWAYSON_EGRESS_SERVICES"),
+        ("alwayson_ops", "SENTRY_DSN"),
+        ("alwayson_claude", "ALWAYSON_CLAUDE_POLICY"),
+    ],
+)
+def test_an_app_reading_a_setting_the_project_lacks_says_how_to_take_alwayson_s(
+    settings, label, name
+):
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    delattr(settings, name)
+
+    with pytest.raises(ImproperlyConfigured) as raised:
+        apps.get_app_config(label).ready()
+    assert str(raised.value) == name + FORGOTTEN
