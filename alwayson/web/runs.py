@@ -119,7 +119,7 @@ class RunFilter(forms.Form):
     before = forms.CharField(required=False, widget=forms.HiddenInput, max_length=80)
 
     def __init__(self, user, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, label_suffix="", **kwargs)
         self.fields["inbox"].queryset = visible_inboxes(user)
 
     def clean_before(self):
