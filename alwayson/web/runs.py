@@ -17,12 +17,14 @@ from django.db.models import F, IntegerField, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 
 from alwayson.claude.models import TOTAL_TOKENS, ModelCall, ToolResult
+from alwayson.egress.models import EgressCall
 from approvals.models import Approval
 from inbox.models import Event, Inbox, RunRecord, is_person
 from outbox.models import Channel, OutboxMessage
 from timers.models import Timer
 
 PAGE = 50  # runs per page of the list, newest first
+CALLS_OUT = 200  # calls out shown on one timeline, the first ones
 SHORT = 160  # characters of a body or payload shown before its <details>
 
 
@@ -234,6 +236,7 @@ RANK = {
     "start": 1,
     "model": 2,
     "tool": 2,
+    "egress": 2,
     "approval": 3,
     "message": 4,
     "timer": 5,
@@ -248,6 +251,7 @@ class Timeline:
     records: list  # oldest first: one, or more when claim_batch claimed twice in one lease
     steps: list
     channel: str
+    calls_out_cut: bool  # more calls out in its time than are shown
     missing_events: int  # listed by a record, no longer stored (prune)
 
     @property
@@ -309,6 +313,10 @@ def timeline(inbox: Inbox, generation: int) -> Timeline | None:
     # A timer keeps no time it was set at: its run's finish set it.
     for timer in Timer.objects.filter(inbox=inbox, generation=generation).order_by("id"):
         steps.append(Step(records[-1].ended, "timer", timer, order=(timer.pk,)))
+    calls_out = calls_out_during(inbox, records)
+    steps += [
+        Step(call.at, "egress", call, order=(0, 0, call.pk)) for call in calls_out[:CALLS_OUT]
+    ]
     steps.sort(key=lambda step: (step.at, RANK[step.kind], step.order))
     channel = Channel.objects.filter(inbox=inbox).values_list("kind", flat=True).first()
     return Timeline(
@@ -317,8 +325,21 @@ def timeline(inbox: Inbox, generation: int) -> Timeline | None:
         records,
         steps,
         Channel.Kind(channel).label if channel else Channel.Kind.EMAIL.label,
+        len(calls_out) > CALLS_OUT,
         len(event_ids) - len(events),
     )
+
+
+def calls_out_during(inbox, records) -> list:
+    """The egress gateway's calls for the inbox while one of these records ran. A call keeps
+    no generation, so it is matched by time: one run holds an inbox's lease at a time, and
+    the gateway refuses a run that lost it (recorded as refused). One more than CALLS_OUT,
+    to tell the page there were more."""
+    during = Q()
+    for record in records:
+        during |= Q(at__gte=record.started, at__lte=record.ended)
+    calls = EgressCall.objects.filter(during, inbox=inbox).order_by("at", "id")
+    return list(calls[: CALLS_OUT + 1])
 
 
 def model_and_tool_steps(inbox, generation) -> list[Step]:

@@ -18,6 +18,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from alwayson.claude.models import ModelCall
+from alwayson.egress.models import EgressCall
 from alwayson.runtime.worker import Worker
 from alwayson.testing.clock import Clock
 from alwayson.testing.model import message, tool_use, usage
@@ -422,6 +423,52 @@ def test_a_staff_viewer_gets_each_events_admin_link_and_others_do_not(
     operator.user_permissions.add(Permission.objects.get(codename="view_event"))
     Membership.objects.create(inbox=desk, user=operator, role=Role.VIEWER)
     assert link in html_of(client_of(operator).get("/runs/desk/1/"))
+
+
+def test_calls_out_while_the_run_held_the_lease_are_shown_and_others_are_not(owner, desk, now):
+    record(desk, 1, now, took=timedelta(seconds=10))
+    for at, path in (
+        (now - timedelta(seconds=1), "/before"),
+        (now + timedelta(seconds=4), "/v1/refunds"),
+    ):
+        EgressCall.objects.create(
+            inbox=desk,
+            service="payments",
+            method="POST",
+            path=path,
+            outcome="sent",
+            status=200,
+            at=at,
+        )
+
+    steps = steps_of(html_of(client_of(owner).get("/runs/desk/1/")))
+
+    assert [kind for kind, _ in steps] == ["start", "egress", "end"]
+    assert "payments POST /v1/refunds sent 200" in steps[1][1]
+
+
+def test_the_timeline_costs_the_same_queries_for_a_short_run_or_a_long_one(owner, desk, now):
+    client = client_of(owner)
+
+    def queries(generation):
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get(f"/runs/desk/{generation}/").status_code == 200
+        return len(captured)
+
+    def run(generation, calls):
+        ids = []
+        for n in range(calls):
+            ingest(desk, "crm", f"{generation}-{n}", {"n": n})
+            ids.append(Event.objects.latest("id").pk)
+            model_call(desk, generation, now)
+            OutboxMessage.objects.create(
+                inbox=desk, body=f"m{n}", created=now, generation=generation
+            )
+        record(desk, generation, now, events=ids)
+
+    run(1, 1)
+    run(2, 12)
+    assert queries(2) == queries(1)
 
 
 # --- links to a run --------------------------------------------------------------------------
