@@ -10,9 +10,10 @@ inbox page's 404.
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from django import forms
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db.models import F, IntegerField, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 
@@ -91,6 +92,16 @@ class Cursor:
         return at, pk
 
 
+def day_field(label):
+    # Bounded so that the day after is still a date: "until 9999-12-31" is a 400, not a 500.
+    return forms.DateField(
+        required=False,
+        label=label,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        validators=[MinValueValidator(date(1970, 1, 1)), MaxValueValidator(date(9998, 12, 31))],
+    )
+
+
 class RunFilter(forms.Form):
     """The run list's filters, from the query string. An invalid value is the page's 400,
     with the field's reason."""
@@ -99,15 +110,9 @@ class RunFilter(forms.Form):
         queryset=Inbox.objects.none(), to_field_name="slug", required=False, empty_label="all"
     )
     outcome = forms.ChoiceField(choices=[("", "any"), *RunRecord.Outcome.choices], required=False)
-    day = forms.DateField(
-        required=False, label="Started on", widget=forms.DateInput(attrs={"type": "date"})
-    )
-    since = forms.DateField(
-        required=False, label="Started from", widget=forms.DateInput(attrs={"type": "date"})
-    )
-    until = forms.DateField(
-        required=False, label="Started until", widget=forms.DateInput(attrs={"type": "date"})
-    )
+    day = day_field("Started on")
+    since = day_field("Started from")
+    until = day_field("Started until")
     longer_than = forms.DecimalField(
         required=False,
         min_value=0,
