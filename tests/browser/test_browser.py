@@ -670,7 +670,7 @@ def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
     expect(notice).to_contain_text("Approval needed: refund order 881 (120 EUR)")
 
     # The approval page shows the tool, its arguments and who asked.
-    notice.get_by_role("link").click()
+    notice.locator(".body").get_by_role("link").click()  # the approval page's address
     expect(page.get_by_role("heading", level=1)).to_have_text("Refund order 881 (120 EUR)?")
     details = page.get_by_label("What you are asked to approve")
     expect(details).to_contain_text("refund")
