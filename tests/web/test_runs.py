@@ -399,6 +399,23 @@ def test_a_long_body_is_cut_with_the_whole_in_details_and_every_text_escaped(own
     assert 0 < summary.count("word") < 40 and "(show all)" in summary
 
 
+def test_a_failed_runs_timeline_says_how_it_ended_with_its_error_worker_and_trace(owner, desk, now):
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    error = "Traceback (most recent call last):\n  File agent.py\nKeyError: 'order'"
+    record(desk, 3, now, outcome="error", error=error, worker="host-a:412", trace=trace)
+
+    html = html_of(client_of(owner).get("/runs/desk/3/"))
+
+    assert "<dt>Worker</dt><dd>host-a:412</dd>" in html
+    assert "<code>4bf92f3577b34da6a3ce929d0e0e4736</code>" in html
+    assert (
+        "<pre>Traceback (most recent call last):\n  File agent.py\nKeyError: &#x27;order&#x27;</pre>"
+        in html
+    )
+    [end] = [text for kind, text in steps_of(html) if kind == "end"]
+    assert "Run ended: Error" in end
+
+
 def test_two_records_of_one_generation_are_both_shown(owner, desk, now):
     # claim_batch may claim and finish twice under one held lease.
     record(desk, 4, now, outcome="deferred")
