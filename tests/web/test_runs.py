@@ -409,8 +409,8 @@ def test_a_failed_runs_timeline_says_how_it_ended_with_its_error_worker_and_trac
     assert "<dt>Worker</dt><dd>host-a:412</dd>" in html
     assert "<code>4bf92f3577b34da6a3ce929d0e0e4736</code>" in html
     assert (
-        "<pre>Traceback (most recent call last):\n  File agent.py\nKeyError: &#x27;order&#x27;</pre>"
-        in html
+        "<pre>Traceback (most recent call last):\n  File agent.py\n"
+        "KeyError: &#x27;order&#x27;</pre>" in html
     )
     [end] = [text for kind, text in steps_of(html) if kind == "end"]
     assert "Run ended: Error" in end
