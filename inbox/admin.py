@@ -22,7 +22,7 @@ from django.contrib.auth import get_permission_codename, get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import BooleanField, Case, Value, When
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
-from django.urls import path, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
@@ -50,6 +50,15 @@ def excerpt(text, length=80):
 def preformatted(text):
     """Text as written, indentation and line breaks kept, in a monospace block, escaped."""
     return format_html('<pre style="white-space: pre-wrap">{}</pre>', text) if text else "-"
+
+
+def run_url(slug, generation) -> str | None:
+    """The people's timeline of a run (alwayson/web/runs.py), by its URL's name: the inbox
+    app does not import the pages above it, and a project that leaves them out gets no link."""
+    try:
+        return reverse("run", args=[slug, generation])
+    except NoReverseMatch:
+        return None
 
 
 def record_history(request, model, ids, message):
@@ -350,8 +359,20 @@ class EventAdmin(MachineryAdmin):
             requeue_url = reverse(
                 f"{self.admin_site.name}:inbox_event_requeue", args=[quote(event.pk)]
             )
-        extra_context = {**(extra_context or {}), "requeue_url": requeue_url}
+        extra_context = {
+            **(extra_context or {}),
+            "requeue_url": requeue_url,
+            "run_url": self.last_run_url(event),
+        }
         return super().change_view(request, object_id, form_url, extra_context)
+
+    def last_run_url(self, event):
+        """The timeline of the run that last claimed the event (a dead one: the run it died
+        in), when a record of it is kept."""
+        if event is None or event.claim_gen is None:
+            return None
+        ran = RunRecord.objects.filter(inbox_id=event.inbox_id, generation=event.claim_gen)
+        return run_url(event.inbox.slug, event.claim_gen) if ran.exists() else None
 
     def requeue_view(self, request, object_id):
         """The change page's Requeue button: the list action, on this one event."""
@@ -506,8 +527,14 @@ class RunRecordAdmin(MachineryAdmin):
         "produced_pretty",
         "trace",
         "error_block",
+        "timeline",
     )
     readonly_fields = fields
+
+    @admin.display(description="timeline")
+    def timeline(self, obj):
+        url = run_url(obj.inbox.slug, obj.generation)
+        return format_html('<a href="{}">what the run did</a>', url) if url else "-"
 
     @admin.display(description="duration")
     def duration(self, obj):

@@ -83,6 +83,9 @@ class ModelCall(models.Model):
             # The budget check before every model call (one inbox's usage since midnight),
             # and the dashboard's usage per inbox.
             models.Index(fields=["inbox", "created"], name="modelcall_inbox_created_idx"),
+            # One run's calls (of_run): its timeline (alwayson/web/runs.py), and the run
+            # list's tokens, summed per row of the page and by its "cost more than" filter.
+            models.Index(fields=["inbox", "generation"], name="modelcall_run_idx"),
         ]
 
     def __str__(self):
@@ -174,6 +177,10 @@ class ToolResult(models.Model):
             models.UniqueConstraint(
                 fields=["inbox", "idempotency_key"], name="toolresult_unique_key"
             ),
+        ]
+        indexes = [
+            # One run's calls (of_run): its timeline (alwayson/web/runs.py).
+            models.Index(fields=["inbox", "generation"], name="toolresult_run_idx"),
         ]
 
     def __str__(self):

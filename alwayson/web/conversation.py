@@ -36,6 +36,9 @@ class Entry:
     open: bool = False  # a request of the card a person may still answer
     author: str = ""  # who sent a person's message (a username), if the form said
     row: int = 0  # its row's id: the order it was written in, among rows of one kind
+    # The lease generation of the run that said it, for its timeline (alwayson/web/runs.py);
+    # None for what no run said, and for messages from before runs were recorded.
+    generation: int | None = None
 
     @property
     def order(self):
@@ -48,7 +51,7 @@ class Entry:
 
 def entries(inbox: Inbox, now) -> list[Entry]:
     said = [
-        Entry("agent", m.created, m.body, SAID_STATE[m.status], row=m.pk)
+        Entry("agent", m.created, m.body, SAID_STATE[m.status], row=m.pk, generation=m.generation)
         for m in OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN]
     ]
     sent = [

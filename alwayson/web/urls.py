@@ -14,6 +14,8 @@ urlpatterns = [
     # The live pages' updates (alwayson/web/live.py): a poll and, under ASGI, a push.
     path("inbox/<slug:slug>/live/", streams.inbox_poll, name="inbox-live"),
     path("inbox/<slug:slug>/stream/", streams.inbox_stream, name="inbox-stream"),
+    path("runs/", views.run_list, name="runs"),
+    path("runs/<slug:slug>/<int:generation>/", views.run_page, name="run"),
     path("approvals/live/", streams.approvals_poll, name="approvals-live"),
     path("approvals/stream/", streams.approvals_stream, name="approvals-stream"),
     path("approvals/", include("approvals.urls")),

@@ -17,7 +17,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from alwayson.web import conversation
+from alwayson.web import conversation, runs
 from alwayson.web import live as live_updates
 from alwayson.web.chat import post_chat
 from alwayson.web.models import PasswordResetRequest
@@ -26,6 +26,8 @@ from inbox import clock
 from inbox.exceptions import InboxBusy
 from inbox.models import Inbox, Role
 
+# The one 404 of a page of an inbox, for one that does not exist and one the user has no role in.
+NO_INBOX = "No inbox matches the given query."
 BUSY = "Your agent's inbox is busy right now and nothing was stored. Please send it again."
 READ_ONLY = (
     "You can read this conversation but not write to the agent: you are a viewer of this"
@@ -57,7 +59,7 @@ def inbox_page(request, slug):
     try:
         inbox = Inbox.objects.get_with_role(request.user, slug)
     except Inbox.DoesNotExist:
-        raise Http404("No inbox matches the given query.") from None
+        raise Http404(NO_INBOX) from None
     writer = inbox.has_role(request.user, Role.APPROVER)
     status = 200
     if request.method == "POST":
@@ -98,6 +100,38 @@ def conversation_context(request, inbox, cursor):
         "answerer": may_answer(request.user, inbox),
         "cursor": cursor,
     }
+
+
+# --- what did my agent do? ------------------------------------------------------------------
+
+
+@login_required
+@require_http_methods(["GET", "HEAD"])
+def run_list(request):
+    form = runs.RunFilter(request.user, request.GET)
+    if not form.is_valid():
+        context = {"form": form, "page": runs.RunPage([], None), "filtered": True}
+        return render(request, "alwayson/runs.html", context, status=400)
+    context = {"form": form, "page": runs.run_page(request.user, form), "filtered": form.filtered()}
+    if context["page"].next_cursor:
+        older = request.GET.copy()
+        older["before"] = context["page"].next_cursor
+        context["older"] = older.urlencode()
+    return render(request, "alwayson/runs.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "HEAD"])
+def run_page(request, slug, generation):
+    try:
+        inbox = runs.inbox_of_run(request.user, slug)
+    except Inbox.DoesNotExist:
+        raise Http404(NO_INBOX) from None
+    found = runs.timeline(inbox, generation)
+    if found is None:
+        raise Http404("No run of this inbox matches the given query.")
+    context = {"run": found, "inbox": inbox, "now": clock.database_now()}
+    return render(request, "alwayson/run.html", context)
 
 
 # --- throttles -------------------------------------------------------------------------------

@@ -670,7 +670,7 @@ def test_a_person_approves_a_claude_tool_call_and_sees_the_follow_up(
     expect(notice).to_contain_text("Approval needed: refund order 881 (120 EUR)")
 
     # The approval page shows the tool, its arguments and who asked.
-    notice.get_by_role("link").click()
+    notice.locator(".body").get_by_role("link").click()  # the approval page's address
     expect(page.get_by_role("heading", level=1)).to_have_text("Refund order 881 (120 EUR)?")
     details = page.get_by_label("What you are asked to approve")
     expect(details).to_contain_text("refund")
@@ -1038,3 +1038,62 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
         expect(page.locator("svg.chart.bars")).to_contain_text("of 10,000 (62%)")
         if viewport is PHONE:
             assert_fits_a_phone(page)
+
+
+# --- what did my agent do? ---------------------------------------------------------------------
+
+
+def test_a_message_links_to_its_run_whose_timeline_shows_the_tool_call_and_its_decision(
+    new_page, site, desk, messages_api
+):
+    from pathlib import Path
+
+    from alwayson.runtime.models import AgentConfig
+    from alwayson.testing.model import message, tool_use, usage
+
+    AgentConfig.objects.create(
+        inbox=desk,
+        agent="alwayson.claude.agent",
+        policy={"refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}]},
+    )
+    ingest(desk, "chat", "m1", {"text": "Please refund order 7, 20 EUR", "from": "owner"})
+    messages_api.reply(
+        message(
+            "Order 7 is under the limit: refunding it.",
+            tool_use("refund", {"order": "7", "amount": 20}),
+            tokens=usage(1800, 120, cache_read=900),
+        ),
+        message(tool_use("send_message", {"text": "Refunded 20 EUR on order 7."})),
+        message("Done."),
+    )
+    assert run_background_once().outcome == "said 1"
+    ingest(desk, "chat", "m2", {"text": "And order 881, 120 EUR", "from": "owner"})
+    messages_api.reply(
+        message("This one needs approval.", tool_use("refund", {"order": "881", "amount": 120}))
+    )
+    assert run_background_once().outcome.startswith("asked 1")
+
+    page = new_page()
+    log_in(page, site, "owner", "/inbox/desk/")
+    said = page.locator(".entry.agent", has_text="Refunded 20 EUR on order 7.")
+    said.get_by_role("link", name="why did it say this?").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Run #1 of Refund desk")
+    tool = page.locator(".step.tool")
+    expect(tool).to_contain_text("refund")
+    expect(tool.locator(".badge")).to_have_text("allow")
+    expect(tool).to_contain_text("Why: policy for refund, rule 1: allow")
+    expect(page.locator(".step.message")).to_contain_text("Refunded 20 EUR on order 7.")
+
+    shots = Path("/work/notes/screens")
+    shots.mkdir(parents=True, exist_ok=True)
+    for where, name in ((page.url, "timeline"), (f"{site}/runs/", "runs")):
+        page.goto(where)
+        for viewport in (DESKTOP, PHONE):
+            page.set_viewport_size(viewport)
+            assert_fits_a_phone(page)
+            page.screenshot(path=str(shots / f"{name}-{viewport['width']}.png"), full_page=True)
+        page.set_viewport_size(DESKTOP)
+
+    # From the list, each run's link opens its timeline.
+    page.get_by_role("link", name="Run 2 of desk: timeline").click()
+    expect(page.locator(".step.approval")).to_contain_text("Refund order 881")

@@ -493,6 +493,11 @@ PAGE_ROWS = {
     "nul-in-query": ("owner", "/inbox/desk/?v=%00", {"HX-Request": "true"}, 400, "NUL"),
     "nul-in-slug": ("owner", "/inbox/de%00sk/", {}, 404, "NUL"),
     "method": ("owner", "/inbox/desk/", {"_method": "put"}, 405, ""),
+    "run-of-other-users": ("owner", "/runs/other-desk/1/", {}, 404, ""),
+    "run-nul-in-slug": ("owner", "/runs/de%00sk/1/", {}, 404, "NUL"),
+    "runs-nul-in-filter": ("owner", "/runs/?inbox=de%00sk", {}, 400, "NUL"),
+    "runs-unknown-inbox": ("owner", "/runs/?inbox=other-desk", {}, 400, "Select a valid choice"),
+    "runs-forged-page": ("owner", "/runs/?before=9999-99-99~1", {}, 400, "Not a page"),
 }
 
 

@@ -248,6 +248,15 @@ def test_the_tool_journal_is_read_by_the_events_of_the_run(world):
     assert "Seq Scan" not in plan, plan
 
 
+def test_a_runs_model_and_tool_calls_are_read_by_the_run_index(world):
+    # The timeline of one run and the run list's tokens (alwayson/web/runs.py), among the
+    # busy inbox's many calls; without it, every call of the inbox is read.
+    calls = ModelCall.objects.of_run(world.pk, 2)
+    assert_uses(plan_of(lambda: list(calls)), "modelcall_run_idx")
+    tools = ToolResult.objects.of_run(world.pk, 2)
+    assert_uses(plan_of(lambda: list(tools)), "toolresult_run_idx")
+
+
 # --- process heartbeats ----------------------------------------------------------------------
 
 
