@@ -25,6 +25,10 @@ class OutboxQuerySet(models.QuerySet):
     def inboxes_with_held(self):
         return self.held().values_list("inbox_id", flat=True).distinct().order_by("inbox_id")
 
+    def of_run(self, inbox_id, generation):
+        """What one run (its inbox and lease generation) said, in the order it said it."""
+        return self.filter(inbox_id=inbox_id, generation=generation).order_by("id")
+
 
 def send_key_for(inbox_id, message_ids) -> str:
     """The key of a send: from its rows, so the same rows always make the same key."""
@@ -75,6 +79,13 @@ class OutboxMessage(models.Model):
             # prune (alwayson/ops/retention.py): sent messages, oldest first.
             models.Index(
                 fields=["sent_at", "id"], condition=Q(status="sent"), name="outbox_sent_age_idx"
+            ),
+            # A run's timeline (alwayson/web/runs.py): what it said, among everything its
+            # inbox ever said and kept. Rows no run wrote (before run records) are left out.
+            models.Index(
+                fields=["inbox", "generation", "id"],
+                condition=Q(generation__isnull=False),
+                name="outbox_run_idx",
             ),
         ]
 

@@ -311,7 +311,7 @@ def timeline(inbox: Inbox, generation: int) -> Timeline | None:
     ):
         approval.inbox = inbox
         steps.append(Step(approval.requested_at, "approval", approval, order=(approval.pk,)))
-    for message in OutboxMessage.objects.filter(inbox=inbox, generation=generation):
+    for message in OutboxMessage.objects.of_run(inbox.pk, generation):
         steps.append(
             Step(message.created, "message", message, order=(message.pk,), text=Text(message.body))
         )

@@ -203,6 +203,12 @@ def test_held_messages_use_the_partial_held_index(world):
     assert_uses(plan_of(lambda: list(stamped.order_by("id"))), "outbox_held_idx")
 
 
+def test_what_a_run_said_is_read_by_the_run_index(world):
+    # The timeline (alwayson/web/runs.py), among everything the busy inbox said.
+    said = OutboxMessage.objects.of_run(world.pk, 2)
+    assert_uses(plan_of(lambda: list(said)), "outbox_run_idx")
+
+
 def test_last_send_uses_the_sent_index(world):
     messages = OutboxMessage.objects.filter(inbox_id=world.pk)
     assert_uses(plan_of(messages.last_sent_at), "outbox_sent_idx")
