@@ -142,7 +142,9 @@ def budget_bars(title: str, rows: list[tuple[str, int, int | None]], empty: str)
     if not rows:
         return f'<p class="chart-empty">{escape(empty)}</p>'
     most = max(used for _, used, _ in rows) or 1
-    row_h, w = 24, 300
+    # Drawn no wider than its viewBox (dashboard.css), so a label's 12 units stay about
+    # 12 px on a desk and no less than 10 on a phone, rather than growing with the column.
+    row_h, w = 24, 400
     h = row_h * len(rows)
     parts = [
         f'<svg class="chart bars" viewBox="0 0 {w} {h}" width="100%" role="img" '
@@ -162,7 +164,7 @@ def budget_bars(title: str, rows: list[tuple[str, int, int | None]], empty: str)
             f'<rect class="{"over" if over else "used"}" '
             f'fill="{PALETTE[1] if over else PALETTE[0]}" x="0" y="{y + 2}" '
             f'width="{w * min(share, 1):.2f}" height="{row_h - 4}"><title>{escape(text)}</title>'
-            f'</rect><text x="4" y="{y + row_h - 8}" font-size="11">{escape(text)}</text>'
+            f'</rect><text x="4" y="{y + row_h - 8}" font-size="12">{escape(text)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)

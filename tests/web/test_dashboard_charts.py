@@ -318,12 +318,12 @@ def test_budget_bars_show_the_floored_share_and_cap_an_inbox_over_its_budget():
     assert "b: 1,500 of 1,000 (150%)" in svg
     assert "c: 50 (no budget)" in svg
     assert "idle" not in svg
-    assert 'width="299.70"' in svg  # a: 99.9% of 300
+    assert 'width="399.60"' in svg  # a: 99.9% of 400
     assert (
         svg.count('class="over"') == 1
-        and 'class="over" fill="#ba2121" x="0" y="26" width="300.00"' in svg
+        and 'class="over" fill="#ba2121" x="0" y="26" width="400.00"' in svg
     )
-    assert 'width="10.00"' in svg  # c: 50 of the largest use 1500
+    assert 'width="13.33"' in svg  # c: 50 of the largest use 1500
 
 
 def test_budget_bars_escape_the_inbox_name_and_say_when_there_is_nothing():
