@@ -2,9 +2,9 @@
 # --8<-- [start:tests]
 
 import pytest
-from refunds import POLICY
-
 from alwayson.testing import message, tool_use
+
+from refunds import POLICY
 
 pytest_plugins = ["alwayson.testing"]
 
