@@ -971,7 +971,6 @@ def test_a_turns_calls_answered_all_at_once_on_a_phone(new_page, site, desk, dja
 
 
 def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
-    from pathlib import Path
 
     from inbox.models import RunRecord
 
@@ -1015,15 +1014,13 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
         input_tokens=6200,
         created=now,
     )
-    shots = Path("/work/notes/screens")
-    shots.mkdir(parents=True, exist_ok=True)
     for name, viewport in (("dashboard-charts", DESKTOP), ("dashboard-charts-phone", PHONE)):
         page = new_page(viewport)
         log_in_to_admin(page, site, "operator")
         page.goto(f"{site}/admin/dashboard/")
         expect(page.locator("svg.chart").first).to_be_visible()
         assert page.locator("svg.chart rect").count() > 0
-        page.screenshot(path=str(shots / f"{name}.png"), full_page=True)
+        screenshot(page, name)
         # Each chart fills its column, beside its scale, rather than sitting at the SVG's
         # default 300 px; the scale and the time span are read beside it.
         svg = page.locator("svg.chart").first.bounding_box()
@@ -1046,7 +1043,6 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
 def test_a_message_links_to_its_run_whose_timeline_shows_the_tool_call_and_its_decision(
     new_page, site, desk, messages_api
 ):
-    from pathlib import Path
 
     from alwayson.runtime.models import AgentConfig
     from alwayson.testing.model import message, tool_use, usage
@@ -1084,14 +1080,12 @@ def test_a_message_links_to_its_run_whose_timeline_shows_the_tool_call_and_its_d
     expect(tool).to_contain_text("Why: policy for refund, rule 1: allow")
     expect(page.locator(".step.message")).to_contain_text("Refunded 20 EUR on order 7.")
 
-    shots = Path("/work/notes/screens")
-    shots.mkdir(parents=True, exist_ok=True)
     for where, name in ((page.url, "timeline"), (f"{site}/runs/", "runs")):
         page.goto(where)
         for viewport in (DESKTOP, PHONE):
             page.set_viewport_size(viewport)
             assert_fits_a_phone(page)
-            page.screenshot(path=str(shots / f"{name}-{viewport['width']}.png"), full_page=True)
+            screenshot(page, f"{name}-{viewport['width']}")
         page.set_viewport_size(DESKTOP)
 
     # From the list, each run's link opens its timeline.
