@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
@@ -200,8 +201,6 @@ def alwayson_setting(name: str):
     Missing, the project that installs alwayson's apps has not taken alwayson's settings:
     every process stops at start-up saying how to, the first app to read one says so, and
     nothing fails later on a setting no process was started without."""
-    from django.conf import settings
-
     try:
         return getattr(settings, name)
     except AttributeError:

@@ -17,6 +17,7 @@ from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease, RunRecord
 from inbox.services import finish_and_take, take_next
+from tests.support.postgres import other_session
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -46,13 +47,6 @@ def pipelines(monkeypatch):
     monkeypatch.setattr(psycopg.Connection, "pipeline", counting)
     monkeypatch.setattr(postgresql, "_finish_done", finish)
     return opened
-
-
-def other_session(**options):
-    """A psycopg connection of its own to the test database."""
-    params = connection.get_connection_params()
-    keys = ("dbname", "user", "password", "host", "port")
-    return psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, **options)
 
 
 def lease_row(inbox):

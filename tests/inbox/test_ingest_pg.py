@@ -12,6 +12,7 @@ from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import InboxBusy
 from inbox.models import Event, Lease
 from inbox.services import WORK_CHANNEL, release
+from tests.support import postgres
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -72,9 +73,7 @@ def prepared_by_alwayson():
 
 @pytest.fixture
 def other_session():
-    params = connection.get_connection_params()
-    keys = ("dbname", "user", "password", "host", "port")
-    with psycopg.connect(**{key: params[key] for key in keys if params.get(key)}) as conn:
+    with postgres.other_session() as conn:
         yield conn
 
 

@@ -2,11 +2,20 @@
 
 import time
 
+import psycopg
 from django.db import connection
 
 
 def on_postgres():
     return connection.vendor == "postgresql"
+
+
+def other_session(**options):
+    """A psycopg connection of its own to the test database: a second session beside the
+    test's, to hold a lock or LISTEN while the code under test runs."""
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "password", "host", "port")
+    return psycopg.connect(**{k: params[k] for k in keys if params.get(k)}, **options)
 
 
 def wait_until_blocked(pids, timeout, what="backends"):

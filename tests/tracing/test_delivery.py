@@ -15,19 +15,8 @@ from alwayson.testing.model import message, tool_use, usage
 from alwayson.web.chat import post_chat
 from inbox.models import Event, EventTrace, RunRecord
 from outbox.services import dispatch
+from tests.support.otlp import attributes
 from tests.support.webhooks import STANDARD_SECRET, post, standard_headers
-
-
-def attributes(span):
-    """An exported span's attributes as plain Python values."""
-    out = {}
-    for a in span.attributes:
-        kind = a.value.WhichOneof("value")
-        value = getattr(a.value, kind)
-        if kind == "array_value":
-            value = [getattr(v, v.WhichOneof("value")) for v in value.values]
-        out[a.key] = value
-    return out
 
 
 def names(traceparent: str, span) -> bool:

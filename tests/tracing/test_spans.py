@@ -9,19 +9,8 @@ from alwayson.runtime.api import ingest
 from alwayson.runtime.worker import Worker
 from alwayson.testing.model import message, tool_use, usage
 from inbox.models import RunRecord
+from tests.support.otlp import attributes
 from tests.support.webhooks import STANDARD_SECRET, post, standard_headers
-
-
-def attributes(span):
-    """An exported span's attributes as plain Python values."""
-    out = {}
-    for a in span.attributes:
-        kind = a.value.WhichOneof("value")
-        value = getattr(a.value, kind)
-        if kind == "array_value":
-            value = [getattr(v, v.WhichOneof("value")) for v in value.values]
-        out[a.key] = value
-    return out
 
 
 def saying_agent(run):

@@ -1,23 +1,20 @@
 """A traced delivery on PostgreSQL: its event and its trace context commit together, in one
 transaction, and a lock wait past ALWAYSON_INGEST_LOCK_WAIT stores neither."""
 
-import psycopg
 import pytest
-from django.db import connection
 
 from alwayson import tracing
 from alwayson.runtime.api import ingest
 from inbox.exceptions import InboxBusy
 from inbox.models import Event, EventTrace
+from tests.support import postgres
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
 def other_session():
-    params = connection.get_connection_params()
-    keys = ("dbname", "user", "password", "host", "port")
-    with psycopg.connect(**{key: params[key] for key in keys if params.get(key)}) as conn:
+    with postgres.other_session() as conn:
         yield conn
 
 
