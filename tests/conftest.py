@@ -35,6 +35,22 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, tmp_path_factory):
+    """On SQLite, a test database in a file rather than in memory. An in-memory database is
+    one connection, which the live server's thread shares with the test's (pytest-django's
+    live_server, as Django's LiveServerTestCase): a page's query still reading a table while
+    the test's worker writes it fails at once with "database table is locked" (it did, in a
+    browser test under load). In a file, each thread has its own connection, and they wait
+    for each other as production's do (WAL, the busy timeout)."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"].endswith("sqlite3"):
+        path = tmp_path_factory.mktemp("sqlite") / "test.sqlite3"
+        database.setdefault("TEST", {})["NAME"] = str(path)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """In CI a skipped test is a failure: it hides a broken install step."""
     if os.environ.get("CI") and exitstatus == 0:
