@@ -106,6 +106,8 @@ class Hub:
         self.watched: set[int] = set()
         self._watching = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        # The shared readers of the inboxes with open conversation pages (alwayson/web/feed.py).
+        self.feeds: dict[int, object] = {}
 
     async def in_thread(self, work, *args):
         """`work(*args)` in one of the hub's threads, with a database connection as a
@@ -124,6 +126,23 @@ class Hub:
     async def refresh(self, refresh, since):
         return await self.in_thread(refresh, since)
 
+    def feed(self, inbox_id, make):
+        """The inbox's feed in this process, made by `make(hub, inbox_id)` for its first page."""
+        if inbox_id not in self.feeds:
+            self.feeds[inbox_id] = make(self, inbox_id)
+        return self.feeds[inbox_id]
+
+    def drop_feed(self, feed):
+        """Its last page closed: the feed stops reading (not awaited by the closing page)."""
+        if self.feeds.get(feed.inbox_id) is feed:
+            del self.feeds[feed.inbox_id]
+        self._background(feed.stop())
+
+    def _background(self, coroutine):
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def subscribe(self, topic) -> asyncio.Event:
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self.listen())
@@ -136,9 +155,7 @@ class Hub:
         if not self.topics[topic]:
             del self.topics[topic]
             # Not awaited: a closing stream does not wait for it (the next watch() waits).
-            task = asyncio.get_running_loop().create_task(self.watch())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._background(self.watch())
 
     async def watching(self):
         """Once this returns, the hub's watch rows name every topic it has (as soon as it
@@ -184,6 +201,8 @@ class Hub:
     async def stop(self):
         """Close the LISTEN connection and the refreshing threads' (a test's loop ends; a
         process just exits)."""
+        feeds, self.feeds = list(self.feeds.values()), {}
+        await asyncio.gather(*(feed.stop() for feed in feeds), return_exceptions=True)
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, *self._tasks, return_exceptions=True)
@@ -298,7 +317,12 @@ def stream(
         finally:
             live.unsubscribe(topic, wake)
 
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    return event_stream(events())
+
+
+def event_stream(events) -> StreamingHttpResponse:
+    """A response streaming the async iterator `events` (SSE text) to a page."""
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
     return response

@@ -19,7 +19,7 @@ from approvals.views import list_context
 from inbox import clock
 from inbox.models import Inbox
 
-from . import live
+from . import feed, live
 from .dashboard import dashboard_context, dashboard_cursor
 from .views import conversation_context
 
@@ -76,18 +76,6 @@ def inbox_poll(request, slug):
     return _changed(request, cursor, lambda: _conversation(request, inbox, cursor))
 
 
-def _refresh_conversation(request, inbox_pk, user_pk, since):
-    user = _person(user_pk)
-    inbox = _visible_inbox(user, pk=inbox_pk) if user else None
-    if inbox is None:
-        return live.GONE
-    cursor = live.cursor_of(inbox)
-    if cursor == since:
-        return None
-    request.user = user
-    return cursor, _conversation(request, inbox, cursor)
-
-
 @login_required
 @require_GET
 async def inbox_stream(request, slug):
@@ -98,12 +86,7 @@ async def inbox_stream(request, slug):
     if inbox is None:
         raise Http404("No such inbox.")
     await live.release_request_connection()
-    return live.stream(
-        f"inbox:{inbox.pk}",
-        live.last_seen(request),
-        partial(_refresh_conversation, request, inbox.pk, user.pk),
-        recheck=lambda cursor: cursor.endswith(".1"),  # a run holds the lease
-    )
+    return feed.stream(inbox.pk, user.pk, live.last_seen(request))
 
 
 # --- the approvals list ----------------------------------------------------------------------
