@@ -17,6 +17,7 @@ and no rendering per page, whatever their number.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -257,10 +258,8 @@ class Feed:
         run that dies lets its lease lapse without a write, and the pages must stop saying
         the agent is working. One read per inbox, not per page."""
         held = self.state is not None and self.state.working
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), live.HEARTBEAT if held else None)
-        except TimeoutError:
-            pass
 
     async def stop(self):
         self.task.cancel()
