@@ -15,9 +15,9 @@ SHOWN = 50  # of each kind, newest; the page is a conversation, the admin is the
 ENTRY = "alwayson/_entry.html"
 REGION = "alwayson/_conversation.html"
 WORKING = "alwayson/_working.html"
-# The csrf_token tag's word for "none here": an entry rendered once for every page of a
-# person carries no browser's token; live.js gives its forms the page's own.
-NO_TOKEN = "NOTPROVIDED"
+# An entry rendered once for every page of a person carries no browser's CSRF token (the
+# templates leave it out); live.js gives its forms the page's own.
+NO_TOKEN = ""
 
 # What a person's message is doing, by its event's status.
 MESSAGE_STATE = {
@@ -154,7 +154,7 @@ def render_entry(entry: Entry, *, inbox: Inbox, now, user, answerer: bool, csrf_
 def render_region(*, inbox: Inbox, items, working: bool, cursor: str, request=None) -> str:
     """The live region around rendered entries, as the page and a whole push send it."""
     context = {"inbox": inbox, "items": items, "working": working, "cursor": cursor}
-    return get_template(REGION).render(context, request)
+    return get_template(REGION).render(context, request).strip()
 
 
 def render_working(working: bool) -> str:

@@ -289,3 +289,62 @@ def test_prune_deletes_the_watches_of_listeners_no_longer_connected(desk):
     LiveWatch.objects.create(inbox_id=desk.pk, listener=2**31 - 1)
     call_command("prune", verbosity=0)
     assert watches() == [(desk.pk, alive)]
+
+
+def test_fifty_open_pages_cost_one_read_and_one_render_per_change(desk, owner, monkeypatch):
+    from django.test.utils import CaptureQueriesContext
+
+    from alwayson.web import conversation, feed
+
+    reads, renders = [], []
+    real_read, real_render = feed.read, conversation.render_entry
+
+    def counted_read(*args):
+        with CaptureQueriesContext(connection) as statements:  # the hub thread's connection
+            state = real_read(*args)
+        reads.append(len(statements))
+        return state
+
+    def counted_render(entry, **context):
+        renders.append(entry.key)
+        return real_render(entry, **context)
+
+    monkeypatch.setattr(feed, "read", counted_read)
+    monkeypatch.setattr(conversation, "render_entry", counted_render)
+    monkeypatch.setattr(live, "SETTLE", 0)
+
+    async def change_reaches(streams, body):
+        reads.clear()
+        renders.clear()
+        await sync_to_async(say)(desk, body)
+        cursor = await sync_to_async(live.inbox_cursor)(desk.pk)
+        for stream in streams:
+            event = await next_event(stream)
+            assert event_id(event) == cursor and body in event
+        return list(reads), list(renders)
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        since = await sync_to_async(live.inbox_cursor)(desk.pk)
+        one = [await open_stream(client, since)]
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while len(reads) < 2:  # the first read and the settling one
+            assert asyncio.get_running_loop().time() < deadline, "the feed never read"
+            await asyncio.sleep(0.01)
+        alone = await change_reaches(one, "Seen by one page")
+
+        fifty = one + [await open_stream(client, since) for _ in range(49)]
+        for stream in fifty[1:]:  # opened at an older cursor: the region, from memory
+            assert "Seen by one page" in await next_event(stream)
+        crowd = await change_reaches(fifty, "Seen by fifty pages")
+
+        assert len(alone[0]) == len(crowd[0]) == 1, "one read per change"
+        assert alone[0] == crowd[0], "the same statements, for one page and for fifty"
+        assert len(crowd[1]) == 1, "the new entry rendered once"
+        for stream in fifty:
+            await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
