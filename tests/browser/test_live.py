@@ -193,3 +193,36 @@ def test_a_page_reconnects_after_its_web_process_is_killed_and_catches_up(browse
         expect(page.locator("#conversation")).to_contain_text("After the restart.")
     finally:
         context.close()
+
+
+def test_an_approval_card_pushed_to_an_open_page_is_answered_from_it(browser, server, desk):
+    from datetime import timedelta
+
+    from approvals.models import Approval
+    from approvals.services import request_approval
+
+    say(desk, "Let me check that refund.")
+    context = logged_in_context(browser, server)
+    seen = []
+    try:
+        page = open_conversation(context, server, seen)
+        other = open_conversation(context, server, seen)
+        expect(page.locator("#conversation")).to_contain_text("Let me check that refund.")
+        # Typed into the page before the push: it survives the entries pushed after it.
+        request_approval(desk, "refund-1", "refund order 1", timedelta(hours=4))
+        card = page.locator(".approval-card")
+        expect(card).to_contain_text("Refund order 1", timeout=REPLY_WAIT_MS)
+        page.locator("summary", has_text="Deny, with a reason").click()
+        page.get_by_label("Reason (optional; the agent reads it)").fill("typed before the next push")
+        say(desk, "Pushed while a reason was being typed.")
+        expect(page.locator("#conversation")).to_contain_text("Pushed while a reason")
+        expect(page.get_by_label("Reason (optional; the agent reads it)")).to_have_value("typed before the next push")
+
+        # The card came in a patch rendered once for both pages: each page's form
+        # carries that page's own CSRF token, so the answer is accepted.
+        other.locator(".approval-card").get_by_role("button", name="Approve").click()
+        expect(other.locator(".approval-card")).to_contain_text("Approved.")
+        assert Approval.objects.get(request_id="refund-1").answer == "yes"
+        assert not [url for url in seen if "/inbox/desk/live/" in url], "a page polled"
+    finally:
+        context.close()
