@@ -108,6 +108,10 @@ class Hub:
         self._tasks: set[asyncio.Task] = set()
         # The shared readers of the inboxes with open conversation pages (alwayson/web/feed.py).
         self.feeds: dict[int, object] = {}
+        # Per topic, how many notifications woke it, and the refreshes its pages share since
+        # the last one (refresh(share=...)).
+        self.waves: dict[str, int] = defaultdict(int)
+        self.shared: dict[tuple, asyncio.Future] = {}
 
     async def in_thread(self, work, *args):
         """`work(*args)` in one of the hub's threads, with a database connection as a
@@ -123,8 +127,17 @@ class Hub:
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, run)
 
-    async def refresh(self, refresh, since):
-        return await self.in_thread(refresh, since)
+    async def refresh(self, refresh, since, share=None):
+        """`refresh(since)` in a thread. With `share` (topic, audience): the pages of one
+        audience that one notification woke at one cursor share one refresh, so a change
+        costs a read and a render per audience, not per page."""
+        if share is None:
+            return await self.in_thread(refresh, since)
+        topic, audience = share
+        key = (topic, self.waves[topic], audience, since)
+        if key not in self.shared:
+            self.shared[key] = asyncio.ensure_future(self.in_thread(refresh, since))
+        return await asyncio.shield(self.shared[key])
 
     def feed(self, inbox_id, make):
         """The inbox's feed in this process, made by `make(hub, inbox_id)` for its first page."""
@@ -194,9 +207,16 @@ class Hub:
     def publish(self, payload: str):
         """A notification's payload, "<inbox id>:<kind>"."""
         inbox_id, _, _kind = payload.partition(":")
-        for topic in (f"inbox:{inbox_id}", ANY):
+        self.wake((f"inbox:{inbox_id}", ANY))
+
+    def wake(self, topics):
+        """Wake the streams of `topics`: a new wave, whose refreshes are not yet shared."""
+        topics = set(topics)
+        for topic in topics:
+            self.waves[topic] += 1
             for wake in self.topics.get(topic, ()):
                 wake.set()
+        self.shared = {key: done for key, done in self.shared.items() if key[0] not in topics}
 
     async def stop(self):
         """Close the LISTEN connection and the refreshing threads' (a test's loop ends; a
@@ -223,9 +243,7 @@ class Hub:
         self.executor.shutdown()
 
     def wake_all(self):
-        for wakes in self.topics.values():
-            for wake in wakes:
-                wake.set()
+        self.wake(list(self.topics))
 
     async def listen(self):
         params = connections["default"].get_connection_params()
@@ -279,25 +297,42 @@ def sse(cursor: str, html: str) -> str:
 
 
 def stream(
-    topic: str, since: str, refresh: Callable, gap: float = 0, recheck=lambda cursor: False
+    topic: str,
+    since: str,
+    refresh: Callable,
+    audience,
+    gap: float = 0,
+    recheck=lambda cursor: False,
 ) -> StreamingHttpResponse:
     """The page's event stream. `refresh(since)` (synchronous, in a thread) returns GONE,
-    None while `since` is still the cursor, or (cursor, fragment). After a push, the next
-    waits `gap` seconds, for a page costly to render: changes meanwhile are one push. While
-    `recheck(cursor)`, a heartbeat also refreshes: a lease held now lapses without a write
-    if its run dies, and nothing else would tell the page it is no longer working."""
+    None while `since` is still the cursor, or (cursor, fragment); the pages of one
+    `audience` (whose fragment is the same) woken by one change share it. After a push, the
+    next waits `gap` seconds, for a page costly to render: changes meanwhile are one push.
+    While `recheck(cursor)`, a heartbeat also refreshes: a lease held now lapses without a
+    write if its run dies, and nothing else would tell the page it is no longer working.
+    The settling read and those rechecks are the page's own, never shared: they look for
+    what no notification announced."""
 
     async def events():
         live = hub()
         wake = live.subscribe(topic)  # before the first read: nothing falls in between
         await live.watching()
-        asyncio.get_running_loop().call_later(SETTLE, wake.set)
+        own_read = True  # the first read, and the settling one
+
+        def settle():
+            nonlocal own_read
+            own_read = True
+            wake.set()
+
+        asyncio.get_running_loop().call_later(SETTLE, settle)
         cursor = since
         try:
             yield f"retry: {RETRY_MS}\n\n"
             while True:
                 wake.clear()
-                result = await live.refresh(refresh, cursor)
+                share = None if own_read else (topic, audience)
+                own_read = False
+                result = await live.refresh(refresh, cursor, share)
                 if result is GONE:
                     yield "event: gone\ndata: \n\n"
                     return
@@ -313,6 +348,7 @@ def stream(
                     except TimeoutError:
                         yield ": heartbeat\n\n"
                         if recheck(cursor):
+                            own_read = True
                             break
         finally:
             live.unsubscribe(topic, wake)

@@ -123,7 +123,10 @@ async def approvals_stream(request):
     user = await request.auser()
     await live.release_request_connection()
     return live.stream(
-        live.ANY, live.last_seen(request), partial(_refresh_approvals, request, user.pk)
+        live.ANY,
+        live.last_seen(request),
+        partial(_refresh_approvals, request, user.pk),
+        audience=("approvals", user.pk),
     )
 
 
@@ -173,6 +176,7 @@ async def dashboard_stream(request):
         live.ANY,
         live.last_seen(request),
         partial(_refresh_dashboard, request, user.pk),
+        audience=("dashboard", user.pk),
         gap=DASHBOARD_GAP,
         recheck=lambda cursor: not cursor.endswith(".0"),  # some lease is held
     )

@@ -348,3 +348,48 @@ def test_fifty_open_pages_cost_one_read_and_one_render_per_change(desk, owner, m
         await live.hub().stop()
 
     async_to_sync(scenario)()
+
+
+def test_open_approval_lists_of_one_person_share_one_refresh_per_change(desk, owner, monkeypatch):
+    from datetime import timedelta
+
+    from alwayson.web import streams
+    from approvals.services import request_approval
+
+    refreshes = []
+    real = streams._refresh_approvals
+
+    def counted(*args):
+        refreshes.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(streams, "_refresh_approvals", counted)
+    monkeypatch.setattr(live, "SETTLE", 0)
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        since = await sync_to_async(live.global_cursor)()
+        lists, heard = [], []
+        for _ in range(5):
+            response = await client.get("/approvals/stream/", {"since": since})
+            lists.append(response.streaming_content)
+            assert (await next_event(lists[-1])).startswith("retry: ")
+            # A stream reads only while it is listened to: each page listens on its own.
+            heard.append(asyncio.ensure_future(next_event(lists[-1])))
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while len(refreshes) < 5:  # each page's first read (its settling one, at 0 s, with it)
+            assert asyncio.get_running_loop().time() < deadline, "the pages never read"
+            await asyncio.sleep(0.01)
+        refreshes.clear()
+
+        await sync_to_async(request_approval)(desk, "r-1", "refund order 1", timedelta(hours=1))
+        for event in heard:
+            assert "Refund order 1" in await event
+        assert len(refreshes) == 1, "one refresh for the five pages of one person"
+        for stream in lists:
+            await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
