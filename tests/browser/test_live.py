@@ -213,10 +213,11 @@ def test_an_approval_card_pushed_to_an_open_page_is_answered_from_it(browser, se
         card = page.locator(".approval-card")
         expect(card).to_contain_text("Refund order 1", timeout=REPLY_WAIT_MS)
         page.locator("summary", has_text="Deny, with a reason").click()
-        page.get_by_label("Reason (optional; the agent reads it)").fill("typed before the next push")
+        reason = page.get_by_label("Reason (optional; the agent reads it)")
+        reason.fill("typed before the next push")
         say(desk, "Pushed while a reason was being typed.")
         expect(page.locator("#conversation")).to_contain_text("Pushed while a reason")
-        expect(page.get_by_label("Reason (optional; the agent reads it)")).to_have_value("typed before the next push")
+        expect(reason).to_have_value("typed before the next push")
 
         # The card came in a patch rendered once for both pages: each page's form
         # carries that page's own CSRF token, so the answer is accepted.
