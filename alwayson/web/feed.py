@@ -66,10 +66,10 @@ class State:
     messages: dict = field(default_factory=dict, compare=False)  # encoded, per (user, since)
 
 
-def read(inbox_id, previous: State | None, people: set[int], rebuild: set[int]) -> State:
+def read(inbox_id, previous: State | None, people: set[int]) -> State:
     """The inbox as it is now, against `previous`: a new State, or `previous` itself when
-    nothing a page shows moved. `people` are the users with open pages; `rebuild`, those
-    whose view must be rendered whole (they just opened their first page)."""
+    nothing a page shows moved. `people` are the users with open pages; one without a view
+    in `previous` (their first page just opened) has it rendered whole."""
     inbox = live.with_cursor(Inbox.objects.filter(pk=inbox_id)).first()
     revision = (previous.revision if previous else 0) + 1
     if inbox is None:
@@ -89,7 +89,7 @@ def read(inbox_id, previous: State | None, people: set[int], rebuild: set[int]) 
     views = {}
     for user_id, (user, answerer) in allowed.items():
         old = last.views.get(user_id) if last else None
-        whole = old is None or old.answerer != answerer or user_id in rebuild
+        whole = old is None or old.answerer != answerer
         html, rendered_at = {}, {}
         for entry in entries:
             if whole or entry.key in moved or entry.key not in old.html:
@@ -211,15 +211,13 @@ class Feed:
         self.topic = f"inbox:{inbox_id}"
         self.state: State | None = None
         self.pages: set[Page] = set()
-        self.rebuild: set[int] = set()
         self.wake = hub.subscribe(self.topic)
         self.task = asyncio.get_running_loop().create_task(self.run())
 
     def open(self, user_id, since_cursor) -> Page:
         page = Page(user_id, since_cursor)
         if self.state is None or user_id not in self.state.views:
-            self.rebuild.add(user_id)
-            self.wake.set()
+            self.wake.set()  # a read renders their view
         self.pages.add(page)
         return page
 
@@ -239,12 +237,10 @@ class Feed:
             await self._wait_for_change()
             self.wake.clear()
             people = {page.user_id for page in self.pages}
-            rebuild, self.rebuild = self.rebuild, set()
             try:
-                state = await self.hub.in_thread(read, self.inbox_id, self.state, people, rebuild)
+                state = await self.hub.in_thread(read, self.inbox_id, self.state, people)
             except Exception:  # a database that went away, or a bug: the pages wait, not die
                 log.exception("reading inbox %s for its open pages failed", self.inbox_id)
-                self.rebuild |= rebuild
                 await asyncio.sleep(RETRY_AFTER_ERROR)
                 self.wake.set()
                 continue

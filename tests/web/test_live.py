@@ -156,12 +156,12 @@ def test_a_page_served_by_wsgi_or_on_sqlite_is_told_to_poll(owner_client, desk):
 def test_a_reconnect_gets_what_it_missed_from_its_cursor(desk, owner):
     say(desk, "first")
     seen = live.inbox_cursor(desk.pk)
-    state = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    state = feed.read(desk.pk, None, {owner.pk})
     assert feed.Page(owner.pk, seen).next_message(state) is None, "nothing missed: nothing sent"
 
     say(desk, "second, while the page was away")
     chat(desk, "and a message from a colleague", "m9")
-    state = feed.read(desk.pk, state, {owner.pk}, set())
+    state = feed.read(desk.pk, state, {owner.pk})
     sent = feed.Page(owner.pk, seen).next_message(state)
     newer = live.inbox_cursor(desk.pk)
     assert newer != seen and sent.startswith(f"id: {newer}\n")

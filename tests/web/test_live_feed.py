@@ -59,12 +59,12 @@ def patch_of(sent):
 def test_a_change_renders_only_the_entries_that_moved(desk, owner, renders):
     for n in range(3):
         say(desk, f"earlier {n}")
-    first = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    first = feed.read(desk.pk, None, {owner.pk})
     assert len(renders) == 3
     renders.clear()
 
     reply = say(desk, "the new reply")
-    second = feed.read(desk.pk, first, {owner.pk}, set())
+    second = feed.read(desk.pk, first, {owner.pk})
 
     key = f"entry-agent-{reply.pk}"
     assert renders == [(key, "owner")]
@@ -77,12 +77,12 @@ def test_a_change_renders_only_the_entries_that_moved(desk, owner, renders):
 def test_a_status_change_sends_that_entry_alone(desk, owner, renders):
     say(desk, "other")
     reply = say(desk, "on its way")
-    first = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    first = feed.read(desk.pk, None, {owner.pk})
     renders.clear()
 
     reply.status = reply.Status.SENT
     reply.save(update_fields=["status"])
-    second = feed.read(desk.pk, first, {owner.pk}, set())
+    second = feed.read(desk.pk, first, {owner.pk})
 
     change = patch_of(feed.message(second, owner.pk, first.revision))
     assert list(change["items"]) == [f"entry-agent-{reply.pk}"]
@@ -91,9 +91,9 @@ def test_a_status_change_sends_that_entry_alone(desk, owner, renders):
 
 def test_a_read_that_finds_nothing_new_is_no_new_revision(desk, owner, renders):
     say(desk, "hello")
-    first = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    first = feed.read(desk.pk, None, {owner.pk})
     renders.clear()
-    assert feed.read(desk.pk, first, {owner.pk}, set()) is first
+    assert feed.read(desk.pk, first, {owner.pk}) is first
     assert renders == []
     assert feed.message(first, owner.pk, first.revision) is None
 
@@ -103,15 +103,15 @@ def test_the_statements_of_a_change_do_not_grow_with_the_people_looking(
 ):
     viewers = [member(desk, django_user_model, f"viewer-{n}", Role.VIEWER) for n in range(6)]
     say(desk, "hello")
-    one = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    one = feed.read(desk.pk, None, {owner.pk})
     everyone = {owner.pk, *(viewer.pk for viewer in viewers)}
-    many = feed.read(desk.pk, None, everyone, everyone)
+    many = feed.read(desk.pk, None, everyone)
 
     say(desk, "a reply")
     with CaptureQueriesContext(connection) as for_one:
-        feed.read(desk.pk, one, {owner.pk}, set())
+        feed.read(desk.pk, one, {owner.pk})
     with CaptureQueriesContext(connection) as for_seven:
-        feed.read(desk.pk, many, everyone, set())
+        feed.read(desk.pk, many, everyone)
     assert len(for_seven) == len(for_one)
 
 
@@ -120,11 +120,11 @@ def test_each_person_is_rendered_once_in_their_own_words(desk, owner, django_use
     now = clock.database_now()
     ingest(desk, "chat", "m-1", {"text": "refund order 881", "from": "owner"}, now=now)
     people = {owner.pk, viewer.pk}
-    first = feed.read(desk.pk, None, people, people)
+    first = feed.read(desk.pk, None, people)
     renders.clear()
 
     request_approval(desk, "refund-881", "refund order 881", timedelta(hours=4))
-    second = feed.read(desk.pk, first, people, set())
+    second = feed.read(desk.pk, first, people)
 
     assert sorted(user for _, user in renders) == ["owner", "viewer"]
     (card,) = patch_of(feed.message(second, owner.pk, first.revision))["items"].values()
@@ -138,9 +138,9 @@ def test_each_person_is_rendered_once_in_their_own_words(desk, owner, django_use
 
 
 def test_pages_of_one_person_at_one_revision_share_one_message(desk, owner):
-    first = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    first = feed.read(desk.pk, None, {owner.pk})
     say(desk, "once for all")
-    second = feed.read(desk.pk, first, {owner.pk}, set())
+    second = feed.read(desk.pk, first, {owner.pk})
     pages = [feed.Page(owner.pk, first.cursor) for _ in range(20)]
     sent = []
     for page in pages:
@@ -152,7 +152,7 @@ def test_pages_of_one_person_at_one_revision_share_one_message(desk, owner):
 
 def test_a_page_from_another_cursor_gets_the_whole_region(desk, owner):
     say(desk, "already there")
-    state = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    state = feed.read(desk.pk, None, {owner.pk})
     page = feed.Page(owner.pk, "0.0.0")
     sent = page.next_message(state)
     assert sent.startswith(f'id: {state.cursor}\ndata: <div id="conversation"')
@@ -160,9 +160,9 @@ def test_a_page_from_another_cursor_gets_the_whole_region(desk, owner):
 
 
 def test_the_first_entry_sends_the_whole_region_to_a_page_of_an_empty_conversation(desk, owner):
-    empty = feed.read(desk.pk, None, {owner.pk}, {owner.pk})
+    empty = feed.read(desk.pk, None, {owner.pk})
     say(desk, "the first word")
-    state = feed.read(desk.pk, empty, {owner.pk}, set())
+    state = feed.read(desk.pk, empty, {owner.pk})
     sent = feed.message(state, owner.pk, empty.revision)
     assert sent.startswith("id: ") and "<ol" in sent
 
@@ -170,10 +170,10 @@ def test_the_first_entry_sends_the_whole_region_to_a_page_of_an_empty_conversati
 def test_a_person_who_lost_the_role_is_told_the_page_is_gone(desk, owner, django_user_model):
     viewer = member(desk, django_user_model, "viewer", Role.VIEWER)
     people = {owner.pk, viewer.pk}
-    first = feed.read(desk.pk, None, people, people)
+    first = feed.read(desk.pk, None, people)
     Membership.objects.filter(user=viewer).delete()
     say(desk, "not for the viewer")
-    second = feed.read(desk.pk, first, people, set())
+    second = feed.read(desk.pk, first, people)
     assert feed.message(second, viewer.pk, first.revision) == feed.GONE
     assert "not for the viewer" in feed.message(second, owner.pk, first.revision)
 
@@ -181,12 +181,12 @@ def test_a_person_who_lost_the_role_is_told_the_page_is_gone(desk, owner, django
 def test_a_deactivated_account_and_a_deleted_inbox_end_the_page(desk, owner, django_user_model):
     viewer = member(desk, django_user_model, "viewer", Role.VIEWER)
     people = {owner.pk, viewer.pk}
-    first = feed.read(desk.pk, None, people, people)
+    first = feed.read(desk.pk, None, people)
     viewer.is_active = False
     viewer.save()
-    second = feed.read(desk.pk, first, people, set())
+    second = feed.read(desk.pk, first, people)
     assert feed.message(second, viewer.pk, first.revision) == feed.GONE
     desk_id = desk.pk
     desk.delete()
-    gone = feed.read(desk_id, second, people, set())
+    gone = feed.read(desk_id, second, people)
     assert feed.message(gone, owner.pk, second.revision) == feed.GONE
