@@ -133,11 +133,3 @@ def test_a_chunked_body_is_cut_at_the_limit_with_413(web, desk):
     assert answer.closed
     assert written_under(web.tmp) == []
     assert not Event.objects.exists()
-
-
-def test_the_body_limit_keeps_every_accepted_body_in_memory():
-    """What the web lets through is no larger than any view accepts, and Django keeps an
-    upload that size in memory rather than in a temporary file."""
-    limit = settings.ALWAYSON_REQUEST_MAX_BYTES
-    assert limit == max(settings.ALWAYSON_WEBHOOK_MAX_BYTES, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
-    assert settings.FILE_UPLOAD_MAX_MEMORY_SIZE >= limit

@@ -5,12 +5,13 @@ Each worker answers requests on its threads and hands an open page's stream to i
 so streams hold no thread: here one worker with one thread keeps answering while several
 streams are open, and a change committed to the inbox reaches them through the worker's
 LISTEN connection. A stream whose client leaves is released (its inbox's watch row goes); a
-SIGTERM closes the open streams and the worker exits by itself, its watch rows deleted, not
-killed at gunicorn's graceful_timeout; a stream of an inbox the person has no role in gets
+stop (SIGTERM, or SIGINT's fast one) closes the open streams and the worker exits by itself,
+its watch rows deleted, not killed at gunicorn's graceful_timeout; a stream of an inbox the person has no role in gets
 the page's 404.
 """
 
 import re
+import signal
 
 import pytest
 from django.test import Client
@@ -126,13 +127,14 @@ def test_a_stream_whose_client_leaves_is_released(web, desk, owner):
     assert answer.status == 202, web.log()[-2000:]
 
 
-def test_sigterm_closes_the_open_streams_and_the_worker_exits_by_itself(web, desk, owner):
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_closes_the_open_streams_and_the_worker_exits_by_itself(web, desk, owner, how):
     cookie = session_cookie(owner)
     streams = [open_stream(web, cookie, desk) for _ in range(2)]
     wait_for(lambda: watched(desk), WAIT, "the worker's hub to watch the inbox")
     [worker] = web.workers
 
-    assert web.terminate() == 0, web.log()[-2000:]
+    assert web.terminate(how) == 0, web.log()[-2000:]
 
     for stream in streams:
         assert stream.next_event() is None  # closed by the server: the browser reconnects

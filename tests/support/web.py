@@ -105,13 +105,14 @@ class ProductionWeb:
             return False
         return True
 
-    def terminate(self):
-        """SIGTERM, as systemd and compose stop it: the master's exit code."""
-        self.process.send_signal(signal.SIGTERM)
+    def terminate(self, how=signal.SIGTERM):
+        """SIGTERM, as systemd and compose stop it (SIGINT: Ctrl-C, a fast stop): the
+        master's exit code."""
+        self.process.send_signal(how)
         try:
             return self.process.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"gunicorn did not stop within {STOP_TIMEOUT}s of SIGTERM:\n{self.log()}")
+            pytest.fail(f"gunicorn did not stop within {STOP_TIMEOUT}s of {how!r}:\n{self.log()}")
 
     def stop(self):
         """Whatever is left of it, killed (a failed test's)."""
