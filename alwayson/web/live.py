@@ -8,12 +8,13 @@ the cursor it shows; the same cursor answers "anything new?" for a poll and "wha
 miss?" for a stream that reconnects.
 
 Push. On PostgreSQL the triggers also NOTIFY `alwayson_live` with "<inbox id>:<kind>". Each
-web process under ASGI LISTENs on one connection (Hub) and wakes the open streams of that
-inbox (asyncio events, so a burst of changes is one wake-up); a woken stream reads the cursor
+web process that pushes (under ASGI, or the production web's worker: alwayson/web/serving.py)
+LISTENs on one connection (Hub) and wakes the open streams of that inbox (asyncio events, so
+a burst of changes is one wake-up); a woken stream reads the cursor
 and, only if it moved, renders its page's fragment and sends it with the cursor as its SSE
 `id:`. An idle stream sends a comment every HEARTBEAT seconds and reads nothing.
 
-Fallback. Without PostgreSQL or without ASGI the page polls `?since=<cursor>`: one query,
+Fallback. Without PostgreSQL or such a server the page polls `?since=<cursor>`: one query,
 204 while the cursor stands, no rendering.
 """
 
@@ -81,9 +82,17 @@ def global_cursor() -> str:
     return str(newest or 0)
 
 
+# Set in a request's environ by the production web's worker, which hands a stream to its event
+# loop (alwayson/web/serving.py).
+PUSH = "alwayson.push"
+
+
 def push_available(request) -> bool:
-    """Whether this server can push to this page: an ASGI server on PostgreSQL."""
-    return connection.vendor == "postgresql" and isinstance(request, ASGIRequest)
+    """Whether this server can push to this page, on PostgreSQL: an ASGI server, or the
+    production web's worker."""
+    return connection.vendor == "postgresql" and (
+        isinstance(request, ASGIRequest) or bool(request.META.get(PUSH))
+    )
 
 
 # --- the fanout ------------------------------------------------------------------------------
@@ -278,12 +287,20 @@ _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}
 
 
 def hub() -> Hub:
-    """This event loop's hub (one per web process: uvicorn runs one loop)."""
+    """This event loop's hub (one per web process: uvicorn runs one loop, and so does the
+    production web's worker, for its streams)."""
     loop = asyncio.get_running_loop()
     if loop not in _hubs:
         _hubs.clear()  # a loop that ended (tests) takes its hub with it
         _hubs[loop] = Hub()
     return _hubs[loop]
+
+
+async def stop_hub():
+    """This event loop's hub stopped, if it started: the loop is ending (a web process stops)."""
+    stopping = _hubs.pop(asyncio.get_running_loop(), None)
+    if stopping is not None:
+        await stopping.stop()
 
 
 # --- the stream ------------------------------------------------------------------------------
@@ -364,10 +381,13 @@ def event_stream(events) -> StreamingHttpResponse:
     return response
 
 
-async def release_request_connection():
-    """The stream outlives its request: give back the database connection the request's
-    middleware opened (sessions, the user) instead of holding it as long as the page is open."""
-    await sync_to_async(_close_connection)()
+async def release_request_connection(request):
+    """The stream outlives its request: under ASGI, give back the database connection the
+    request's middleware opened (sessions, the user) instead of holding it as long as the page
+    is open. Under the production web's worker that connection is its thread's, kept for the
+    thread's next request."""
+    if isinstance(request, ASGIRequest):
+        await sync_to_async(_close_connection)()
 
 
 def _close_connection():

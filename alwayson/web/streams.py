@@ -1,8 +1,8 @@
 """The live pages' two ways of hearing of a change (alwayson/web/live.py): `*_poll`, one
-query and 204 while the page's cursor stands; `*_stream`, Server-Sent Events under ASGI on
-PostgreSQL. Each answers with the page's fragment, rendered as the page renders it, and
-checks who may see it as the page does: on every change, so a person who loses the role
-stops receiving.
+query and 204 while the page's cursor stands; `*_stream`, Server-Sent Events on PostgreSQL
+under ASGI or the production web's worker. Each answers with the page's fragment, rendered as
+the page renders it, and checks who may see it as the page does: on every change, so a person
+who loses the role stops receiving.
 """
 
 from functools import partial
@@ -42,7 +42,7 @@ def _changed(request, cursor, render):
 
 def _unavailable():
     return HttpResponse(
-        "Push needs an ASGI server on PostgreSQL; this page polls instead.",
+        "Push needs PostgreSQL and a server that streams; this page polls instead.",
         status=404,
         content_type="text/plain",
     )
@@ -85,7 +85,7 @@ async def inbox_stream(request, slug):
     inbox = await Inbox.objects.with_role(user).filter(slug=slug).afirst()
     if inbox is None:
         raise Http404("No such inbox.")
-    await live.release_request_connection()
+    await live.release_request_connection(request)
     return feed.stream(inbox.pk, user.pk, live.last_seen(request))
 
 
@@ -121,7 +121,7 @@ async def approvals_stream(request):
     if not live.push_available(request):
         return _unavailable()
     user = await request.auser()
-    await live.release_request_connection()
+    await live.release_request_connection(request)
     return live.stream(
         live.ANY,
         live.last_seen(request),
@@ -171,7 +171,7 @@ async def dashboard_stream(request):
     user = await request.auser()
     if not await sync_to_async(_may_see_dashboard)(user):
         raise Http404("No dashboard here.")
-    await live.release_request_connection()
+    await live.release_request_connection(request)
     return live.stream(
         live.ANY,
         live.last_seen(request),

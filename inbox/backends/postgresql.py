@@ -262,6 +262,8 @@ def _kept(kept, db, make):
     by psycopg's connection object: a new connection gets a new one), after the check
     Django's cursor wrapper would make: no statement in a broken transaction."""
     db.validate_no_broken_transaction()
+    db.close_if_health_check_failed()
+    db.ensure_connection()
     raw = db.connection
     value = kept.get(raw)
     if value is None:
