@@ -6,8 +6,8 @@ so streams hold no thread: here one worker with one thread keeps answering while
 streams are open, and a change committed to the inbox reaches them through the worker's
 LISTEN connection. A stream whose client leaves is released (its inbox's watch row goes); a
 stop (SIGTERM, or SIGINT's fast one) closes the open streams and the worker exits by itself,
-its watch rows deleted, not killed at gunicorn's graceful_timeout; a stream of an inbox the person has no role in gets
-the page's 404.
+its watch rows deleted, not killed at gunicorn's graceful_timeout; a stream of an inbox the
+person has no role in gets the page's 404.
 """
 
 import re
