@@ -127,6 +127,21 @@ def test_a_stream_whose_client_leaves_is_released(web, desk, owner):
     assert answer.status == 202, web.log()[-2000:]
 
 
+def test_a_stream_that_ends_by_itself_is_closed_and_released(web, desk, owner):
+    """A person who may no longer see the page is told so, and the stream ends: the worker
+    closes the connection after the last event."""
+    stream = open_stream(web, session_cookie(owner), desk)
+    wait_for(lambda: watched(desk), WAIT, "the worker's hub to watch the inbox")
+    type(owner).objects.filter(pk=owner.pk).update(is_active=False)
+
+    say(desk, "Not for a deactivated account")
+
+    assert stream.next_event() == "event: gone\ndata: "
+    assert stream.next_event() is None
+    stream.close()
+    wait_for(lambda: not watched(desk), WAIT, "the inbox's watch row to go")
+
+
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_stop_closes_the_open_streams_and_the_worker_exits_by_itself(web, desk, owner, how):
     cookie = session_cookie(owner)
