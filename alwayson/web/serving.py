@@ -209,8 +209,9 @@ class Streams:
 
     async def _serve(self, client, head, response):
         loop = asyncio.get_running_loop()
-        content = response.streaming_content
+        content = None
         try:
+            content = response.streaming_content
             client.setblocking(False)
             sending = loop.create_task(_send(client, head, content))
             leaving = loop.create_task(_until_gone(client))
@@ -225,8 +226,10 @@ class Streams:
                 if isinstance(sent, Exception) and not isinstance(sent, OSError):
                     log.error("a live stream failed", exc_info=sent)
         finally:
-            await _close_generators(content, response)
-            client.close()
+            try:
+                await _close_generators(content, response)
+            finally:
+                client.close()
 
     def stop(self):
         """From the worker's main thread, once gunicorn's loop has ended: every stream closed,

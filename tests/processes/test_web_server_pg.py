@@ -6,8 +6,8 @@ so streams hold no thread: here one worker with one thread keeps answering while
 streams are open, and a change committed to the inbox reaches them through the worker's
 LISTEN connection. A stream whose client leaves is released (its inbox's watch row goes); a
 stop (SIGTERM, or SIGINT's fast one) closes the open streams and the worker exits by itself,
-its watch rows deleted, not killed at gunicorn's graceful_timeout; a stream of an inbox the person has no role in gets
-the page's 404.
+its watch rows deleted, not killed at gunicorn's graceful_timeout; a stream of an inbox the
+person has no role in gets the page's 404.
 """
 
 import re
@@ -130,6 +130,21 @@ def test_a_stream_whose_client_leaves_is_released(web, desk, owner):
     # And the worker still serves, its streams' loop unharmed.
     answer = exchange(web, github_delivery("desk", "after-a-stream-left"))
     assert answer.status == 202, web.log()[-2000:]
+
+
+def test_a_stream_that_ends_by_itself_is_closed_and_released(web, desk, owner):
+    """A person who may no longer see the page is told so, and the stream ends: the worker
+    closes the connection after the last event."""
+    stream = open_stream(web, session_cookie(owner), desk)
+    wait_for(lambda: watched(desk), WAIT, "the worker's hub to watch the inbox")
+    type(owner).objects.filter(pk=owner.pk).update(is_active=False)
+
+    say(desk, "Not for a deactivated account")
+
+    assert stream.next_event() == "event: gone\ndata: "
+    assert stream.next_event() is None
+    stream.close()
+    wait_for(lambda: not watched(desk), WAIT, "the inbox's watch row to go")
 
 
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
