@@ -14,6 +14,10 @@ streaming response, the connection is taken from gunicorn and handed to one even
 process, on a thread started with the worker: it writes the head itself, then each chunk as the
 generator yields it, and closes the generator when the client leaves.
 
+Closes. A connection the worker will not keep (a "Connection: close", a refusal) is closed on
+that loop too, gracefully (the client's last bytes read for up to 2 s), rather than on
+gunicorn's main thread, where a client that kept its side open stalled the whole worker.
+
 Bodies. Before the application runs, a request declaring a body larger than any view accepts
 (ALWAYSON_REQUEST_MAX_BYTES) is answered 413 and closed, its body unread; a chunked body is read
 up to that limit (413 past it) and handed to Django as a body of known length, since Django
@@ -39,19 +43,25 @@ READ_SIZE = 4096
 # then how long what they leave behind (the live pages' hub) gets to clean up.
 CLOSE_STREAMS = 2.0
 CLEAN_UP = 5.0
+# A connection the worker closes: how long, and how much of what the client still sends, the
+# loop reads before it closes (gunicorn's close_graceful's figures), so the client's last
+# bytes do not turn the close into a reset that loses the response.
+LINGER = 2.0
+LINGER_BYTES = 64 * 1024
 # Framing of the connection, which the server decides: Django's values are dropped.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "content-length", "transfer-encoding"})
 HTTP_1 = frozenset({"HTTP/1.0", "HTTP/1.1"})
 
 
 class Worker(ThreadWorker):
-    """gunicorn's gthread worker, which hands streams to its event loop (Streams) and refuses
-    oversize bodies before the application runs."""
+    """gunicorn's gthread worker, which hands streams and the connections it closes to its
+    event loop (Streams), and refuses oversize bodies before the application runs."""
 
     def init_process(self):
         # Before gunicorn's init_process, which loads the application and then runs the worker's
         # loop until it stops.
         self.streams = Streams()
+        self.handed = threading.local()  # whether this thread's connection went to a stream
         super().init_process()
 
     def load_wsgi(self):
@@ -74,6 +84,21 @@ class Worker(ThreadWorker):
             # SIGINT at once). Handed-off streams are not among the connections it waits
             # for, so they never hold the stop for graceful_timeout; they close here.
             self.streams.stop()
+
+    def handle(self, conn):
+        """A connection gunicorn will not keep is closed by the loop, not by gunicorn's main
+        thread: there close_graceful() waits up to 2 s for the client to close its side, and
+        a client that does not (one refused 413, say) stalled every connection of the worker
+        meanwhile, accepting new ones included."""
+        self.handed.off = False
+        keep = super().handle(conn)
+        if keep is False and not self.handed.off and not self.cfg.is_ssl:
+            try:
+                own = _take(conn.sock)
+            except OSError:  # gunicorn closed it already, or no descriptor is left
+                return keep
+            self.streams.linger(own)
+        return keep
 
     # --- streams -------------------------------------------------------------------------
 
@@ -102,19 +127,8 @@ class Worker(ThreadWorker):
 
     def hand_off(self, client, status, headers, response):
         """Take the connection from gunicorn and give it, with the response, to the loop."""
-        own = client.dup()
-        # gunicorn will still write its response's head to its socket, then close it with
-        # close_graceful(), whose shutdown(SHUT_WR) acts on the connection, not on the
-        # descriptor: a dup alone would not survive it. So gunicorn's descriptor number is
-        # made to name a socket whose peer is already closed: what gunicorn does with its
-        # socket fails there (EPIPE: to gunicorn, a client that left) and never reaches the
-        # connection, which only `own` now holds.
-        dead, peer = socket.socketpair()
-        peer.close()
-        try:
-            os.dup2(dead.fileno(), client.fileno(), inheritable=False)
-        finally:
-            dead.close()
+        own = _take(client)
+        self.handed.off = True
         try:
             # request_finished, in the thread where request_started was sent (the thread's
             # database connection is kept or closed there, as after any request).
@@ -173,8 +187,9 @@ class Worker(ThreadWorker):
 
 
 class Streams:
-    """One asyncio event loop, on a thread of its own, serving the streams handed to it: a
-    task each, which ends when the client leaves, the generator ends, or the worker stops."""
+    """One asyncio event loop, on a thread of its own, serving the streams handed to it and
+    closing the connections the worker will not keep: a task each, which ends when the client
+    leaves, the stream's generator ends, the close is done, or the worker stops."""
 
     def __init__(self):
         self.loop = asyncio.new_event_loop()
@@ -193,17 +208,27 @@ class Streams:
     def serve(self, client, head, response) -> bool:
         """From a request's thread: serve `response` on `client` (a socket of the caller's,
         which the loop owns from now on). False if the loop has stopped: the caller closes it."""
+        return self._submit(client, self._serve(client, head, response))
+
+    def linger(self, client):
+        """From a request's thread: close `client` (the loop's from now on) gracefully."""
+        if not self._submit(client, _linger(client)):
+            client.close()
+
+    def _submit(self, client, work) -> bool:
         try:
-            self.loop.call_soon_threadsafe(self._start, client, head, response)
+            self.loop.call_soon_threadsafe(self._start, client, work)
         except RuntimeError:  # the loop is closed
+            work.close()  # a coroutine never started
             return False
         return True
 
-    def _start(self, client, head, response):
+    def _start(self, client, work):
         if not self.taking:
+            work.close()
             client.close()
             return
-        task = self.loop.create_task(self._serve(client, head, response))
+        task = self.loop.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -265,6 +290,23 @@ class Streams:
         await self.loop.shutdown_default_executor()
 
 
+async def _linger(client):
+    """RFC 9112's close, as gunicorn's close_graceful() makes it: the sending side shut, what
+    the client still sends read and dropped until it closes its side or LINGER has passed."""
+    loop = asyncio.get_running_loop()
+    try:
+        client.setblocking(False)
+        client.shutdown(socket.SHUT_WR)
+        drained = 0
+        async with asyncio.timeout(LINGER):
+            while drained < LINGER_BYTES and (data := await loop.sock_recv(client, READ_SIZE)):
+                drained += len(data)
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        client.close()
+
+
 async def _send(client, head, content):
     """The head, then every chunk as the generator yields it, each sent whole before the next
     is asked for: a client that reads slowly slows its own stream, and nothing piles up."""
@@ -296,6 +338,28 @@ async def _close_generators(content, response):
             await aclose()
         except Exception:
             log.exception("closing a live stream's generator")
+
+
+def _take(client) -> socket.socket:
+    """The connection `client` names, as a socket of the caller's; `client` is left naming a
+    socket whose peer is already closed.
+
+    gunicorn goes on using its socket after a connection is taken from it: it writes its
+    response's head to it, then closes it with close_graceful(), whose shutdown(SHUT_WR) acts
+    on the connection, not on the descriptor, so a dup alone would not survive it. With its
+    descriptor number naming a dead socket, all of that fails there (EPIPE: to gunicorn, a
+    client that left) or returns at once, and never reaches the connection."""
+    own = client.dup()
+    dead, peer = socket.socketpair()
+    peer.close()
+    try:
+        os.dup2(dead.fileno(), client.fileno(), inheritable=False)
+    except OSError:
+        own.close()
+        raise
+    finally:
+        dead.close()
+    return own
 
 
 def _head(status, headers) -> bytes:
