@@ -89,7 +89,7 @@ import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 from psycopg import pq
-from psycopg.adapt import Transformer
+from psycopg.adapt import AdaptersMap, Loader, Transformer
 
 from ..exceptions import InboxBusy, UnknownInbox
 from ..models import Event, Inbox, Lease, Session
@@ -297,7 +297,13 @@ class _Direct:
     def __init__(self, raw):
         self.raw = raw
         self.statements = {}  # sql -> _Statement
-        self.loader = Transformer(raw)
+        # The connection's own loaders (Django's included), read in binary form: the same
+        # values psycopg's cursors give in text form, parsed in C. But jsonb, which Django
+        # reads as its text and decodes itself (JSONField.from_db_value), as here.
+        self.adapters = AdaptersMap(raw.adapters)
+        self.adapters.register_loader("jsonb", _JsonbText)
+        self.connection = raw
+        self.loader = Transformer(self)
 
     def _prepare(self, sql) -> _Statement:
         names = []
@@ -318,22 +324,20 @@ class _Direct:
     def fetch_one(self, sql, params) -> dict | None:
         """The first row of `sql`, after BY_INDEX in the same pipeline (its implicit
         transaction: `sql` runs outside any other)."""
-        [rows] = self.fetch([(sql, params)], text=False)
+        [rows] = self.fetch([(sql, params)])
         return rows[0] if rows else None
 
-    def fetch(self, calls, text=True) -> list[list[dict]]:
+    def fetch(self, calls) -> list[list[dict]]:
         """The rows of each (sql, params) of `calls`, by column name, sent after BY_INDEX in
         one pipeline: one round trip, one implicit transaction (committed at its Sync, or
-        rolled back whole at the first error, which is raised). In text form, as psycopg's
-        cursors read them (a jsonb column is its text, as Django expects), or binary."""
-        result_format = pq.Format.TEXT if text else pq.Format.BINARY
+        rolled back whole at the first error, which is raised)."""
         for retrying in (False, True):
             setting = self.statements.get(BY_INDEX) or self._prepare(BY_INDEX)
             sent = [(setting, [])]
             for sql, params in calls:
                 statement = self.statements.get(sql) or self._prepare(sql)
                 sent.append((statement, [_text(params[key]) for key in statement.params]))
-            results = self._pipeline(sent, result_format)
+            results = self._pipeline(sent)
             if len(results) == len(sent) and all(
                 result.status == pq.ExecStatus.TUPLES_OK for result in results
             ):
@@ -366,7 +370,7 @@ class _Direct:
         rows = self.loader.load_rows(0, result.ntuples, tuple)
         return [dict(zip(statement.columns, row, strict=True)) for row in rows]
 
-    def _pipeline(self, calls, result_format) -> list:
+    def _pipeline(self, calls) -> list:
         """Each (statement, values) of `calls` sent in one pipeline, then one Sync: one round
         trip, one implicit transaction. Their results, in order, and the commit's error if
         it failed. The waits are on the socket (select, without the GIL); libpq's own would
@@ -375,7 +379,7 @@ class _Direct:
         pgconn.enter_pipeline_mode()
         try:
             for statement, values in calls:
-                pgconn.send_query_prepared(statement.name, values, result_format=result_format)
+                pgconn.send_query_prepared(statement.name, values, result_format=pq.Format.BINARY)
             pgconn.pipeline_sync()
             # Each statement's result, each followed by None; then, if the commit at the
             # Sync failed, its error; then the Sync's own.
@@ -391,6 +395,15 @@ class _Direct:
             self.raw.close()
             raise
         return results
+
+
+class _JsonbText(Loader):
+    """jsonb in binary form as its text: a version byte, then the text."""
+
+    format = pq.Format.BINARY
+
+    def load(self, data) -> str:
+        return bytes(data[1:]).decode()
 
 
 def _result(pgconn):

@@ -17,7 +17,7 @@ from inbox.backends import postgresql
 from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease, RunRecord
-from inbox.services import finish_and_take, take_next
+from inbox.services import SaveState, finish_and_take, take_next
 from tests.support.postgres import other_session
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -41,11 +41,11 @@ def pipelines(monkeypatch):
             opened.append(None)
         return original(self)
 
-    def counting_direct(self, calls, result_format):
+    def counting_direct(self, calls):
         if finishing:
             texts = {statement.name: sql for sql, statement in self.statements.items()}
             opened.append([texts[statement.name] for statement, _ in calls])
-        return direct(self, calls, result_format)
+        return direct(self, calls)
 
     def finish(*args, **kwargs):
         finishing.append(True)
@@ -266,3 +266,34 @@ def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):
     finished, _ = finish_and_take(inbox, "W", claim.generation, [claim.events[0].pk], now=t0)
     assert finished
     assert prepared_statements() == []
+
+
+def test_a_claim_read_through_libpq_is_the_claim_psycopgs_cursors_read(make_inbox, t0):
+    """_Direct reads rows in binary form with the connection's loaders: the same values, of
+    the same types, as the cursors' text form (jsonb as Django decodes it, aware times)."""
+    payload = {"text": "héllo ☃", "n": [1, 2.5, None], "nested": {"ok": True}}
+    state = {"step": 2, "note": "ünï"}
+    inboxes = [make_inbox(), make_inbox()]
+    for inbox in inboxes:
+        ingest(inbox, "chat", "m-1", payload, now=t0)
+        SaveState(inbox.pk, state)(t0)
+    direct = take_next("W", now=t0)
+    with connection.execute_wrapper(lambda call, *args: call(*args)):  # the cursors' path
+        through_cursors = take_next("W", now=t0)
+
+    def seen(claim):
+        [event] = claim.events
+        times = [event.created, event.updated, event.available_at, claim.inbox.created]
+        return (
+            claim.inbox.owner_id == claim.inbox.owner.pk,
+            claim.generation,
+            claim.state,
+            claim.extras,
+            (event.source, event.source_id, event.payload, event.status, event.attempts),
+            [(time, time.tzinfo) for time in times[:3]],
+            claim.inbox.created.tzinfo,
+        )
+
+    assert {direct.inbox, through_cursors.inbox} == set(inboxes)
+    assert seen(direct) == seen(through_cursors)
+    assert direct.events[0].payload == payload and direct.state == state
