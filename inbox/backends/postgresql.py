@@ -282,17 +282,19 @@ class _Statement(NamedTuple):
 
 class _Direct:
     """One connection's statements run through libpq itself (psycopg's pq layer), for the
-    statement every delivery runs (insert_try.sql): prepared once by name, then each call
-    is one PQexecPrepared, its row loaded by the connection's own loaders. psycopg's cursor
-    (its query conversion, dumpers, wait loop and result handling in Python) cost about
-    0.06 ms of client CPU per delivery under eight concurrent deliveries on two cores, a
-    third of what the server spends on the statement; under load that CPU is what bounds
-    deliveries per second (bench/ingest.py).
+    statements every delivery and every run send: a delivery's try (insert_try.sql), and a
+    worker's take and finish (take.sql, lock.sql, finish_done.sql). Each is prepared once by
+    name, then a call is one pipeline of PQsendQueryPrepared, its rows loaded by the
+    connection's own loaders. psycopg's cursor (its query conversion, dumpers, wait loop and
+    result handling in Python) cost about 0.06 ms of client CPU per delivery under eight
+    concurrent deliveries on two cores, a third of what the server spends on the statement,
+    and about 0.3 ms per one-event run; under load that CPU is what bounds deliveries and
+    runs per second (bench/ingest.py, bench/drain.py).
 
-    The call blocks in C, without the GIL. The try never waits on the lease row (SKIP
-    LOCKED): only, briefly, on a concurrent insert of the same key or at commit on the inbox
-    row (its foreign key), within the session's lock_timeout. Errors are Django's, as
-    through its cursors."""
+    The waits are on the socket, without the GIL. The try never waits on the lease row
+    (SKIP LOCKED): only, briefly, on a concurrent insert of the same key or at commit on the
+    inbox row (its foreign key), within the session's lock_timeout; a finish waits for its
+    lease row's lock. Errors are Django's, as through its cursors."""
 
     def __init__(self, raw):
         self.raw = raw
@@ -457,6 +459,7 @@ def _fetch_all(db, calls) -> list[list[dict]]:
     """The rows of each (sql, params) of `calls` (outside a caller's transaction), sent after
     BY_INDEX in one pipeline: one round trip, one implicit transaction. Through _Direct when
     it may be used, else on psycopg's cursors (_by_index)."""
+    db = connections[db.alias]  # this thread's wrapper itself, not the proxy to it
     if not _direct(db):
         cursors = _by_index(db, calls)
         return [_all(cursor, sql) for cursor, (sql, _) in zip(cursors, calls, strict=True)]
