@@ -44,7 +44,7 @@ PROCESSES = 2
 CONCURRENCY = 4
 FULL_SHAPES = [(1000, 10), (10000, 1)]
 QUICK_SHAPES = [(200, 10), (2000, 1)]
-GOALS = {10: 5.0, 1: 1.5}  # events per inbox -> the issue's goal for the ratio
+GOALS = {10: 5.0, 1: 1.8}  # events per inbox -> the goal for the ratio (issue 36)
 # Recording a run is one more CTE in the finish's one statement, no round trip (issue 26):
 # with records at least this fraction of the rate without.
 RECORDS_GOAL = 0.9
