@@ -519,7 +519,9 @@ class RunRecord(models.Model):
         REFUSED = "refused"  # its finish came after the lease was lost: nothing committed
         LOST = "lost"  # its worker vanished; a later take found its events running
 
-    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="runs")
+    # No index of its own: runrecord_run_idx starts with inbox_id and serves every lookup by
+    # inbox (and the cascade); a second one would cost every run's record an index entry.
+    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="runs", db_index=False)
     generation = models.PositiveBigIntegerField()
     worker = models.CharField(max_length=200)
     # When its events were claimed, and when it ended (the finish's clock; for a lost run,
