@@ -9,6 +9,7 @@ keeps their fields apart.
 
 import json
 import re
+from functools import cached_property
 
 from django import forms
 
@@ -244,10 +245,21 @@ class AnswerForms:
         self.approval = approval
         self.data = data
         self.prefix = f"a{approval.pk}"
-        self.arguments = self._arguments() if approval.editable else None
-        self.deny = DenyForm(prefix=self.prefix)
-        self.reply = ReplyForm(approval.question, prefix=self.prefix) if approval.question else None
         self.used = None
+
+    # Each made when first asked for: an answer uses one of them, a page shows them all.
+    @cached_property
+    def arguments(self):
+        return self._arguments() if self.approval.editable else None
+
+    @cached_property
+    def deny(self):
+        return DenyForm(prefix=self.prefix)
+
+    @cached_property
+    def reply(self):
+        question = self.approval.question
+        return ReplyForm(question, prefix=self.prefix) if question else None
 
     def _arguments(self, data=None):
         approval = self.approval
@@ -262,7 +274,7 @@ class AnswerForms:
     def answer(self, answer) -> dict:
         """decide_answer's keywords for `answer` from the posted forms; Invalid if they do
         not validate. A "yes" without the argument fields (a plain Approve) changes nothing."""
-        if answer == "yes" and self.arguments is not None:
+        if answer == "yes" and self.approval.editable:
             posted = self._arguments(self.data)
             if not posted.posted():
                 return {}
@@ -276,7 +288,7 @@ class AnswerForms:
                 raise Invalid
             return {"reason": self.deny.cleaned_data["reason"]}
         if answer == "replied":
-            if self.reply is None:
+            if not self.approval.question:
                 raise ValueError(
                     f"reply: {self.approval.request_id} asks for a yes or a no, not a value"
                 )

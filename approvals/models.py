@@ -4,10 +4,13 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import models
 from django.db.models import Q, Subquery
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.urls import reverse
 from django.utils.text import capfirst
 
-from inbox.models import Event, Inbox, Role, is_person
+from inbox.models import Event, Inbox, Role, granted_role, is_person
+from inbox.prebuilt import Given, Prebuilt
+from inbox.validation import UNSTORABLE
 from timers.models import RESERVED_KEY_PREFIX
 
 # The inbox event that carries an approval's outcome: ("approval", request_id). Whichever is
@@ -23,6 +26,26 @@ def is_operator(user) -> bool:
 def may_answer(user, inbox) -> bool:
     """Approvers and managers of the inbox answer its approvals; so do operators."""
     return is_operator(user) or inbox.has_role(user, Role.APPROVER)
+
+
+def _visible():
+    """get_visible's statement: the request by its inbox's slug and its id, with its inbox
+    and the role a membership gives the user there. The inbox is named by a scalar subquery
+    (one probe of its slug), the request by its unique key, the inbox joined by its key."""
+    anyone = get_user_model()(pk=Given("user_id", get_user_model()._meta.pk))
+    inbox_id = Inbox.objects.filter(slug=Given("slug", models.CharField())).values("pk")[:1]
+    return (
+        Approval.objects.filter(
+            inbox_id=Subquery(inbox_id), request_id=Given("request_id", models.CharField())
+        )
+        .select_related("inbox")
+        .annotate(role_granted=granted_role(anyone, "inbox_id"))
+        .order_by()
+    )
+
+
+# Built once: every answer and every approval's page starts with it.
+_VISIBLE = Prebuilt(_visible)
 
 
 def display_name(user) -> str:
@@ -57,18 +80,18 @@ class ApprovalQuerySet(models.QuerySet):
 
     def get_visible(self, user, slug, request_id) -> "Approval":
         """The approval `request_id` of inbox `slug` if `user` may see it (visible_to's rule),
-        its inbox read with their role in it (Inbox.objects.get_with_role), so may_answer
-        asks nothing more. Approval.DoesNotExist for one they may not see and one that does
-        not exist alike."""
-        try:
-            inbox = Inbox.objects.get_with_role(user, slug)
-        except Inbox.DoesNotExist:
-            # Operators see every inbox's approvals, a role or none.
-            inbox = Inbox.objects.filter(slug=slug).first() if is_operator(user) else None
-        if inbox is None:
+        read in one statement with its inbox and the user's role in it (granted_role, as
+        Inbox.objects.get_with_role reads it), so may_answer asks nothing more.
+        Approval.DoesNotExist for one they may not see and one that does not exist alike."""
+        approval = None
+        given = (slug, request_id)
+        if is_person(user) and all(isinstance(v, str) and not UNSTORABLE.search(v) for v in given):
+            approval = _VISIBLE.get(user_id=user.pk, slug=slug, request_id=request_id)
+        if approval is not None:
+            approval.inbox.remember_role(user, approval.role_granted)
+        # Operators see every inbox's approvals, a role or none.
+        if approval is None or (approval.inbox.role_of(user) is None and not is_operator(user)):
             raise Approval.DoesNotExist(f"no approval {request_id!r} of {slug!r} for {user}")
-        approval = self.get(inbox=inbox, request_id=request_id)
-        approval.inbox = inbox
         return approval
 
     def waiting(self, now):
@@ -312,25 +335,22 @@ def record_answer(sender, event: Event, now, **kwargs):
     answer = event.payload.get("answer")
     if answer not in Approval.Answer.values:
         return
-    unsettled = Approval.objects.filter(
-        inbox_id=event.inbox_id, request_id=event.source_id, answer=""
-    )
     if answer != Approval.Answer.EXPIRED:
         # A person's answer, who gave it (the payload names them), a denial's reason and a
         # question's reply, in one UPDATE; its audit entry is the answerer's (answer_approval).
-        settled = {
-            "answer": answer,
-            "answered_at": now,
-            "reason": str(event.payload.get("reason") or ""),
-            "reply": str(event.payload.get("reply") or ""),
-        }
-        if username := event.payload.get("answered_by"):
-            users = get_user_model()
-            settled["answered_by"] = Subquery(
-                users.objects.filter(**{users.USERNAME_FIELD: username}).values("pk")[:1]
-            )
-        unsettled.update(**settled)
+        _SETTLE.write(
+            inbox_id=event.inbox_id,
+            request_id=event.source_id,
+            answer=answer,
+            answered_at=now,
+            reason=str(event.payload.get("reason") or ""),
+            reply=str(event.payload.get("reply") or ""),
+            username=event.payload.get("answered_by"),
+        )
         return
+    unsettled = Approval.objects.filter(
+        inbox_id=event.inbox_id, request_id=event.source_id, answer=""
+    )
     approval = unsettled.first()
     if approval is None:
         return
@@ -339,6 +359,27 @@ def record_answer(sender, event: Event, now, **kwargs):
     AuditEntry.record(
         approval, None, answer, AuditEntry.Via.DEADLINE, AuditEntry.Result.EXPIRED, now
     )
+
+
+def _settle():
+    """record_answer's UPDATE of a person's answer, built once: every answer makes it. Who
+    answered is found by their username (nobody for none), as the payload names them."""
+    users = get_user_model()
+    username = Given("username", users._meta.get_field(users.USERNAME_FIELD))
+    answered_by = users.objects.filter(**{users.USERNAME_FIELD: username}).values("pk")[:1]
+    unsettled = Approval.objects.filter(
+        inbox_id=Given("inbox_id", Approval._meta.get_field("inbox")),
+        request_id=Given("request_id", Approval._meta.get_field("request_id")),
+        answer="",
+    )
+    query = unsettled.query.chain(UpdateQuery)
+    settled = {name: Given(name, Approval._meta.get_field(name)) for name in _SETTLED}
+    query.add_update_values({**settled, "answered_by": Subquery(answered_by)})
+    return query
+
+
+_SETTLED = ("answer", "answered_at", "reason", "reply")
+_SETTLE = Prebuilt(_settle)
 
 
 class AuditEntry(models.Model):
@@ -401,11 +442,12 @@ class AuditEntry(models.Model):
     @classmethod
     def record(
         cls, approval, user, answer, via, result, now, *, edited=None, reason="", reply=None
-    ) -> "AuditEntry":
-        return cls.objects.create(
-            approval=approval,
+    ) -> None:
+        """Write one entry (an INSERT built once: every answer writes one)."""
+        _AUDIT.write(
+            approval_id=approval.pk,
             inbox_id=approval.inbox_id,
-            user=user,
+            user_id=user.pk if user is not None else None,
             username=user.get_username() if user is not None else "",
             answer=answer,
             via=via,
@@ -421,6 +463,17 @@ class AuditEntry(models.Model):
     def asked_arguments(self):
         """The arguments as the agent asked them, beside the edit (the approval keeps them)."""
         return self.approval.arguments
+
+
+def _audit():
+    """AuditEntry.record's INSERT: every column but the id, each a Given by its attname."""
+    fields = [field for field in AuditEntry._meta.concrete_fields if not field.primary_key]
+    query = InsertQuery(AuditEntry)
+    query.insert_values(fields, [AuditEntry(**{f.attname: Given(f.attname, f) for f in fields})])
+    return query
+
+
+_AUDIT = Prebuilt(_audit)
 
 
 def approval_url(inbox_slug, request_id) -> str:

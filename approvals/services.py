@@ -16,7 +16,8 @@ from jsonschema.exceptions import SchemaError
 
 from inbox import clock
 from inbox.models import Event, Inbox
-from inbox.services import bounded_write, lock_inbox, store_event
+from inbox.prebuilt import Given, Prebuilt
+from inbox.services import locked_write, store_event
 from inbox.validation import (
     require_duration,
     require_int,
@@ -354,8 +355,7 @@ def decide_answer(
     """
     response = Response(answer, arguments, reason, reply)
     require_key("request_id", request_id)
-    with _answering(inbox, by, via, now) as (inbox, now):
-        approval = _locked(inbox, request_id=request_id).first()
+    with _answering(inbox, request_id, by, via, now) as (inbox, now, approval):
         if approval is None:
             return None, UNKNOWN
         return _answer(inbox, approval, response, by, via, now)
@@ -408,17 +408,14 @@ def decide_group(
         for rid, value in (shown.items() if answer == Approval.Answer.YES else ())
     }
     require_key("request_id", request_id)
-    with _answering(inbox, by, via, now) as (inbox, now):
-        lead = Approval.objects.filter(inbox=inbox, request_id=request_id).values("group").first()
+    with _answering(inbox, request_id, by, via, now) as (inbox, now, lead):
         if lead is None:
             return []
-        members = (
-            _locked(inbox, group=lead["group"])
-            if lead["group"]
-            else _locked(inbox, request_id=request_id)
-        )
+        members = [lead]
+        if lead.group:
+            members = _LOCKED_GROUP.all(inbox_id=inbox.pk, group=lead.group)
         answered = []
-        for approval in members.order_by("id"):
+        for approval in members:
             settled = approval.answer or approval.stored_payload is not None
             if settled or (approval.question is not None and answer == Approval.Answer.YES):
                 continue
@@ -428,25 +425,38 @@ def decide_group(
 
 
 @contextmanager
-def _answering(inbox, by, via, now):
-    """The transaction an answer runs in, with the inbox (read inside, where every statement
-    is planned by index, with the user's role) and `now`, under the inbox's lock.
+def _answering(inbox, request_id, by, via, now):
+    """The transaction an answer runs in, under the inbox's lock: the inbox, `now` (the
+    clock read once the lock is granted) and the request, locked (_locked), or None.
 
-    A person is waiting on the answer: the write is bounded like a delivery (InboxBusy past
-    the wait)."""
+    The lock comes first, with the bound, the clock and the request's read in the same round
+    trip (locked_write). The inbox and the user's role are read after it, where every
+    statement is planned by index, unless the caller read them already (the approval's
+    page: get_visible). A person is waiting on the answer: the write is bounded like a
+    delivery (InboxBusy past the wait)."""
     if by is not None and not isinstance(by, get_user_model()):
         raise ValueError(f"by must be a user (or None), not {by!r}")
     if via not in VIAS:
         raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
-    with bounded_write(Inbox.objects.lookup(inbox)[1], settings.ALWAYSON_INGEST_LOCK_WAIT):
-        inbox = Inbox.objects.resolve(inbox)
+    # Named by its id, the request is read in the lock's round trip; by its slug, after it.
+    column, value = Inbox.objects.lookup(inbox)
+    then = []
+    if column == "id":
+        then = [_LOCKED_REQUEST.statement(inbox_id=value, request_id=request_id)]
+    wait = settings.ALWAYSON_INGEST_LOCK_WAIT
+    with locked_write(inbox, wait, now, then) as (inbox_id, now, read):
+        inbox = inbox if isinstance(inbox, Inbox) else Inbox.objects.get(pk=inbox_id)
         if by is not None and not may_answer(by, inbox):
             raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
-        lock_inbox(inbox.pk)
-        yield inbox, clock.resolve(now)
+        if read:
+            approvals = _LOCKED_REQUEST.instances(read[0].rows[:1])
+            approval = approvals[0] if approvals else None
+        else:
+            approval = _LOCKED_REQUEST.get(inbox_id=inbox_id, request_id=request_id)
+        yield inbox, now, approval
 
 
-def _locked(inbox, **lookup):
+def _locked(inbox_id, **lookup):
     """The approval rows, locked as prune takes them (skip_locked), so an answer and a
     delete never cross; each with its answer event's payload if one is stored (read under
     the same lock). Not their first approver joined: the planner may walk the whole users'
@@ -456,10 +466,23 @@ def _locked(inbox, **lookup):
         inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
     )
     return (
-        Approval.objects.filter(inbox=inbox, **lookup)
+        Approval.objects.filter(inbox_id=inbox_id, **lookup)
         .annotate(stored_payload=Subquery(answer_event.values("payload")[:1]))
         .select_for_update(of=("self",))
     )
+
+
+def _given(name):
+    """A value of one of the approval's columns, by the column's attribute name."""
+    field = next(f for f in Approval._meta.concrete_fields if f.attname == name)
+    return Given(name, field)
+
+
+# _locked's reads built once: one request's (every answer), one group's calls (answer all).
+_LOCKED_REQUEST = Prebuilt(lambda: _locked(_given("inbox_id"), request_id=_given("request_id")))
+_LOCKED_GROUP = Prebuilt(
+    lambda: _locked(_given("inbox_id"), group=_given("group")).order_by("id")
+)
 
 
 def _answer(inbox, approval, response, by, via, now) -> tuple[str, str]:

@@ -3,6 +3,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect, render
@@ -139,9 +140,7 @@ def _visible(request, slug, request_id) -> Approval:
     # The same 404 for somebody else's request, an unknown one and a forged id: whether a
     # request exists is not for other people to learn.
     try:
-        return Approval.objects.select_related(*PEOPLE[1:]).get_visible(
-            request.user, slug, request_id
-        )
+        return Approval.objects.get_visible(request.user, slug, request_id)
     except Approval.DoesNotExist:
         raise Http404("No approval matches the given query.") from None
 
@@ -152,7 +151,7 @@ def _page(
     """The approval's page: the request, or every call of its group, each with its answer's
     forms (those just posted, with their errors, for the one answered)."""
     now = clock.database_now()
-    members = [approval]
+    members = [_with_people(approval)]
     if approval.group:
         members = list(
             Approval.objects.filter(inbox=approval.inbox, group=approval.group)
@@ -176,6 +175,19 @@ def _page(
         "all_form": all_form or DenyForm(prefix="all"),
     }
     return render(request, "approvals/detail.html", context, status=status)
+
+
+def _with_people(approval) -> Approval:
+    """The approval with the people its page names (who approved first, who answered), in
+    one query, none while nobody has: get_visible reads the request without them."""
+    named = {"first_approved_by": approval.first_approved_by_id}
+    named["answered_by"] = approval.answered_by_id
+    if any(named.values()):
+        people = get_user_model().objects.in_bulk([pk for pk in named.values() if pk])
+        for field, pk in named.items():
+            if pk in people:
+                setattr(approval, field, people[pk])
+    return approval
 
 
 def _via(request):

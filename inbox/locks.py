@@ -35,3 +35,17 @@ def bounded_write(inbox_id, wait: float | None):
     """
     with current().bounded_write(inbox_id, wait):
         yield
+
+
+@contextmanager
+def locked_write(inbox, wait: float | None, now=None, then=()):
+    """bounded_write on `inbox` (an Inbox, its id or its slug) with its lock taken first,
+    then `now` resolved (the database's clock when None) and the statements `then` run
+    ((sql, params), inbox/prebuilt.py): yields (the inbox's id, now, what each of `then`
+    answered). For writers above inbox/ that decide by the clock from rows of their own,
+    read under the lock (a person's answer: its request, its deadline). On PostgreSQL the
+    bound, the lock, the clock and `then` are one round trip. UnknownInbox for no such
+    inbox; InboxBusy past `wait`.
+    """
+    with current().locked_write(inbox, wait, now, then) as locked:
+        yield locked

@@ -214,7 +214,11 @@ class MembershipQuerySet(models.QuerySet):
         not through a join with the groups themselves, which the planner may turn into a
         scan of every group."""
         groups = get_user_model().groups.through.objects.filter(user_id=user.pk)
-        return self.filter(Q(user=user) | Q(group__in=groups.values("group_id")), role__gte=role)
+        # By the user's id, not the user: a statement built once holds a Given there
+        # (inbox/prebuilt.py; approvals' get_visible).
+        return self.filter(
+            Q(user_id=user.pk) | Q(group__in=groups.values("group_id")), role__gte=role
+        )
 
 
 class Membership(models.Model):

@@ -18,7 +18,7 @@ PostgreSQL and SQLite in backends/.
 from .finish import Defer, SaveState, finish, finish_and_take, record_refused
 from .ingest import event_traces, ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
-from .locks import bounded_write, lock_inbox
+from .locks import bounded_write, lock_inbox, locked_write
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
 from .rules import (
     CLAIM_EXTRAS,
@@ -56,6 +56,7 @@ __all__ = [
     "ingest_many",
     "lease_ttl",
     "lock_inbox",
+    "locked_write",
     "record_refused",
     "mark_dead",
     "mark_dead_ids",

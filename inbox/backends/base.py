@@ -8,6 +8,7 @@ on one database.
 """
 
 from contextlib import contextmanager
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -22,6 +23,13 @@ from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
 from ..signals import events_dead
 from ..store import Stored
 from ..validation import require_key, require_now
+
+
+class Ran(NamedTuple):
+    """What a statement run by Backend.run answered: its rows, and the rows it wrote."""
+
+    rows: list
+    rowcount: int
 
 
 class Backend:
@@ -66,6 +74,30 @@ class Backend:
             if wait is not None and self.is_lock_timeout(exc):
                 raise InboxBusy(inbox_id, wait) from exc
             raise
+
+    @contextmanager
+    def locked_write(self, ref, wait: float | None, now, then=()):
+        """bounded_write on the inbox `ref` (an Inbox, its id or its slug) with its lock taken
+        first, then `now` resolved and the statements `then` run: yields (the inbox's id,
+        now, what each of `then` answered). UnknownInbox for no such inbox
+        (inbox/locks.py)."""
+        inbox_id = Inbox.objects.pk_of(ref)
+        with self.bounded_write(inbox_id, wait):
+            try:
+                self.lock(inbox_id)
+            except Lease.DoesNotExist:
+                raise UnknownInbox(ref) from None
+            yield inbox_id, self.resolve(now), self.run(then)
+
+    def run(self, statements) -> list[Ran]:
+        """Each (sql, params) of `statements`, in order: what it answered."""
+        ran = []
+        with connection.cursor() as cursor:
+            for sql, params in statements:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall() if cursor.description else []
+                ran.append(Ran(rows, cursor.rowcount))
+        return ran
 
     # --- storing events ----------------------------------------------------------------------
 

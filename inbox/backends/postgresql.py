@@ -93,10 +93,12 @@ from psycopg.adapt import AdaptersMap, Loader, Transformer
 
 from ..exceptions import InboxBusy, UnknownInbox
 from ..models import Event, Inbox, Lease, Session
+from ..pinned_clock import pinned_now
 from ..rules import CLAIM_EXTRAS, Claim, lease_ttl
 from ..signals import lease_taken_over
 from ..store import WORK_CHANNEL, Stored
-from .base import Backend
+from ..validation import require_now
+from .base import Backend, Ran
 
 # --- the statements --------------------------------------------------------------------------
 
@@ -121,6 +123,7 @@ ACQUIRE_NEXT = _load("acquire_next")
 TAKE = _load("take")
 CLAIM = _load("claim")
 LOCK = _load("lock")
+LOCK_NOW = _load("lock_now")
 FENCE = _load("fence")
 FINISH_DONE = _load("finish_done")
 INSERT_TRY = _load("insert_try")
@@ -252,9 +255,27 @@ def _by_index(db, statements) -> list:
 
 
 def _fetch_one(db, sql, params) -> dict | None:
-    """The first row `sql` answers, by name, prepared on `db`, planned by index."""
+    """The first row `sql` answers, by name, prepared on `db`, planned by index: alone
+    inside a locked_write, whose settings hold (one round trip without psycopg's pipeline,
+    which costs more client time than it saves)."""
+    if db.connection in _planned_by_index:
+        with prepared_cursor() as cursor:
+            cursor.execute(sql, params)
+            return _one(cursor, sql)
     [cursor] = _by_index(db, [(sql, params)])
     return _one(cursor, sql)
+
+
+def _ran(cursor) -> Ran:
+    # Its result's status, not cursor.description: psycopg builds that anew on every access.
+    result = getattr(cursor, "cursor", cursor).pgresult
+    answered = result is not None and result.status == pq.ExecStatus.TUPLES_OK
+    return Ran(cursor.fetchall() if answered else [], cursor.rowcount)
+
+
+# The connections inside a locked_write, whose plan settings (BY_INDEX) hold until its
+# transaction ends: run() and _fetch_one send their statements there without settings.
+_planned_by_index = weakref.WeakSet()
 
 
 def _kept(kept, db, make):
@@ -523,6 +544,46 @@ class PostgreSQL(Backend):
 
     def is_lock_timeout(self, exc) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+
+    @contextmanager
+    def locked_write(self, ref, wait, now, then=()):
+        """bounded's transaction (the bound and the plan's settings, BY_INDEX, for all of
+        it), then lock_now.sql (the lock and the clock), then `then`: each statement after
+        the one before it, so each reads what was committed before the lock was granted.
+        One round trip each: psycopg's pipeline costs more client time than it saves."""
+        column, value = _lookup(ref)
+        now = pinned_now() if now is None else now
+        params = {
+            "inbox_id": _inbox_id(ref, value) if column == "id" else None,
+            "slug": value if column == "slug" else None,
+            "now": None if now is None else require_now(now),
+        }
+        with self.bounded_write(value, wait):
+            with prepared_cursor() as cursor:
+                cursor.execute(LOCK_NOW, params)
+                row = _one(cursor, LOCK_NOW)
+            if row is None:
+                raise UnknownInbox(ref)
+            raw = connection.connection
+            marked = raw not in _planned_by_index
+            _planned_by_index.add(raw)
+            try:
+                yield row["inbox_id"], row["now"], self.run(then)
+            finally:
+                if marked:
+                    _planned_by_index.discard(raw)
+
+    def run(self, statements):
+        """Prepared, planned by index: after BY_INDEX in one round trip (_by_index), or one
+        round trip each inside a locked_write, whose settings hold."""
+        if connection.connection not in _planned_by_index:
+            return [_ran(cursor) for cursor in _by_index(connection, statements)]
+        ran = []
+        for sql, params in statements:
+            with prepared_cursor() as cursor:
+                cursor.execute(sql, params)
+                ran.append(_ran(cursor))
+        return ran
 
     # --- storing events ----------------------------------------------------------------------
 

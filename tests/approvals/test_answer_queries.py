@@ -14,14 +14,16 @@ from tests.support.pages import ask, detail_url, text_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
-# The session, the user, the inbox with the role in it (a statement built once), the
-# approval; then the inbox's transaction (in a test, a savepoint in the test's): on PostgreSQL
-# the lease row (the lock's bound and the plan's settings go with it, on psycopg's own
-# cursor: how statements are planned, not queries), the clock, the approval row locked with
-# its answer event, the event stored, the row settled with who answered, the audit entry.
-# Outside a test the commit also adds the settled count (alwayson/ops/metrics.py, its own
-# transaction).
-ANSWER_POST = {"postgresql": 12, "sqlite": 15}
+# Outside the transaction: the session and the user (as any logged-in post), then the request
+# with its inbox and the user's role there (get_visible, one statement: it decides the 404 and
+# the 403 and gives the forms the request they read). Then the inbox's transaction (in a test,
+# a savepoint in the test's): the lock with the clock (PostgreSQL; on SQLite the IMMEDIATE
+# transaction is the lock and the lease row is read), the request locked with its answer
+# event (what the checks need), the event stored (the UNIQUE key decides; on SQLite its insert
+# and the marker, after reading the inbox), the row settled with who answered, the audit
+# entry. On PostgreSQL the plan settings and the lock's bound go before the lock on psycopg's
+# own cursor: how statements are planned, not queries. Outside a test the commit follows.
+ANSWER_POST = {"postgresql": 10, "sqlite": 14}
 
 
 @pytest.fixture
