@@ -243,6 +243,4 @@ def print_rows(rows, out=None) -> None:
         if str(entry.get("key", "")).startswith("limits.")
     ]  # fmt: skip
     if lines:
-        common.print_grid(
-            ["measure", "production web", "gunicorn sync", "goal", "met"], lines, out
-        )
+        common.print_grid(["measure", "production web", "gunicorn sync", "goal", "met"], lines, out)

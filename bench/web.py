@@ -393,7 +393,8 @@ def latency_cells(entry) -> list[str]:
         return f"{entry[f'{system}_p50_ms']:.1f} / {entry[f'{system}_p99_ms']:.1f} ms"
 
     def counts(system):
-        return " ".join(f"{n} x {status}" for status, n in sorted(entry["statuses"][system].items()))
+        found = sorted(entry["statuses"][system].items())
+        return " ".join(f"{n} x {status}" for status, n in found)
 
     ratio, goal = entry.get("p99_ratio"), entry.get("p99_goal")
     return [
