@@ -2,9 +2,11 @@
 -- The product's view answers a waiting approval once: each thread takes the next
 -- "<slug> <request id>" line of its own file (<ids prefix>.<thread>), which bench/web.py
 -- filled with approvals it made before the run; past the last one it asks for
--- /bench/exhausted/ (a 404), counted, and the run fails saying so. The same-shape reference
--- view only stores: with "-" for the ids prefix, request ids are the run's tag, the thread
--- and a counter, over the slugs.
+-- /bench/exhausted/ (a 404), counted, and the run fails saying so. wrk calls the first
+-- thread's request() once before the run, to check the script, and each connection prepares
+-- a request the run's end may leave unsent: an id so taken stays waiting, unanswered.
+-- The same-shape reference view only stores: with "-" for the ids prefix, request ids are
+-- the run's tag, the thread and a counter, over the slugs.
 --   wrk ... -s answer.lua URL -- <slugs file> <cookie header> <csrf token> <path prefix>
 --                               <ids prefix or -> <run tag>
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
