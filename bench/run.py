@@ -1,5 +1,6 @@
 """The benchmark suite: every row of the performance table, alwayson side by side with its
-reference in one run, then issue 25's goals beside what the run measured.
+reference in one run, then issue 36's goals (and issue 25's that stay) beside what the run
+measured.
 
     python bench/run.py [--quick] [--json out.json] [--only ingest,webhook,drain]
 
@@ -12,7 +13,11 @@ interleaved (alwayson, reference, then reference, alwayson, ...) at least three 
 table gives the medians, their ratio, the goal, and both rates as a fraction of the
 machine's ceiling: pgbench's one-row INSERT transaction, measured in the same run
 (bench/ceiling.py). Ratios, not absolute figures, are what to compare: the machine may be
-shared. --quick takes about three minutes (fewer events per run, shorter pgbench runs).
+shared. The web rows (bench/web.py: wrk against the production web and gunicorn's sync
+workers, both started here) take 3 runs per system in the full mode and 2 in the quick one,
+whose web rows run under the marked statistics only; the live rows (bench/live.py) run in a
+process of their own. --quick takes a few minutes (fewer events per run, shorter pgbench and
+wrk runs, fewer replies, 100 streams instead of 500).
 """
 
 import argparse
@@ -245,7 +250,8 @@ def main(argv=None):
     if loads:
         print(
             f"\nload average (1 min) while measuring: median {common.median(loads):.2f} "
-            f"on {meta['cpus']} cores; {repeats} runs per system, medians"
+            f"on {meta['cpus']} cores; {repeats} runs per system (web rows: "
+            f"{web.sizes(args.quick)['runs']}), medians"
         )
     if "postgresql" in meta:
         print("postgresql: " + ", ".join(f"{k}={v}" for k, v in meta["postgresql"].items()))
