@@ -21,7 +21,7 @@ counted (bench/counting.py) and its CPU read from /proc (master and workers, uti
 (c) idle: the 500 streams held for 30 s, nothing changing: web CPU (% of one core) and the
     statements run (0).
 
-Quick mode (CI): 8 replies to the pages, 3 per streams stage, 100 streams (the rows say so;
+Quick mode (CI): 5 replies to the pages, 3 per streams stage, 100 streams (the rows say so;
 the goals are for 500) and 10 s of idling.
 
 Standalone: `.venv/bin/python bench/live.py [--quick] [--json live.json]`, on PostgreSQL
@@ -525,7 +525,7 @@ def main(argv=None):
     parser.add_argument("--seconds", type=float, default=None, help="idling measured (30)")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args(argv)
-    replies = args.replies or (8 if args.quick else 20)
+    replies = args.replies or (5 if args.quick else 20)
     stream_replies = 3 if args.quick else 5
     count = args.streams or (100 if args.quick else 500)
     seconds = args.seconds or (10 if args.quick else 30)
