@@ -480,9 +480,7 @@ def _given(name):
 
 # _locked's reads built once: one request's (every answer), one group's calls (answer all).
 _LOCKED_REQUEST = Prebuilt(lambda: _locked(_given("inbox_id"), request_id=_given("request_id")))
-_LOCKED_GROUP = Prebuilt(
-    lambda: _locked(_given("inbox_id"), group=_given("group")).order_by("id")
-)
+_LOCKED_GROUP = Prebuilt(lambda: _locked(_given("inbox_id"), group=_given("group")).order_by("id"))
 
 
 def _answer(inbox, approval, response, by, via, now) -> tuple[str, str]:
