@@ -420,7 +420,8 @@ def _result(pgconn):
 
 
 def _text(value) -> bytes | None:
-    """A parameter in PostgreSQL's text format (each statement casts it to its type)."""
+    """A parameter in PostgreSQL's text format (each statement casts it to its type); a list
+    is of integers (the statements' bigint arrays)."""
     if value is None:
         return None
     if type(value) is str:
