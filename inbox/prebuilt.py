@@ -8,8 +8,8 @@ statement holds a Given, compiled as a bare placeholder; each call puts its valu
 adapted by the Given's field as the ORM adapts a value for its column.
 
 They run as the database's backend runs its hot statements (backends/: on PostgreSQL
-prepared, planned by index, several in one round trip); their rows become model instances
-as a queryset's do (converters, select_related, annotations).
+prepared and planned by index); their rows become model instances as a queryset's do
+(converters, select_related, annotations).
 """
 
 from contextlib import nullcontext
@@ -112,19 +112,18 @@ class Prebuilt:
 
     def all(self, **values) -> list:
         """The instances the statement answers."""
-        [ran] = current().run([self.statement(**values)])
-        return self.instances(ran.rows)
+        rows, _ = current().run(self.statement(**values))
+        return self.instances(rows)
 
     def get(self, **values):
         """The first instance the statement answers, or None."""
-        [ran] = current().run([self.statement(**values)])
-        made = self.instances(ran.rows[:1])
+        rows, _ = current().run(self.statement(**values))
+        made = self.instances(rows[:1])
         return made[0] if made else None
 
     def write(self, **values) -> int:
         """Run the write; the rows it changed."""
-        [ran] = current().run([self.statement(**values)])
-        return ran.rowcount
+        return current().run(self.statement(**values))[1]
 
 
 def _rows(compiler) -> _Rows:

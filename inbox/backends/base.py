@@ -8,7 +8,6 @@ on one database.
 """
 
 from contextlib import contextmanager
-from typing import NamedTuple
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
@@ -23,13 +22,6 @@ from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
 from ..signals import events_dead
 from ..store import Stored
 from ..validation import require_key, require_now
-
-
-class Ran(NamedTuple):
-    """What a statement run by Backend.run answered: its rows, and the rows it wrote."""
-
-    rows: list
-    rowcount: int
 
 
 class Backend:
@@ -76,28 +68,23 @@ class Backend:
             raise
 
     @contextmanager
-    def locked_write(self, ref, wait: float | None, now, then=()):
+    def locked_write(self, ref, wait: float | None, now):
         """bounded_write on the inbox `ref` (an Inbox, its id or its slug) with its lock taken
-        first, then `now` resolved and the statements `then` run: yields (the inbox's id,
-        now, what each of `then` answered). UnknownInbox for no such inbox
-        (inbox/locks.py)."""
+        first and `now` resolved once it is granted: yields (the inbox's id, now).
+        UnknownInbox for no such inbox (inbox/locks.py)."""
         inbox_id = Inbox.objects.pk_of(ref)
         with self.bounded_write(inbox_id, wait):
             try:
                 self.lock(inbox_id)
             except Lease.DoesNotExist:
                 raise UnknownInbox(ref) from None
-            yield inbox_id, self.resolve(now), self.run(then)
+            yield inbox_id, self.resolve(now)
 
-    def run(self, statements) -> list[Ran]:
-        """Each (sql, params) of `statements`, in order: what it answered."""
-        ran = []
+    def run(self, statement) -> tuple[list, int]:
+        """One statement (sql, params): the rows it answered and the rows it wrote."""
         with connection.cursor() as cursor:
-            for sql, params in statements:
-                cursor.execute(sql, params)
-                rows = cursor.fetchall() if cursor.description else []
-                ran.append(Ran(rows, cursor.rowcount))
-        return ran
+            cursor.execute(*statement)
+            return (cursor.fetchall() if cursor.description else []), cursor.rowcount
 
     # --- storing events ----------------------------------------------------------------------
 

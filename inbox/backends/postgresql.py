@@ -98,7 +98,7 @@ from ..rules import CLAIM_EXTRAS, Claim, lease_ttl
 from ..signals import lease_taken_over
 from ..store import WORK_CHANNEL, Stored
 from ..validation import require_now
-from .base import Backend, Ran
+from .base import Backend
 
 # --- the statements --------------------------------------------------------------------------
 
@@ -256,8 +256,8 @@ def _by_index(db, statements) -> list:
 
 def _fetch_one(db, sql, params) -> dict | None:
     """The first row `sql` answers, by name, prepared on `db`, planned by index: alone
-    inside a locked_write, whose settings hold (one round trip without psycopg's pipeline,
-    which costs more client time than it saves)."""
+    inside bounded()'s transaction, whose settings hold (psycopg's pipeline costs more
+    client time than the round trip it saves)."""
     if db.connection in _planned_by_index:
         with prepared_cursor() as cursor:
             cursor.execute(sql, params)
@@ -266,15 +266,15 @@ def _fetch_one(db, sql, params) -> dict | None:
     return _one(cursor, sql)
 
 
-def _ran(cursor) -> Ran:
+def _ran(cursor) -> tuple[list, int]:
     # Its result's status, not cursor.description: psycopg builds that anew on every access.
     result = getattr(cursor, "cursor", cursor).pgresult
     answered = result is not None and result.status == pq.ExecStatus.TUPLES_OK
-    return Ran(cursor.fetchall() if answered else [], cursor.rowcount)
+    return (cursor.fetchall() if answered else []), cursor.rowcount
 
 
-# The connections inside a locked_write, whose plan settings (BY_INDEX) hold until its
-# transaction ends: run() and _fetch_one send their statements there without settings.
+# The connections inside bounded()'s transaction, whose plan settings (BY_INDEX) hold until
+# it ends: run() and _fetch_one send their statements there without settings of their own.
 _planned_by_index = weakref.WeakSet()
 
 
@@ -443,7 +443,8 @@ def _result(pgconn):
 
 
 def _text(value) -> bytes | None:
-    """A parameter in PostgreSQL's text format (each statement casts it to its type)."""
+    """A parameter in PostgreSQL's text format (each statement casts it to its type); a list
+    is of integers (the statements' bigint arrays)."""
     if value is None:
         return None
     if type(value) is str:
@@ -537,7 +538,14 @@ class PostgreSQL(Backend):
                     cursor.execute(BY_INDEX)
                 else:
                     cursor.execute(_BY_INDEX_BOUNDED, {"lock_timeout": _lock_timeout(wait)})
-            yield
+            raw = connection.connection
+            marked = raw not in _planned_by_index
+            _planned_by_index.add(raw)
+            try:
+                yield
+            finally:
+                if marked:
+                    _planned_by_index.discard(raw)
             if inside:
                 with _PreparingCursor(connection.connection) as cursor:
                     cursor.execute(AS_BEFORE)
@@ -546,11 +554,8 @@ class PostgreSQL(Backend):
         return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
 
     @contextmanager
-    def locked_write(self, ref, wait, now, then=()):
-        """bounded's transaction (the bound and the plan's settings, BY_INDEX, for all of
-        it), then lock_now.sql (the lock and the clock), then `then`: each statement after
-        the one before it, so each reads what was committed before the lock was granted.
-        One round trip each: psycopg's pipeline costs more client time than it saves."""
+    def locked_write(self, ref, wait, now):
+        """bounded's transaction, then lock_now.sql: the lock and the clock in one statement."""
         column, value = _lookup(ref)
         now = pinned_now() if now is None else now
         params = {
@@ -564,26 +569,18 @@ class PostgreSQL(Backend):
                 row = _one(cursor, LOCK_NOW)
             if row is None:
                 raise UnknownInbox(ref)
-            raw = connection.connection
-            marked = raw not in _planned_by_index
-            _planned_by_index.add(raw)
-            try:
-                yield row["inbox_id"], row["now"], self.run(then)
-            finally:
-                if marked:
-                    _planned_by_index.discard(raw)
+            yield row["inbox_id"], row["now"]
 
-    def run(self, statements):
-        """Prepared, planned by index: after BY_INDEX in one round trip (_by_index), or one
-        round trip each inside a locked_write, whose settings hold."""
-        if connection.connection not in _planned_by_index:
-            return [_ran(cursor) for cursor in _by_index(connection, statements)]
-        ran = []
-        for sql, params in statements:
+    def run(self, statement):
+        """Prepared and planned by index: alone inside bounded()'s transaction, whose settings
+        hold; elsewhere after BY_INDEX, in one round trip (_by_index). A statement of several
+        joins and subqueries costs the server several times more planned anew each time."""
+        if connection.connection in _planned_by_index:
             with prepared_cursor() as cursor:
-                cursor.execute(sql, params)
-                ran.append(_ran(cursor))
-        return ran
+                cursor.execute(*statement)
+                return _ran(cursor)
+        [cursor] = _by_index(connection, [statement])
+        return _ran(cursor)
 
     # --- storing events ----------------------------------------------------------------------
 

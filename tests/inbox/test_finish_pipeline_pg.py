@@ -208,6 +208,33 @@ def test_a_finish_and_the_next_take_commit_in_one_pipeline(make_inbox, t0, pipel
     assert states(second) == [("running", following.generation)]
 
 
+def test_a_watched_finish_and_take_go_through_psycopgs_cursors_in_one_pipeline(
+    make_inbox, t0, pipelines
+):
+    """While something watches the queries (an execute wrapper, DEBUG's log) they go through
+    Django's cursors, so it sees them: still one pipeline, one transaction."""
+    first, second = make_inbox(), make_inbox()
+    ingest(first, "chat", "a-1", {}, now=t0)
+    ingest(second, "chat", "b-1", {}, now=t0 + SECOND)
+    claim = take_next("W", now=t0 + SECOND)
+    seen = []
+
+    def watch(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        finished, following = finish_and_take(
+            first, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+        )
+    assert finished is True and pipelines == [None]
+    assert seen[:2] == [postgresql.LOCK, postgresql.FINISH_DONE] and len(seen) == 3
+    assert no_transaction_open()
+    assert following.inbox == second
+    assert states(first) == [("done", claim.generation)]
+    assert states(second) == [("running", following.generation)]
+
+
 def test_a_refused_finish_still_hands_over_the_claim_its_take_committed(make_inbox, t0, ttl):
     mine, other = make_inbox(), make_inbox()
     ingest(mine, "chat", "m-1", {}, now=t0)
