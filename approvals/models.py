@@ -110,7 +110,12 @@ class Approval(models.Model):
         EXPIRED = "expired"
         REPLIED = "replied"  # a question's answer: a value, in `reply`
 
-    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="approvals")
+    # No index of its own: approval_unique_request starts with inbox_id and serves every
+    # lookup by inbox. A second one would cost every answer (its UPDATE writes a new entry in
+    # each of the table's indexes).
+    inbox = models.ForeignKey(
+        Inbox, on_delete=models.CASCADE, related_name="approvals", db_index=False
+    )
     request_id = models.CharField(max_length=200)
     action = models.TextField()
     # What exactly is asked, shown on the approval page: {"tool", "arguments", "asked_by",
@@ -404,8 +409,9 @@ class AuditEntry(models.Model):
         REPLIED = "replied", "replied to a question"
 
     approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="audit")
-    # The approval's inbox, kept here for the admin's filters and the export.
-    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="+")
+    # The approval's inbox, kept here for the admin's filters and the export. No index of its
+    # own: audit_inbox_at_idx starts with inbox_id (a second would cost every answer).
+    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="+", db_index=False)
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

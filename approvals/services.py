@@ -429,21 +429,31 @@ def _answering(inbox, request_id, by, via, now):
     """The transaction an answer runs in, under the inbox's lock: the inbox, `now` (the
     clock read once the lock is granted) and the request, locked (_locked), or None.
 
-    The lock and the clock come first, in one statement (locked_write), then the request's
-    read. The inbox and the user's role are read after the lock, where every statement is
-    planned by index, unless the caller read them already (the approval's page:
+    The lock and the clock come first (locked_write), with the request's read in the same
+    round trip. The inbox and the user's role are read after the lock, where every statement
+    is planned by index, unless the caller read them already (the approval's page:
     get_visible). A person is waiting on the answer: the write is bounded like a delivery
     (InboxBusy past the wait)."""
     if by is not None and not isinstance(by, get_user_model()):
         raise ValueError(f"by must be a user (or None), not {by!r}")
     if via not in VIAS:
         raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
+    # Named by its id, the request is read in the lock's round trip; by its slug, after it.
+    column, value = Inbox.objects.lookup(inbox)
+    then = []
+    if column == "id":
+        then = [_LOCKED_REQUEST.statement(inbox_id=value, request_id=request_id)]
     wait = settings.ALWAYSON_INGEST_LOCK_WAIT
-    with locked_write(inbox, wait, now) as (inbox_id, now):
+    with locked_write(inbox, wait, now, then) as (inbox_id, now, read):
         inbox = inbox if isinstance(inbox, Inbox) else Inbox.objects.get(pk=inbox_id)
         if by is not None and not may_answer(by, inbox):
             raise MayNotAnswer(f"{by.get_username()} may not answer approvals of {inbox.slug}")
-        yield inbox, now, _LOCKED_REQUEST.get(inbox_id=inbox_id, request_id=request_id)
+        if read:
+            approvals = _LOCKED_REQUEST.instances(read[0][:1])
+            approval = approvals[0] if approvals else None
+        else:
+            approval = _LOCKED_REQUEST.get(inbox_id=inbox_id, request_id=request_id)
+        yield inbox, now, approval
 
 
 def _locked(inbox_id, **lookup):

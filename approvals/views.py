@@ -199,7 +199,7 @@ def _via(request):
 def _back(request, approval):
     # Answered inline on the conversation page: back there, to see what comes next.
     back = request.POST.get("next", "")
-    if url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+    if back and url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
         return redirect(back)
     return redirect(approval)
 

@@ -38,13 +38,15 @@ def bounded_write(inbox_id, wait: float | None):
 
 
 @contextmanager
-def locked_write(inbox, wait: float | None, now=None):
-    """bounded_write on `inbox` (an Inbox, its id or its slug) with its lock taken first and
-    `now` resolved once the lock is granted (the database's clock when None): yields (the
-    inbox's id, now). For writers above inbox/ that decide by the clock from rows of their
-    own, read after it (a person's answer: its request, its deadline). On PostgreSQL the
-    lock and the clock are one statement. UnknownInbox for no such inbox; InboxBusy past
+def locked_write(inbox, wait: float | None, now=None, then=()):
+    """bounded_write on `inbox` (an Inbox, its id or its slug) with its lock taken first,
+    `now` resolved once the lock is granted (the database's clock when None), then the reads
+    `then` ((sql, params), inbox/prebuilt.py): yields (the inbox's id, now, the rows of each
+    read). For writers above inbox/ that decide by the clock from rows of their own, read
+    under the lock (a person's answer: its request, its deadline). On PostgreSQL the lock,
+    the clock and `then` are one round trip, and writes whose results nobody reads go with
+    the next one (backends/postgresql.py). UnknownInbox for no such inbox; InboxBusy past
     `wait`.
     """
-    with current().locked_write(inbox, wait, now) as locked:
+    with current().locked_write(inbox, wait, now, then) as locked:
         yield locked

@@ -112,18 +112,17 @@ class Prebuilt:
 
     def all(self, **values) -> list:
         """The instances the statement answers."""
-        rows, _ = current().run(self.statement(**values))
-        return self.instances(rows)
+        return self.instances(current().read(self.statement(**values)))
 
     def get(self, **values):
         """The first instance the statement answers, or None."""
-        rows, _ = current().run(self.statement(**values))
-        made = self.instances(rows[:1])
+        made = self.instances(current().read(self.statement(**values))[:1])
         return made[0] if made else None
 
-    def write(self, **values) -> int:
-        """Run the write; the rows it changed."""
-        return current().run(self.statement(**values))[1]
+    def write(self, **values) -> None:
+        """Run the write (in a locked_write on PostgreSQL, sent with the next statement whose
+        result is read, or with the COMMIT: backends/postgresql.py)."""
+        current().write(self.statement(**values))
 
 
 def _rows(compiler) -> _Rows:

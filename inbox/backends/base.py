@@ -68,23 +68,29 @@ class Backend:
             raise
 
     @contextmanager
-    def locked_write(self, ref, wait: float | None, now):
+    def locked_write(self, ref, wait: float | None, now, then=()):
         """bounded_write on the inbox `ref` (an Inbox, its id or its slug) with its lock taken
-        first and `now` resolved once it is granted: yields (the inbox's id, now).
-        UnknownInbox for no such inbox (inbox/locks.py)."""
+        first, `now` resolved once it is granted, then the reads `then` ((sql, params)):
+        yields (the inbox's id, now, the rows of each read). UnknownInbox for no such inbox
+        (inbox/locks.py)."""
         inbox_id = Inbox.objects.pk_of(ref)
         with self.bounded_write(inbox_id, wait):
             try:
                 self.lock(inbox_id)
             except Lease.DoesNotExist:
                 raise UnknownInbox(ref) from None
-            yield inbox_id, self.resolve(now)
+            yield inbox_id, self.resolve(now), [self.read(statement) for statement in then]
 
-    def run(self, statement) -> tuple[list, int]:
-        """One statement (sql, params): the rows it answered and the rows it wrote."""
+    def read(self, statement) -> list:
+        """The rows one statement (sql, params) answers."""
         with connection.cursor() as cursor:
             cursor.execute(*statement)
-            return (cursor.fetchall() if cursor.description else []), cursor.rowcount
+            return cursor.fetchall()
+
+    def write(self, statement) -> None:
+        """Run one statement (sql, params) that answers nothing the caller reads."""
+        with connection.cursor() as cursor:
+            cursor.execute(*statement)
 
     # --- storing events ----------------------------------------------------------------------
 

@@ -80,7 +80,7 @@ import json
 import re
 import select
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
@@ -255,27 +255,44 @@ def _by_index(db, statements) -> list:
 
 
 def _fetch_one(db, sql, params) -> dict | None:
-    """The first row `sql` answers, by name, prepared on `db`, planned by index: alone
-    inside bounded()'s transaction, whose settings hold (psycopg's pipeline costs more
-    client time than the round trip it saves)."""
+    """The first row `sql` answers, by name, prepared on `db`, planned by index: inside
+    bounded()'s transaction, whose settings hold, after the writes held there (_held)."""
     if db.connection in _planned_by_index:
-        with prepared_cursor() as cursor:
-            cursor.execute(sql, params)
-            return _one(cursor, sql)
+        cursor = _after_held(db, sql, params)
+        return _one(cursor, sql)
     [cursor] = _by_index(db, [(sql, params)])
     return _one(cursor, sql)
 
 
-def _ran(cursor) -> tuple[list, int]:
-    # Its result's status, not cursor.description: psycopg builds that anew on every access.
-    result = getattr(cursor, "cursor", cursor).pgresult
-    answered = result is not None and result.status == pq.ExecStatus.TUPLES_OK
-    return (cursor.fetchall() if answered else []), cursor.rowcount
-
-
 # The connections inside bounded()'s transaction, whose plan settings (BY_INDEX) hold until
-# it ends: run() and _fetch_one send their statements there without settings of their own.
+# it ends: read(), write() and _fetch_one send their statements there without settings of their
+# own.
 _planned_by_index = weakref.WeakSet()
+# Inside a locked_write, the writes whose results nobody reads (write()), held to go with the
+# next statement sent through this module or with the COMMIT, in one round trip.
+_held = weakref.WeakKeyDictionary()
+
+
+def _after_held(db, sql, params):
+    """`sql` on a prepared cursor, sent after the writes held for db's connection in one
+    round trip (psycopg's pipeline): its cursor."""
+    held = _held.get(db.connection)
+    cursor = prepared_cursor()
+    if not held:
+        cursor.execute(sql, params)
+        return cursor
+    with db.connection.pipeline():
+        _send(held)
+        cursor.execute(sql, params)
+    return cursor
+
+
+def _send(held):
+    """The held writes, each on a prepared cursor, in order; none held after."""
+    statements, held[:] = held[:], []
+    for statement in statements:
+        with prepared_cursor() as cursor:
+            cursor.execute(*statement)
 
 
 def _kept(kept, db, make):
@@ -554,8 +571,15 @@ class PostgreSQL(Backend):
         return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
 
     @contextmanager
-    def locked_write(self, ref, wait, now):
-        """bounded's transaction, then lock_now.sql: the lock and the clock in one statement."""
+    def locked_write(self, ref, wait, now, then=()):
+        """bounded's transaction in three round trips where each statement would be one,
+        through psycopg's pipeline (a statement is sent when a result is read, with every
+        one queued before it): BEGIN, bounded's settings, lock_now.sql (the lock and the
+        clock) and the reads `then`; the caller's statements, each alone, the writes held
+        (write()) sent with the next one read through this module; the writes still held,
+        with the COMMIT. Each statement runs after the one before it, so a read of `then`
+        sees what was committed before the lock was granted. A statement's error is raised
+        where its result is read, or at the commit: inside the transaction, rolled back."""
         column, value = _lookup(ref)
         now = pinned_now() if now is None else now
         params = {
@@ -563,24 +587,49 @@ class PostgreSQL(Backend):
             "slug": value if column == "slug" else None,
             "now": None if now is None else require_now(now),
         }
-        with self.bounded_write(value, wait):
-            with prepared_cursor() as cursor:
-                cursor.execute(LOCK_NOW, params)
-                row = _one(cursor, LOCK_NOW)
-            if row is None:
-                raise UnknownInbox(ref)
-            yield row["inbox_id"], row["now"]
+        connection.ensure_connection()
+        raw = connection.connection
+        with ExitStack() as written:
+            with raw.pipeline():
+                written.enter_context(self.bounded_write(value, wait))
+                cursors = [prepared_cursor() for _ in range(1 + len(then))]
+                for cursor, statement in zip(cursors, [(LOCK_NOW, params), *then], strict=True):
+                    cursor.execute(*statement)
+                row = _one(cursors[0], LOCK_NOW)
+                if row is None:
+                    raise UnknownInbox(ref)
+                read = [cursor.fetchall() for cursor in cursors[1:]]
+            held = _held[raw] = []
+            try:
+                yield row["inbox_id"], row["now"], read
+                with raw.pipeline():
+                    _send(held)
+                    written.close()  # the COMMIT, or the savepoint's release
+            finally:
+                _held.pop(raw, None)
 
-    def run(self, statement):
+    def read(self, statement):
         """Prepared and planned by index: alone inside bounded()'s transaction, whose settings
-        hold; elsewhere after BY_INDEX, in one round trip (_by_index). A statement of several
-        joins and subqueries costs the server several times more planned anew each time."""
+        hold (after the writes held there); elsewhere after BY_INDEX, in one round trip
+        (_by_index). A statement of several joins and subqueries costs the server several
+        times more planned anew each time."""
         if connection.connection in _planned_by_index:
+            return _after_held(connection, *statement).fetchall()
+        [cursor] = _by_index(connection, [statement])
+        return cursor.fetchall()
+
+    def write(self, statement):
+        """As read(), its result not read: inside a locked_write held, and sent with the next
+        statement read through this module or with the COMMIT. For a write nothing in the
+        transaction reads back (an ORM statement would not see it)."""
+        held = _held.get(connection.connection)
+        if held is not None:
+            held.append(statement)
+        elif connection.connection in _planned_by_index:
             with prepared_cursor() as cursor:
                 cursor.execute(*statement)
-                return _ran(cursor)
-        [cursor] = _by_index(connection, [statement])
-        return _ran(cursor)
+        else:
+            _by_index(connection, [statement])
 
     # --- storing events ----------------------------------------------------------------------
 
