@@ -589,6 +589,7 @@ class PostgreSQL(Backend):
         }
         connection.ensure_connection()
         raw = connection.connection
+        inside = connection.in_atomic_block
         with ExitStack() as written:
             with raw.pipeline():
                 written.enter_context(self.bounded_write(value, wait))
@@ -602,9 +603,14 @@ class PostgreSQL(Backend):
             held = _held[raw] = []
             try:
                 yield row["inbox_id"], row["now"], read
-                with raw.pipeline():
+                with raw.pipeline() as pipeline:
                     _send(held)
-                    written.close()  # the COMMIT, or the savepoint's release
+                    if inside:
+                        # A savepoint's release reports nothing: the held writes' errors are
+                        # read before it, so it rolls back instead.
+                        with connection.wrap_database_errors:
+                            pipeline.sync()
+                    written.close()  # the COMMIT (its errors are the held writes'), or the release
             finally:
                 _held.pop(raw, None)
 

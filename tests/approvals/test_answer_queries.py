@@ -14,15 +14,23 @@ from tests.support.pages import ask, detail_url, text_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
-# Outside the transaction: the session and the user (as any logged-in post), then the request
-# with its inbox and the user's role there (get_visible, one statement: it decides the 404 and
-# the 403 and gives the forms the request they read). Then the inbox's transaction (in a test,
-# a savepoint in the test's): the lock with the clock (PostgreSQL; on SQLite the IMMEDIATE
-# transaction is the lock and the lease row is read), the request locked with its answer
-# event (what the checks need), the event stored (the UNIQUE key decides; on SQLite its insert
-# and the marker, after reading the inbox), the row settled with who answered, the audit
-# entry. On PostgreSQL the plan settings and the lock's bound go before the lock on psycopg's
-# own cursor: how statements are planned, not queries. Outside a test the commit follows.
+# Outside the transaction:
+# - the session and the user: any logged-in post reads them (the reference view too);
+# - the request with its inbox and the user's role there, one statement (get_visible): it
+#   decides the 404 and the 403 and gives the forms the request they read, before any lock.
+# The inbox's transaction (in a test, a savepoint in the test's: its SAVEPOINT and RELEASE count):
+# - the lock and the clock, one statement (lock_now.sql; on SQLite the IMMEDIATE transaction
+#   is the lock, and the lease row is read to refuse an unknown inbox);
+# - the request again, locked, with its answer event: what the checks decide from, as
+#   committed before the lock was granted;
+# - the answer event (the UNIQUE key refuses a second one; on SQLite the inbox is read first,
+#   then its insert and the work marker, in a savepoint of their own);
+# - the row settled, with who answered (record_answer);
+# - the audit entry.
+# On PostgreSQL the plan settings and the lock's bound go first on psycopg's own cursor (how
+# statements are planned, not queries), and the transaction is three round trips: the
+# settings, the lock and the locked read; the event; the settle and the audit entry with the
+# COMMIT (inbox/backends/postgresql.py, locked_write).
 ANSWER_POST = {"postgresql": 10, "sqlite": 14}
 
 

@@ -134,6 +134,22 @@ def test_answer_behind_a_frozen_holder_is_refused_as_busy_and_records_nothing(in
     assert answer_approval(inbox, "refund-881", "yes") == "yes"
 
 
+def test_an_answer_busy_inside_a_callers_transaction_leaves_that_transaction_usable(
+    inbox, short_wait, make_inbox
+):
+    """The answer's lock is waited for in a pipeline of statements (locked_write): its
+    timeout still rolls back only the answer's savepoint."""
+    other = make_inbox()
+    request_approval(inbox, "refund-881", "refund order 881", timedelta(hours=1))
+    request_approval(other, "refund-882", "refund order 882", timedelta(hours=1))
+    with frozen_holder(inbox), transaction.atomic():
+        outcome, _ = timed(lambda: answer_approval(inbox, "refund-881", "yes"))
+        assert isinstance(outcome, InboxBusy)
+        assert answer_approval(other, "refund-882", "yes") == "yes"
+    answered = Event.objects.filter(source="approval").values_list("source_id", flat=True)
+    assert list(answered) == ["refund-882"]
+
+
 def test_django_sessions_carry_the_idle_in_transaction_timeout(settings):
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('idle_in_transaction_session_timeout')")
