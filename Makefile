@@ -15,7 +15,9 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 	@# The browser tests drive Debian's Chromium; Playwright cannot download a browser here.
+	@# The bench's web rows (and their tests) drive Debian's wrk, a C load generator.
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 
 run: install
 	$(PY) manage.py runall --addr $(ADDR)
@@ -40,8 +42,9 @@ format: install
 
 # Speed, side by side with each measure's reference in one run (PostgreSQL; BENCH_DATABASE_URL
 # names a database the bench makes and drops, default .../bench): the table under fresh and
-# marked statistics, each rate as a fraction of pgbench's ceiling, then issue 25's goals;
-# writes JSON. `make bench ONLY=ingest,chat` runs those rows only (bench/run.py --help).
+# marked statistics, each rate as a fraction of pgbench's ceiling, the web rows (wrk against
+# the production web and gunicorn's sync workers), the live pages, then issue 36's goals;
+# writes JSON. `make bench ONLY=webhook,live` runs those rows only (bench/run.py --help).
 # The references (procrastinate) are a benchmark-only extra.
 $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'

@@ -1,5 +1,6 @@
-"""The web process's ASGI application (the production "web": alwayson/ops/processes.py), which
-also serves the live pages' streams (alwayson/web/live.py)."""
+"""The ASGI application, for an ASGI server (`uvicorn alwayson.asgi:application`), which serves
+the live pages' streams (alwayson/web/live.py) too. The production web process serves
+alwayson.wsgi instead, with alwayson/web/serving.py's workers (alwayson/ops/processes.py)."""
 
 import os
 

@@ -1,16 +1,12 @@
 """gunicorn's settings for the web process: `gunicorn --config python:alwayson.gunicorn_conf
---worker-class alwayson.gunicorn_conf.Worker alwayson.asgi` (alwayson/ops/processes.py). Read
-from the environment, strictly, like the rest.
+alwayson.wsgi` (alwayson/ops/processes.py). Read from the environment, strictly, like the rest.
 
-Its workers (Worker, below) are uvicorn's, serving the ASGI application: the live pages'
-streams (alwayson/web/live.py) stay open for as long as a page is, which only an event loop
-holds cheaply. Named on the command line, not here, so `gunicorn --config ... alwayson.wsgi`
-still serves WSGI with gunicorn's own workers (pages then poll).
+Its workers are alwayson/web/serving.py's: gunicorn's threaded workers serving Django's WSGI
+application, each handing the live pages' streams (alwayson/web/live.py) to an event loop of
+its own, and refusing a body larger than any view accepts before it is read.
 """
 
 import os
-
-from uvicorn_worker import UvicornWorker
 
 
 def _positive(name, default):
@@ -23,22 +19,12 @@ def _positive(name, default):
 # Where the web server listens: 0.0.0.0:8000 in a container, 127.0.0.1:8000 behind a proxy.
 bind = [os.environ.get("ALWAYSON_WEB_BIND", "127.0.0.1:8000")]
 # Worker processes; each request is short (webhooks answer at once, agents run elsewhere), and
-# each process holds its open pages' streams on one LISTEN connection.
+# each process holds its open pages' streams on one event loop and one LISTEN connection.
 workers = _positive("WEB_CONCURRENCY", 2)
-
-
-class Worker(UvicornWorker):
-    """uvicorn's gunicorn worker. On a stop, what is still running after 5 s is cancelled:
-    the open pages' streams, which never end by themselves (their browsers reconnect to a
-    running process), rather than holding the stop for graceful_timeout. Django speaks no
-    ASGI lifespan."""
-
-    CONFIG_KWARGS = {
-        **UvicornWorker.CONFIG_KWARGS,
-        "lifespan": "off",
-        "timeout_graceful_shutdown": 5,
-    }
-
+# Requests served at once by each worker process, each thread keeping its own PostgreSQL
+# connection between requests (ALWAYSON_DB_CONN_MAX_AGE). Streams take none of them.
+threads = _positive("WEB_THREADS", 4)
+worker_class = "alwayson.web.serving.Worker"
 
 # Requests in flight get this long to finish after SIGTERM: under runall's, compose's and
 # systemd's stop timeouts (15 s, 30 s, 30 s).
@@ -49,8 +35,7 @@ accesslog = "-"
 errorlog = "-"
 # No control socket (gunicorn 25.1 on, for gunicornc): the process manager starts and stops
 # gunicorn, and its default place, ~/.gunicorn, is unwritable for a user without a home (the
-# units' and the image's), which logged "Control server error" at every start. Older gunicorns
-# ignore the name.
+# units' and the image's), which logged "Control server error" at every start.
 control_socket_disable = True
 
 

@@ -1,5 +1,6 @@
 """The benchmark suite: every row of the performance table, alwayson side by side with its
-reference in one run, then issue 25's goals beside what the run measured.
+reference in one run, then issue 36's goals (and issue 25's that stay) beside what the run
+measured.
 
     python bench/run.py [--quick] [--json out.json] [--only ingest,webhook,drain]
 
@@ -12,7 +13,11 @@ interleaved (alwayson, reference, then reference, alwayson, ...) at least three 
 table gives the medians, their ratio, the goal, and both rates as a fraction of the
 machine's ceiling: pgbench's one-row INSERT transaction, measured in the same run
 (bench/ceiling.py). Ratios, not absolute figures, are what to compare: the machine may be
-shared. --quick takes about three minutes (fewer events per run, shorter pgbench runs).
+shared. The web rows (bench/web.py: wrk against the production web and gunicorn's sync
+workers, both started here) take 3 runs per system in the full mode and 2 in the quick one,
+whose web rows run under the marked statistics only; the live rows (bench/live.py) run in a
+process of their own. --quick takes a few minutes (fewer events per run, shorter pgbench and
+wrk runs, fewer replies, 100 streams instead of 500).
 """
 
 import argparse
@@ -57,7 +62,7 @@ def _web_setup(args, repeats):
 
     from bench import web
 
-    # As a release does: gunicorn serves the pages' static files by their hashed names.
+    # As a release does: the web serves the pages' static files by their hashed names.
     call_command("collectstatic", interactive=False, verbosity=0)
     return web.setup(args.quick, repeats, phases.PHASES)
 
@@ -70,7 +75,7 @@ def _web_measure(url, args, repeats, prepared, phase, only):
 
 PHASED = (
     Phased(("ingest",), _ingest_setup, _ingest_measure, "ingest rows"),
-    Phased(("webhook", "chat", "answer"), _web_setup, _web_measure, "gunicorn rows"),
+    Phased(("webhook", "chat", "answer", "oversize"), _web_setup, _web_measure, "web rows"),
 )
 PHASED_NAMES = tuple(name for kind in PHASED for name in kind.names)
 MEASURES = ("ceiling", *PHASED_NAMES, "drain", "live")
@@ -149,8 +154,8 @@ def add_ceiling_fractions(rows, found) -> None:
 
 
 def live_pages(url, quick) -> list[dict]:
-    """bench/live.py's rows (a browser, a web process, 500 streams), in a process of its own:
-    it sets Django up on a database of its own. It prints its figures as it ends."""
+    """bench/live.py's rows (50 pages in a browser, 500 streams, idle streams), in a process of
+    its own: it sets Django up on a database of its own. It prints its figures as it ends."""
     import json
     import os
     import subprocess
@@ -222,21 +227,31 @@ def main(argv=None):
     if "live" in only:
         live_rows = live_pages(url, args.quick)
 
-    add_ceiling_fractions(rows, found)
-    for entry in rows:
+    from bench import limits, web
+
+    table = [entry for entry in rows if not str(entry.get("key", "")).startswith("limits.")]
+    add_ceiling_fractions(table, found)
+    for entry in table:
         entry.setdefault("met", common.met(entry))
     print()
-    common.print_table(rows)
+    common.print_table(table)
     print("\nof ceiling: alwayson's / the reference's rate over pgbench's one-row INSERT tps")
-    print("at the row's connections (gunicorn rows: its 2 workers; drain: its 8 slots).")
+    print("at the row's connections (web rows: the server's 2 workers; drain: its 8 slots).")
+    if any("p99_ratio" in entry for entry in table):
+        print("\nweb rows' latency under the same load (wrk; medians of the runs' percentiles):")
+        web.print_latencies(table)
+    if len(table) < len(rows):
+        print("\nbodies bounded before they are read (bench/limits.py):")
+        limits.print_rows(rows)
     lines = goals.evaluate(rows + live_rows)
-    print("\nissue 25's goals (the worst statistics phase counts):")
+    print("\nissue 36's goals, with issue 25's that stay (the worst statistics phase counts):")
     goals.print_goals(lines)
     loads = [entry["load"] for entry in rows if entry.get("load") is not None]
     if loads:
         print(
             f"\nload average (1 min) while measuring: median {common.median(loads):.2f} "
-            f"on {meta['cpus']} cores; {repeats} runs per system, medians"
+            f"on {meta['cpus']} cores; {repeats} runs per system (web rows: "
+            f"{web.sizes(args.quick)['runs']}), medians"
         )
     if "postgresql" in meta:
         print("postgresql: " + ", ".join(f"{k}={v}" for k, v in meta["postgresql"].items()))

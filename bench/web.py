@@ -1,83 +1,69 @@
-"""Rows through gunicorn: the GitHub webhook by slug with its signature checked, the chat
-form post of a logged-in person (session and CSRF token), and an approval's answer post, each
-against a reference view served by the same gunicorn (bench/urls.py) that does the same HTTP
-work and one INSERT.
+"""The web rows, measured as users meet the web tier: wrk (bench/load.py, bench/wrk/*.lua)
+against the production web and, in the same run, against gunicorn's sync workers serving the
+same code (bench/servers.py), both started here on the bench database, at 4 and 16
+connections, interleaved, medians of the runs:
 
-One gunicorn per statistics phase, started as production starts the web process (its
-command in alwayson/ops/processes.py: uvicorn's workers serving ASGI; 2 workers, persistent
-connections: new ones per phase, whose prepared statements plan under its statistics),
-driven from another process by 4 client threads. The person logs in through the login form
-once.
+- webhook: the GitHub webhook by slug, signed (one body, its HMAC-SHA256 computed once), a
+  new delivery per request (202); production against the sync reference.
+- chat: the chat form post of a person logged in once through the login form (session and
+  CSRF cookies, the form's token), a new message_id per request (302); production against
+  the sync reference.
+- answer: an approval's "yes" from that person (302), each request answering one waiting
+  approval (bench/waiting.py makes enough before each run); production against the
+  same-shape view on the same production web (bench/urls.py: the same login, CSRF check and
+  form, one INSERT), and, as a row of its own, against the sync reference serving the same
+  product view.
+
+Each row gives both rates, their ratio, both p50 and p99, the p99 ratio and the statuses; a
+run with any status but the expected one (or a socket error) fails, naming the server's log.
+bench/limits.py adds the oversize and half-close rows against the same two servers.
 """
 
 import hashlib
 import hmac
+import itertools
 import json
-import multiprocessing
-import os
 import re
-import subprocess
 import tempfile
-import threading
-import time
 import urllib.error
 import urllib.request
-import uuid
-from collections import Counter
-from datetime import timedelta
 from http.cookies import SimpleCookie
+from pathlib import Path
 from urllib.parse import urlencode
 
-from alwayson.ops import processes
-
-from . import common
+from . import common, load, servers
 
 GITHUB_SECRET = common.BENCH_ENV["ALWAYSON_GITHUB_SECRETS"]
-# Requests that warm each view (its code, the workers' connections and statements) untimed.
-WARM = 20
 USERNAME, PASSWORD = "bench", "bench-password-0123"
-CONCURRENCY = 4
-WORKERS = 2
-SERVER_LOG = os.path.join(tempfile.gettempdir(), "alwayson-bench-gunicorn.log")
+CONNECTIONS = (4, 16)
+INBOXES = 100
+P99_GOAL = 1.5  # each p99 at most this many times its reference's
 _TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+_RUNS = itertools.count(1)
+BODY = json.dumps({"action": "opened", "issue": {"number": 1, "title": "a bug"}}).encode()
 
 
-def counts(quick) -> dict:
-    """Requests per timed run of each row."""
-    return (
-        {"webhook": 150, "chat": 100, "answer": 50}
-        if quick
-        else {
-            "webhook": 1000,
-            "chat": 400,
-            "answer": 100,
-        }
-    )
+def sizes(quick) -> dict:
+    """Seconds per timed wrk run, per warm-up run, timed runs per system (medians of these),
+    and the statistics phases measured (quick: the last only, "marked")."""
+    if quick:
+        return {"seconds": 3, "warm": 1, "runs": 2, "phases": ("marked",)}
+    return {"seconds": 5, "warm": 2, "runs": 3, "phases": ("fresh", "marked")}
 
 
 def setup(quick, repeats, phases) -> dict:
-    """The person (the owner of the inboxes, so an approver), 100 inboxes, and one waiting
-    approval for every answer any phase will post (each is answered once)."""
+    """The person (the owner of every inbox, so an approver), the inboxes, and one template
+    approval per inbox for bench/waiting.py's copies."""
     from django.contrib.auth import get_user_model
 
-    from approvals.services import request_approval
     from bench.ingest import make_inboxes
+    from bench.waiting import Waiting
 
     user, _ = get_user_model().objects.get_or_create(username=USERNAME)
     user.set_password(PASSWORD)
     user.save()
-    inboxes = make_inboxes(100, "web")
-    slugs = [inbox.slug for inbox in inboxes]
-    per_run = counts(quick)["answer"]
-    approvals = {}
-    for phase in phases:
-        approvals[phase] = []
-        for n in range(WARM + per_run * repeats):
-            inbox = inboxes[n % len(inboxes)]
-            request_id = f"{phase}-{n}"
-            request_approval(inbox.pk, request_id, "refund", timedelta(days=1))
-            approvals[phase].append((inbox.slug, request_id))
-    return {"slugs": slugs, "approvals": approvals}
+    slugs = [inbox.slug for inbox in make_inboxes(INBOXES, "web")]
+    return {"slugs": slugs, "waiting": Waiting(slugs)}
 
 
 class Session:
@@ -106,8 +92,10 @@ class Session:
         return response.status if hasattr(response, "status") else response.code, text
 
     def headers(self) -> dict:
-        cookie = "; ".join(f"{name}={value}" for name, value in self.cookies.items())
-        return {"Cookie": cookie} if cookie else {}
+        return {"Cookie": self.cookie()} if self.cookies else {}
+
+    def cookie(self) -> str:
+        return "; ".join(f"{name}={value}" for name, value in self.cookies.items())
 
     def log_in(self, username, password, then):
         self.fetch("/accounts/login/")
@@ -129,194 +117,303 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _drive(base, requests, concurrency, out):
-    """POST every (path, headers, body) with `concurrency` threads: requests/s, statuses."""
-    pending = list(reversed(requests))
-    lock = threading.Lock()
-    statuses = Counter()
-    opener = urllib.request.build_opener(_NoRedirect)
-
-    def client():
-        while True:
-            with lock:
-                if not pending:
-                    return
-                path, headers, body = pending.pop()
-            request = urllib.request.Request(base + path, data=body, headers=headers)
-            try:
-                with opener.open(request, timeout=30) as response:
-                    status = response.status
-            except urllib.error.HTTPError as exc:
-                status = exc.code
-            with lock:
-                statuses[status] += 1
-
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    out.put((len(requests) / (time.monotonic() - started), dict(statuses)))
+def signature(body, secret=GITHUB_SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def github_headers(key, body, secret=GITHUB_SECRET) -> dict:
-    signature = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return {
-        "Content-Type": "application/json",
-        "X-Hub-Signature-256": f"sha256={signature}",
-        "X-GitHub-Hook-ID": "1",
-        "X-GitHub-Delivery": key,
-        "X-GitHub-Event": "issues",
-    }
+class Rows:
+    """The rows' runs against two started servers: each `system` is a callable taking the
+    seconds to run and returning a load.Result, checked against the expected status."""
+
+    def __init__(self, prepared, production, reference, session, phase, workdir):
+        self.slugs = prepared["slugs"]
+        self.waiting = prepared["waiting"]
+        self.servers = {"production": production, "reference": reference}
+        self.session = session
+        self.phase = phase
+        self.workdir = Path(workdir)
+        self.slugs_file = self.workdir / "slugs"
+        self.slugs_file.write_text("\n".join(self.slugs) + "\n")
+        self.body_file = self.workdir / "body.json"
+        self.body_file.write_bytes(BODY)
+        # Numbers every run of this process (all phases): each run's ids are new, so a chat
+        # message or a delivery is never a duplicate (which the product also answers 302/200).
+        self.tags = _RUNS
+        # Answers per second seen so far, per system: how many approvals the next run needs.
+        self.seen_rate = {}
+
+    def _checked(self, result, expected, server, what) -> load.Result:
+        unexpected = result.unexpected(expected)
+        if unexpected or not result.requests:
+            raise RuntimeError(
+                f"{what} on the {server.name} web: {unexpected or 'no requests'} besides"
+                f" {result.statuses.get(expected, 0)} x {expected}; its log: {server.log}"
+            )
+        return result
+
+    def webhook(self, server_name):
+        server = self.servers[server_name]
+
+        def run(seconds, connections):
+            tag = f"{self.phase}-{server_name}-{next(self.tags)}"
+            args = (self.slugs_file, self.body_file, signature(BODY), tag)
+            result = load.run(server.base, "webhook.lua", connections, seconds, args)
+            return self._checked(result, 202, server, "webhook")
+
+        return run
+
+    def chat(self, server_name):
+        server = self.servers[server_name]
+
+        def run(seconds, connections):
+            number = next(self.tags)
+            args = (self.slugs_file, self.session.cookie(), self.session.token, number)
+            result = load.run(server.base, "chat.lua", connections, seconds, args)
+            return self._checked(result, 302, server, "chat form post")
+
+        return run
+
+    def answer(self, server_name, view="product"):
+        """The product's answer on `server_name`, or ("reference") the same-shape view."""
+        server = self.servers[server_name]
+        system = f"{server_name}-{view}"
+
+        def run(seconds, connections):
+            tag = f"{self.phase}-{system}-{next(self.tags)}"
+            if view == "product":
+                prefix, ids = "/approvals/", self._approvals(system, tag, seconds)
+            else:
+                prefix, ids = "/bench/answer/", "-"
+            args = (self.slugs_file, self.session.cookie(), self.session.token, prefix, ids, tag)
+            result = load.run(server.base, "answer.lua", connections, seconds, args)
+            self.seen_rate[system] = max(self.seen_rate.get(system, 0), result.rate)
+            return self._checked(result, 302, server, f"answer ({view} view)")
+
+        return run
+
+    def _approvals(self, system, tag, seconds) -> str:
+        """Waiting approvals for each wrk thread of one run (twice what the fastest run of
+        this system so far answered in as long, and at least 500 a thread), written to
+        <prefix>.<thread>: the ids prefix answer.lua reads."""
+        rate = self.seen_rate.get(system, 400)
+        per_thread = max(500, int(2 * rate * seconds / load.THREADS))
+        prefix = self.workdir / f"ids-{tag}"
+        requests = []
+        for thread in range(1, load.THREADS + 1):
+            lines = []
+            for n in range(per_thread):
+                slug = self.slugs[(n + thread) % len(self.slugs)]
+                request_id = f"{tag}-{thread}-{n}"
+                requests.append((slug, request_id))
+                lines.append(f"{slug} {request_id}")
+            Path(f"{prefix}.{thread}").write_text("\n".join(lines) + "\n")
+        self.waiting.make(requests)
+        self.waiting.check_copy(*requests[-1])
+        return str(prefix)
 
 
-def _wait_until_serving(base, server, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"gunicorn exited with {server.returncode}")
-        try:
-            urllib.request.urlopen(base + "/healthz", timeout=2)
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("gunicorn did not answer within a minute")
+def interleaved(systems: dict, runs: int, seconds, connections) -> dict:
+    """Every system run `runs` times, the order rotated and reversed from round to round:
+    each system's results, and the load average seen around them."""
+    names = list(systems)
+    results = {name: [] for name in names}
+    loads = [common.load()]
+    for n in range(runs):
+        order = names[n % len(names) :] + names[: n % len(names)]
+        for name in order if n % 2 == 0 else reversed(order):
+            results[name].append(systems[name](seconds, connections))
+            loads.append(common.load())
+    return {"results": results, "load": common.median(loads)}
 
 
-def _gunicorn(url, port):
-    env = {
-        **os.environ,
-        **common.BENCH_ENV,
-        "DATABASE_URL": url,
-        "DJANGO_SETTINGS_MODULE": "bench.settings",
-        "ALWAYSON_WEB_BIND": f"127.0.0.1:{port}",
-        "WEB_CONCURRENCY": str(WORKERS),
-    }
-    return subprocess.Popen(
-        processes.local_argv(processes.PROCESSES["web"], common.ROOT),
-        cwd=common.ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        # Where a 500's traceback goes (the django.request logger): named by a failed row.
-        stderr=open(SERVER_LOG, "w"),  # noqa: SIM115 (the server's, for as long as it runs)
+def http_row(name, title, connections, phase, ours, theirs, load_average, goal, p99_goal):
+    """One row: the medians of both systems' runs (rate, p50, p99), their ratios, statuses."""
+
+    def medians(results):
+        return {
+            "rate": common.median([result.rate for result in results]),
+            "p50_ms": common.median([result.p50_ms for result in results]),
+            "p99_ms": common.median([result.p99_ms for result in results]),
+        }
+
+    def statuses(results):
+        total = {}
+        for result in results:
+            for status, count in result.statuses.items():
+                total[str(status)] = total.get(str(status), 0) + count
+        return total
+
+    a, r = medians(ours), medians(theirs)
+    p99_ratio = a["p99_ms"] / r["p99_ms"] if a["p99_ms"] and r["p99_ms"] else None
+    return common.row(
+        f"{title}, {connections} connections",
+        a["rate"],
+        r["rate"],
+        "requests/s",
+        goal,
+        key=f"web.{name}.{connections}",
+        phase=phase,
+        clients=servers.WORKERS,
+        connections=connections,
+        load=load_average,
+        runs={"alwayson": [x.rate for x in ours], "reference": [x.rate for x in theirs]},
+        alwayson_p50_ms=a["p50_ms"],
+        alwayson_p99_ms=a["p99_ms"],
+        reference_p50_ms=r["p50_ms"],
+        reference_p99_ms=r["p99_ms"],
+        p99_ratio=p99_ratio,
+        p99_goal=p99_goal,
+        statuses={"alwayson": statuses(ours), "reference": statuses(theirs)},
     )
 
 
-def measure(url, quick, repeats, interleave, prepared, phase, only, port=8931) -> list[dict]:
-    """The rows named in `only` ("webhook", "chat", "answer") under `phase`'s statistics."""
-    slugs, approvals = prepared["slugs"], list(prepared["approvals"][phase])
-    sizes = counts(quick)
-    base = f"http://127.0.0.1:{port}"
-    server = _gunicorn(url, port)
-    context = multiprocessing.get_context("spawn")
-    counter = Counter()
-    body = json.dumps({"action": "opened", "issue": {"number": 1, "title": "a bug"}}).encode()
+# (name, title, the systems compared: production's and the reference's, goal, p99 goal)
+SHAPES = {
+    "webhook": [
+        (
+            "webhook",
+            "webhook: GitHub by slug, signed; production web / gunicorn sync",
+            ("webhook", "production"),
+            ("webhook", "reference"),
+            0.9,
+            P99_GOAL,
+        )
+    ],
+    "chat": [
+        (
+            "chat",
+            "chat form post: session + CSRF; production web / gunicorn sync",
+            ("chat", "production"),
+            ("chat", "reference"),
+            0.9,
+            P99_GOAL,
+        )
+    ],
+    "answer": [
+        (
+            "answer",
+            "approval answer post; production web / same-shape view on it",
+            ("answer", "production", "product"),
+            ("answer", "production", "reference"),
+            0.8,
+            P99_GOAL,
+        ),
+        (
+            "answer.sync",
+            "approval answer post; production web / gunicorn sync",
+            ("answer", "production", "product"),
+            ("answer", "reference", "product"),
+            None,
+            None,
+        ),
+    ],
+}
 
-    def drive(requests, expected, tag):
-        out = context.Queue()
-        process = context.Process(target=_drive, args=(base, requests, CONCURRENCY, out))
-        process.start()
-        rate, statuses = out.get(timeout=600)
-        process.join()
-        if set(statuses) != {expected}:
-            raise RuntimeError(
-                f"{tag}: unexpected answers {statuses}, expected all {expected}"
-                f" (the server's log: {SERVER_LOG})"
-            )
-        return rate
 
-    def webhook(prefix, tag):
-        def run(size=sizes["webhook"]):
-            counter[tag] += 1
-            requests = []
-            for n in range(size):
-                key = f"{phase}-{tag}-{counter[tag]}-{n}"
-                slug = slugs[n % len(slugs)]
-                requests.append((prefix.format(slug=slug), github_headers(key, body), body))
-            return drive(requests, 202, tag)
+def measure(url, quick, repeats, interleave, prepared, phase, only) -> list[dict]:
+    """The rows named in `only` ("webhook", "chat", "answer", "oversize") under `phase`'s
+    statistics: the two servers started for the phase (new connections, whose prepared
+    statements plan under its statistics)."""
+    from bench import limits
 
-        return run
-
-    def form_headers(session):
-        return {**session.headers(), "Content-Type": "application/x-www-form-urlencoded"}
-
-    def chat(session, prefix, tag):
-        def run(size=sizes["chat"]):
-            headers = form_headers(session)
-            requests = []
-            for n in range(size):
-                form = {
-                    "csrfmiddlewaretoken": session.token,
-                    "message_id": str(uuid.uuid4()),
-                    "text": "Where is my parcel? It was due on Monday.",
-                }
-                path = prefix.format(slug=slugs[n % len(slugs)])
-                requests.append((path, headers, urlencode(form).encode()))
-            return drive(requests, 302, tag)
-
-        return run
-
-    def answer(session, prefix, tag):
-        def run(size=sizes["answer"]):
-            # The product's view answers a waiting approval once; the reference's only
-            # stores, so it gets keys of its own.
-            counter[tag] += 1
-            headers = form_headers(session)
-            requests = []
-            for n in range(size):
-                if tag == "answer":
-                    slug, request_id = approvals.pop()
-                else:
-                    slug, request_id = slugs[n % len(slugs)], f"{phase}-{counter[tag]}-{n}"
-                form = {"csrfmiddlewaretoken": session.token, "answer": "yes"}
-                path = prefix.format(slug=slug, request_id=request_id)
-                requests.append((path, headers, urlencode(form).encode()))
-            return drive(requests, 302, tag)
-
-        return run
-
+    size = sizes(quick)
+    rows = []
+    wanted = [name for name in SHAPES if name in only]
+    oversize = "oversize" in only and phase == size["phases"][-1]
+    if not (wanted and phase in size["phases"]) and not oversize:
+        return rows
+    production = servers.production(url).start()
+    reference = servers.reference(url).start()
     try:
-        _wait_until_serving(base, server)
-        session = Session(base).log_in(USERNAME, PASSWORD, f"/inbox/{slugs[0]}/")
-        shapes = {
-            "webhook": (
-                "webhook: GitHub by slug, signed, gunicorn",
-                webhook("/hooks/github/{slug}/", "hook"),
-                webhook("/bench/raw/{slug}/", "raw"),
-            ),
-            "chat": (
-                "chat form post: session + CSRF, gunicorn",
-                chat(session, "/inbox/{slug}/", "chat"),
-                chat(session, "/bench/chat/{slug}/", "chat-ref"),
-            ),
-            "answer": (
-                "approval answer post: session + CSRF, gunicorn",
-                answer(session, "/approvals/{slug}/{request_id}/", "answer"),
-                answer(session, "/bench/answer/{slug}/{request_id}/", "answer-ref"),
-            ),
-        }
-        rows = []
-        for name in ("webhook", "chat", "answer"):
-            if name not in only:
-                continue
-            title, ours, theirs = shapes[name]
-            ours(WARM), theirs(WARM)
-            result = interleave((ours, theirs), repeats)
+        session = Session(production.base).log_in(
+            USERNAME, PASSWORD, f"/inbox/{prepared['slugs'][0]}/"
+        )
+        with tempfile.TemporaryDirectory(prefix="alwayson-bench-wrk-") as workdir:
+            bench = Rows(prepared, production, reference, session, phase, workdir)
+            if phase in size["phases"]:
+                for name in wanted:
+                    rows += _measure_shape(bench, name, size)
+        if oversize:
+            rows += limits.measure(
+                {"production": production, "reference": reference}, prepared["slugs"][0]
+            )
+    finally:
+        production.stop()
+        reference.stop()
+    return rows
+
+
+def _measure_shape(bench, name, size) -> list[dict]:
+    shapes = SHAPES[name]
+    systems = {}
+    for _, _, ours, theirs, _, _ in shapes:
+        for system in (ours, theirs):
+            kind, *args = system
+            systems.setdefault(system, getattr(bench, kind)(*args))
+    for run in systems.values():  # warm: code, connections, statements; untimed
+        run(size["warm"], CONNECTIONS[0])
+    rows = []
+    for connections in CONNECTIONS:
+        found = interleaved(systems, size["runs"], size["seconds"], connections)
+        for key, title, ours, theirs, goal, p99_goal in shapes:
             rows.append(
-                common.row(
+                http_row(
+                    key,
                     title,
-                    unit="requests/s",
-                    goal=0.8,
-                    key=f"web.{name}",
-                    phase=phase,
-                    clients=WORKERS,
-                    **result,
+                    connections,
+                    bench.phase,
+                    found["results"][ours],
+                    found["results"][theirs],
+                    found["load"],
+                    goal,
+                    p99_goal,
                 )
             )
-        return rows
-    finally:
-        server.terminate()
-        server.wait(30)
+    return rows
+
+
+def p99_met(entry) -> str:
+    ratio, goal = entry.get("p99_ratio"), entry.get("p99_goal")
+    if ratio is None or goal is None:
+        return "-"
+    return "yes" if ratio <= goal else "no"
+
+
+LATENCY_HEADER = [
+    "measure",
+    "stats",
+    "production p50 / p99",
+    "reference p50 / p99",
+    "p99 ratio",
+    "goal",
+    "met",
+    "statuses (production; reference)",
+]
+
+
+def latency_cells(entry) -> list[str]:
+    def pair(system):
+        return f"{entry[f'{system}_p50_ms']:.1f} / {entry[f'{system}_p99_ms']:.1f} ms"
+
+    def counts(system):
+        found = sorted(entry["statuses"][system].items())
+        return " ".join(f"{n} x {status}" for status, n in found)
+
+    ratio, goal = entry.get("p99_ratio"), entry.get("p99_goal")
+    return [
+        entry["measure"],
+        entry.get("phase") or "-",
+        pair("alwayson"),
+        pair("reference"),
+        "-" if ratio is None else f"{ratio:.2f}",
+        "-" if goal is None else f"<= {goal:g}",
+        p99_met(entry),
+        f"{counts('alwayson')}; {counts('reference')}",
+    ]
+
+
+def print_latencies(rows, out=None) -> None:
+    """The web rows' latencies under the same load, p99 against the reference's."""
+    lines = [latency_cells(entry) for entry in rows if "p99_ratio" in entry]
+    if lines:
+        common.print_grid(LATENCY_HEADER, lines, out)

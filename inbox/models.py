@@ -173,6 +173,28 @@ class Inbox(models.Model):
         held = self.role_of(user)
         return held is not None and held >= role
 
+    def roles_of(self, user_ids) -> dict[int, Role]:
+        """The highest role each of `user_ids` holds here (absent: none), for many people at
+        once (a pushed conversation checks everyone whose page is open at every change:
+        alwayson/web/feed.py). Two indexed lookups, whatever the number of people."""
+        user_ids = set(user_ids)
+        link = get_user_model().groups.through
+        groups_of = {}
+        for user_id, group_id in link.objects.filter(user_id__in=user_ids).values_list(
+            "user_id", "group_id"
+        ):
+            groups_of.setdefault(group_id, set()).add(user_id)
+        granted = Membership.objects.filter(inbox=self).filter(
+            Q(user_id__in=user_ids) | Q(group_id__in=list(groups_of))
+        )
+        roles = {}
+        for user_id, group_id, role in granted.values_list("user_id", "group_id", "role"):
+            for holder in {user_id} if user_id is not None else groups_of.get(group_id, ()):
+                roles[holder] = max(role, roles.get(holder, 0))
+        if self.owner_id in user_ids:
+            roles[self.owner_id] = Role.MANAGER
+        return {user_id: Role(role) for user_id, role in roles.items()}
+
     def people_with_role(self, role):
         """Active users holding at least `role` here, directly or through a group, the
         owner included. Three indexed lookups, no scan of the users table."""
@@ -501,7 +523,9 @@ class RunRecord(models.Model):
         REFUSED = "refused"  # its finish came after the lease was lost: nothing committed
         LOST = "lost"  # its worker vanished; a later take found its events running
 
-    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="runs")
+    # No index of its own: runrecord_run_idx starts with inbox_id and serves every lookup by
+    # inbox (and the cascade); a second one would cost every run's record an index entry.
+    inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="runs", db_index=False)
     generation = models.PositiveBigIntegerField()
     worker = models.CharField(max_length=200)
     # When its events were claimed, and when it ended (the finish's clock; for a lost run,

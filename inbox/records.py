@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Min
 
 from .models import Event, RunRecord
-from .validation import require_json, require_text
+from .validation import json_text, require_text
 
 TRACE_MAX = RunRecord._meta.get_field("trace").max_length
 
@@ -22,13 +22,12 @@ def record_values(produced, trace) -> dict:
     produced = {} if produced is None else produced
     if not isinstance(produced, dict):
         raise ValueError(f"produced must be a dict, not {type(produced).__name__}")
-    require_json("produced", produced)
     require_text("trace", trace)
     if len(trace) > TRACE_MAX:
         raise ValueError(f"trace must be at most {TRACE_MAX} characters, not {len(trace)}")
     return {
         "record": bool(settings.ALWAYSON_RUN_RECORDS),
-        "produced": json.dumps(produced),
+        "produced": json_text("produced", produced),  # checked and encoded at once
         "trace": trace,
     }
 

@@ -21,16 +21,10 @@ RELEASE = {
 # per socket; each of the three loops beats its Process row, which /healthz and
 # `manage.py status` read.
 PROCESSES = {
-    # uvicorn's workers under gunicorn, serving ASGI: the live pages' streams stay open
-    # (alwayson/web/live.py); /healthz and every other page as before.
-    "web": (
-        "gunicorn",
-        "--config",
-        "python:alwayson.gunicorn_conf",
-        "--worker-class",
-        "alwayson.gunicorn_conf.Worker",
-        "alwayson.asgi",
-    ),
+    # gunicorn serving Django's WSGI application with alwayson/web/serving.py's threaded
+    # workers (named in the config), which hand the live pages' streams to an event loop of
+    # their own; /healthz and every other page as before.
+    "web": ("gunicorn", "--config", "python:alwayson.gunicorn_conf", "alwayson.wsgi"),
     # The one process with the credentials; the worker is sealed and calls through its
     # socket, ALWAYSON_EGRESS_SOCKET (docs/how-to/egress.md#the-sealed-worker).
     "egress": ("python", "manage.py", "runegress"),

@@ -24,6 +24,7 @@ from .accounts import *  # noqa: F403  login, passwords, the throttles
 from .agents import *  # noqa: F403  the agent, claims, leases, retries
 from .outbox import *  # noqa: F403  sends, email, signing secrets
 from .webhooks import *  # noqa: F403
+from .bodies import *  # noqa: F403  the largest request body, kept in memory
 from .egress import *  # noqa: F403  the gateway's services, the chat channels
 from .claude import *  # noqa: F403
 from .ops import *  # noqa: F403  heartbeats, health, metrics, dead-event alerts

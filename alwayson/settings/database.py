@@ -20,10 +20,11 @@ ALWAYSON_INGEST_LOCK_WAIT = env.positive_seconds("ALWAYSON_INGEST_LOCK_WAIT", 5,
 # Seconds a web process keeps its PostgreSQL connection between requests; 0: one per request.
 ALWAYSON_DB_CONN_MAX_AGE = env.seconds_or_zero("ALWAYSON_DB_CONN_MAX_AGE", 60, env.MAX_HOLD)
 
-# Connections a web process serving ASGI (the production "web": alwayson/asgi.py sets it)
-# keeps in a pool shared by its threads; 0 (plain WSGI, the loops): none, each thread keeps
-# its own (ALWAYSON_DB_CONN_MAX_AGE). Under ASGI a request's view runs on a thread of its own,
-# so a connection kept per thread would be one more open session per request served.
+# Connections a process serving ASGI (alwayson/asgi.py sets it: uvicorn, daphne) keeps in a
+# pool shared by its threads; 0 (WSGI, the production web among them, and the loops): none,
+# each thread keeps its own (ALWAYSON_DB_CONN_MAX_AGE). Under ASGI a request's view runs on a
+# thread of its own, so a connection kept per thread would be one more open session per
+# request served.
 ALWAYSON_DB_POOL_SIZE = env.non_negative_int("ALWAYSON_DB_POOL_SIZE", 0)
 
 # Prepared statements for the hot paths' statements (ingest, the worker's take and finish:

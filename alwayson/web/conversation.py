@@ -4,11 +4,20 @@ the approvals it asked for, in order, in the person's words rather than the tabl
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.template.loader import get_template
+from django.utils.safestring import mark_safe
+
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease
 from outbox.models import OutboxMessage
 
 SHOWN = 50  # of each kind, newest; the page is a conversation, the admin is the archive
+ENTRY = "alwayson/_entry.html"
+REGION = "alwayson/_conversation.html"
+WORKING = "alwayson/_working.html"
+# An entry rendered once for every page of a person carries no browser's CSRF token (the
+# templates leave it out); live.js gives its forms the page's own.
+NO_TOKEN = ""
 
 # What a person's message is doing, by its event's status.
 MESSAGE_STATE = {
@@ -39,6 +48,14 @@ class Entry:
     # The lease generation of the run that said it, for its timeline (alwayson/web/runs.py);
     # None for what no run said, and for messages from before runs were recorded.
     generation: int | None = None
+    # What its rendering depends on, besides who looks: a pushed page is sent the entries
+    # whose fingerprint moved since it last heard (alwayson/web/feed.py).
+    fingerprint: tuple = ()
+
+    @property
+    def key(self) -> str:
+        """Its id on the page: one per row of its kind (a card: its first request's row)."""
+        return f"entry-{self.side}-{self.row}"
 
     @property
     def order(self):
@@ -51,7 +68,15 @@ class Entry:
 
 def entries(inbox: Inbox, now) -> list[Entry]:
     said = [
-        Entry("agent", m.created, m.body, SAID_STATE[m.status], row=m.pk, generation=m.generation)
+        Entry(
+            "agent",
+            m.created,
+            m.body,
+            SAID_STATE[m.status],
+            row=m.pk,
+            generation=m.generation,
+            fingerprint=(m.status, m.body, m.generation),
+        )
         for m in OutboxMessage.objects.filter(inbox=inbox).order_by("-id")[:SHOWN]
     ]
     sent = [
@@ -62,6 +87,7 @@ def entries(inbox: Inbox, now) -> list[Entry]:
             _message_state(e),
             author=str(e.payload.get("from", "")),
             row=e.pk,
+            fingerprint=(e.status, e.attempts > 0),
         )
         for e in Event.objects.filter(inbox=inbox, source="chat").order_by("-id")[:SHOWN]
     ]
@@ -83,10 +109,22 @@ def entries(inbox: Inbox, now) -> list[Entry]:
             approvals=card,
             open=any(not a.standing_answer(now) for a in card),
             row=card[0].pk,
+            fingerprint=tuple(_approval_fingerprint(a, now) for a in card),
         )
         for card in cards.values()
     ]
     return sorted([*said, *sent, *asked], key=lambda entry: entry.order)
+
+
+def _approval_fingerprint(approval: Approval, now) -> tuple:
+    """Every column of the request (answers, edits, approvers come and go), the names of the
+    people it shows, and what the time does to it: its outcome and the minutes left."""
+    columns = tuple(getattr(approval, f.attname) for f in approval._meta.concrete_fields)
+    people = tuple(
+        getattr(getattr(approval, name), "pk", None)
+        for name in ("first_approved_by", "answered_by", "edited_by")
+    )
+    return (*columns, *people, approval.outcome_words(now), approval.time_left(now))
 
 
 def _message_state(event: Event) -> str:
@@ -98,3 +136,27 @@ def _message_state(event: Event) -> str:
 def is_working(inbox: Inbox, now) -> bool:
     """A run of this inbox holds its lease right now."""
     return Lease.objects.filter(inbox=inbox, until__gt=now).exclude(holder="").exists()
+
+
+def render_entry(entry: Entry, *, inbox: Inbox, now, user, answerer: bool, csrf_token) -> str:
+    """One entry's <li> as `user` sees it: the page, its poll and its pushes all render here."""
+    context = {
+        "inbox": inbox,
+        "entry": entry,
+        "now": now,
+        "user": user,
+        "answerer": answerer,
+        "csrf_token": csrf_token,
+    }
+    return mark_safe(get_template(ENTRY).render(context).strip())  # noqa: S308 (rendered)
+
+
+def render_region(*, inbox: Inbox, items, working: bool, cursor: str, request=None) -> str:
+    """The live region around rendered entries, as the page and a whole push send it."""
+    context = {"inbox": inbox, "items": items, "working": working, "cursor": cursor}
+    return get_template(REGION).render(context, request).strip()
+
+
+def render_working(working: bool) -> str:
+    """The line that says a run holds the inbox's lease (empty when none does)."""
+    return get_template(WORKING).render({"working": working}).strip()

@@ -8,12 +8,13 @@ the cursor it shows; the same cursor answers "anything new?" for a poll and "wha
 miss?" for a stream that reconnects.
 
 Push. On PostgreSQL the triggers also NOTIFY `alwayson_live` with "<inbox id>:<kind>". Each
-web process under ASGI LISTENs on one connection (Hub) and wakes the open streams of that
-inbox (asyncio events, so a burst of changes is one wake-up); a woken stream reads the cursor
+web process that pushes (under ASGI, or the production web's worker: alwayson/web/serving.py)
+LISTENs on one connection (Hub) and wakes the open streams of that inbox (asyncio events, so
+a burst of changes is one wake-up); a woken stream reads the cursor
 and, only if it moved, renders its page's fragment and sends it with the cursor as its SSE
 `id:`. An idle stream sends a comment every HEARTBEAT seconds and reads nothing.
 
-Fallback. Without PostgreSQL or without ASGI the page polls `?since=<cursor>`: one query,
+Fallback. Without PostgreSQL or such a server the page polls `?since=<cursor>`: one query,
 204 while the cursor stands, no rendering.
 """
 
@@ -81,9 +82,17 @@ def global_cursor() -> str:
     return str(newest or 0)
 
 
+# Set in a request's environ by the production web's worker, which hands a stream to its event
+# loop (alwayson/web/serving.py).
+PUSH = "alwayson.push"
+
+
 def push_available(request) -> bool:
-    """Whether this server can push to this page: an ASGI server on PostgreSQL."""
-    return connection.vendor == "postgresql" and isinstance(request, ASGIRequest)
+    """Whether this server can push to this page, on PostgreSQL: an ASGI server, or the
+    production web's worker."""
+    return connection.vendor == "postgresql" and (
+        isinstance(request, ASGIRequest) or bool(request.META.get(PUSH))
+    )
 
 
 # --- the fanout ------------------------------------------------------------------------------
@@ -106,6 +115,12 @@ class Hub:
         self.watched: set[int] = set()
         self._watching = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        # The shared readers of the inboxes with open conversation pages (alwayson/web/feed.py).
+        self.feeds: dict[int, object] = {}
+        # Per topic, how many notifications woke it, and the refreshes its pages share since
+        # the last one (refresh(share=...)).
+        self.waves: dict[str, int] = defaultdict(int)
+        self.shared: dict[tuple, asyncio.Future] = {}
 
     async def in_thread(self, work, *args):
         """`work(*args)` in one of the hub's threads, with a database connection as a
@@ -121,8 +136,34 @@ class Hub:
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, run)
 
-    async def refresh(self, refresh, since):
-        return await self.in_thread(refresh, since)
+    async def refresh(self, refresh, since, share=None):
+        """`refresh(since)` in a thread. With `share` (topic, audience): the pages of one
+        audience that one notification woke at one cursor share one refresh, so a change
+        costs a read and a render per audience, not per page."""
+        if share is None:
+            return await self.in_thread(refresh, since)
+        topic, audience = share
+        key = (topic, self.waves[topic], audience, since)
+        if key not in self.shared:
+            self.shared[key] = asyncio.ensure_future(self.in_thread(refresh, since))
+        return await asyncio.shield(self.shared[key])
+
+    def feed(self, inbox_id, make):
+        """The inbox's feed in this process, made by `make(hub, inbox_id)` for its first page."""
+        if inbox_id not in self.feeds:
+            self.feeds[inbox_id] = make(self, inbox_id)
+        return self.feeds[inbox_id]
+
+    def drop_feed(self, feed):
+        """Its last page closed: the feed stops reading (not awaited by the closing page)."""
+        if self.feeds.get(feed.inbox_id) is feed:
+            del self.feeds[feed.inbox_id]
+        self._background(feed.stop())
+
+    def _background(self, coroutine):
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def subscribe(self, topic) -> asyncio.Event:
         if self.task is None or self.task.done():
@@ -136,9 +177,7 @@ class Hub:
         if not self.topics[topic]:
             del self.topics[topic]
             # Not awaited: a closing stream does not wait for it (the next watch() waits).
-            task = asyncio.get_running_loop().create_task(self.watch())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._background(self.watch())
 
     async def watching(self):
         """Once this returns, the hub's watch rows name every topic it has (as soon as it
@@ -177,13 +216,22 @@ class Hub:
     def publish(self, payload: str):
         """A notification's payload, "<inbox id>:<kind>"."""
         inbox_id, _, _kind = payload.partition(":")
-        for topic in (f"inbox:{inbox_id}", ANY):
+        self.wake((f"inbox:{inbox_id}", ANY))
+
+    def wake(self, topics):
+        """Wake the streams of `topics`: a new wave, whose refreshes are not yet shared."""
+        topics = set(topics)
+        for topic in topics:
+            self.waves[topic] += 1
             for wake in self.topics.get(topic, ()):
                 wake.set()
+        self.shared = {key: done for key, done in self.shared.items() if key[0] not in topics}
 
     async def stop(self):
         """Close the LISTEN connection and the refreshing threads' (a test's loop ends; a
         process just exits)."""
+        feeds, self.feeds = list(self.feeds.values()), {}
+        await asyncio.gather(*(feed.stop() for feed in feeds), return_exceptions=True)
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, *self._tasks, return_exceptions=True)
@@ -204,9 +252,7 @@ class Hub:
         self.executor.shutdown()
 
     def wake_all(self):
-        for wakes in self.topics.values():
-            for wake in wakes:
-                wake.set()
+        self.wake(list(self.topics))
 
     async def listen(self):
         params = connections["default"].get_connection_params()
@@ -241,12 +287,20 @@ _hubs: dict[asyncio.AbstractEventLoop, Hub] = {}
 
 
 def hub() -> Hub:
-    """This event loop's hub (one per web process: uvicorn runs one loop)."""
+    """This event loop's hub (one per web process: uvicorn runs one loop, and so does the
+    production web's worker, for its streams)."""
     loop = asyncio.get_running_loop()
     if loop not in _hubs:
         _hubs.clear()  # a loop that ended (tests) takes its hub with it
         _hubs[loop] = Hub()
     return _hubs[loop]
+
+
+async def stop_hub():
+    """This event loop's hub stopped, if it started: the loop is ending (a web process stops)."""
+    stopping = _hubs.pop(asyncio.get_running_loop(), None)
+    if stopping is not None:
+        await stopping.stop()
 
 
 # --- the stream ------------------------------------------------------------------------------
@@ -260,25 +314,42 @@ def sse(cursor: str, html: str) -> str:
 
 
 def stream(
-    topic: str, since: str, refresh: Callable, gap: float = 0, recheck=lambda cursor: False
+    topic: str,
+    since: str,
+    refresh: Callable,
+    audience,
+    gap: float = 0,
+    recheck=lambda cursor: False,
 ) -> StreamingHttpResponse:
     """The page's event stream. `refresh(since)` (synchronous, in a thread) returns GONE,
-    None while `since` is still the cursor, or (cursor, fragment). After a push, the next
-    waits `gap` seconds, for a page costly to render: changes meanwhile are one push. While
-    `recheck(cursor)`, a heartbeat also refreshes: a lease held now lapses without a write
-    if its run dies, and nothing else would tell the page it is no longer working."""
+    None while `since` is still the cursor, or (cursor, fragment); the pages of one
+    `audience` (whose fragment is the same) woken by one change share it. After a push, the
+    next waits `gap` seconds, for a page costly to render: changes meanwhile are one push.
+    While `recheck(cursor)`, a heartbeat also refreshes: a lease held now lapses without a
+    write if its run dies, and nothing else would tell the page it is no longer working.
+    The settling read and those rechecks are the page's own, never shared: they look for
+    what no notification announced."""
 
     async def events():
         live = hub()
         wake = live.subscribe(topic)  # before the first read: nothing falls in between
         await live.watching()
-        asyncio.get_running_loop().call_later(SETTLE, wake.set)
+        own_read = True  # the first read, and the settling one
+
+        def settle():
+            nonlocal own_read
+            own_read = True
+            wake.set()
+
+        asyncio.get_running_loop().call_later(SETTLE, settle)
         cursor = since
         try:
             yield f"retry: {RETRY_MS}\n\n"
             while True:
                 wake.clear()
-                result = await live.refresh(refresh, cursor)
+                share = None if own_read else (topic, audience)
+                own_read = False
+                result = await live.refresh(refresh, cursor, share)
                 if result is GONE:
                     yield "event: gone\ndata: \n\n"
                     return
@@ -294,20 +365,29 @@ def stream(
                     except TimeoutError:
                         yield ": heartbeat\n\n"
                         if recheck(cursor):
+                            own_read = True
                             break
         finally:
             live.unsubscribe(topic, wake)
 
-    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    return event_stream(events())
+
+
+def event_stream(events) -> StreamingHttpResponse:
+    """A response streaming the async iterator `events` (SSE text) to a page."""
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
     return response
 
 
-async def release_request_connection():
-    """The stream outlives its request: give back the database connection the request's
-    middleware opened (sessions, the user) instead of holding it as long as the page is open."""
-    await sync_to_async(_close_connection)()
+async def release_request_connection(request):
+    """The stream outlives its request: under ASGI, give back the database connection the
+    request's middleware opened (sessions, the user) instead of holding it as long as the page
+    is open. Under the production web's worker that connection is its thread's, kept for the
+    thread's next request."""
+    if isinstance(request, ASGIRequest):
+        await sync_to_async(_close_connection)()
 
 
 def _close_connection():

@@ -1,8 +1,8 @@
 """The live pages' two ways of hearing of a change (alwayson/web/live.py): `*_poll`, one
-query and 204 while the page's cursor stands; `*_stream`, Server-Sent Events under ASGI on
-PostgreSQL. Each answers with the page's fragment, rendered as the page renders it, and
-checks who may see it as the page does: on every change, so a person who loses the role
-stops receiving.
+query and 204 while the page's cursor stands; `*_stream`, Server-Sent Events on PostgreSQL
+under ASGI or the production web's worker. Each answers with the page's fragment, rendered as
+the page renders it, and checks who may see it as the page does: on every change, so a person
+who loses the role stops receiving.
 """
 
 from functools import partial
@@ -19,7 +19,7 @@ from approvals.views import list_context
 from inbox import clock
 from inbox.models import Inbox
 
-from . import live
+from . import feed, live
 from .dashboard import dashboard_context, dashboard_cursor
 from .views import conversation_context
 
@@ -42,7 +42,7 @@ def _changed(request, cursor, render):
 
 def _unavailable():
     return HttpResponse(
-        "Push needs an ASGI server on PostgreSQL; this page polls instead.",
+        "Push needs PostgreSQL and a server that streams; this page polls instead.",
         status=404,
         content_type="text/plain",
     )
@@ -76,18 +76,6 @@ def inbox_poll(request, slug):
     return _changed(request, cursor, lambda: _conversation(request, inbox, cursor))
 
 
-def _refresh_conversation(request, inbox_pk, user_pk, since):
-    user = _person(user_pk)
-    inbox = _visible_inbox(user, pk=inbox_pk) if user else None
-    if inbox is None:
-        return live.GONE
-    cursor = live.cursor_of(inbox)
-    if cursor == since:
-        return None
-    request.user = user
-    return cursor, _conversation(request, inbox, cursor)
-
-
 @login_required
 @require_GET
 async def inbox_stream(request, slug):
@@ -97,13 +85,8 @@ async def inbox_stream(request, slug):
     inbox = await Inbox.objects.with_role(user).filter(slug=slug).afirst()
     if inbox is None:
         raise Http404("No such inbox.")
-    await live.release_request_connection()
-    return live.stream(
-        f"inbox:{inbox.pk}",
-        live.last_seen(request),
-        partial(_refresh_conversation, request, inbox.pk, user.pk),
-        recheck=lambda cursor: cursor.endswith(".1"),  # a run holds the lease
-    )
+    await live.release_request_connection(request)
+    return feed.stream(inbox.pk, user.pk, live.last_seen(request))
 
 
 # --- the approvals list ----------------------------------------------------------------------
@@ -138,9 +121,12 @@ async def approvals_stream(request):
     if not live.push_available(request):
         return _unavailable()
     user = await request.auser()
-    await live.release_request_connection()
+    await live.release_request_connection(request)
     return live.stream(
-        live.ANY, live.last_seen(request), partial(_refresh_approvals, request, user.pk)
+        live.ANY,
+        live.last_seen(request),
+        partial(_refresh_approvals, request, user.pk),
+        audience=("approvals", user.pk),
     )
 
 
@@ -185,11 +171,12 @@ async def dashboard_stream(request):
     user = await request.auser()
     if not await sync_to_async(_may_see_dashboard)(user):
         raise Http404("No dashboard here.")
-    await live.release_request_connection()
+    await live.release_request_connection(request)
     return live.stream(
         live.ANY,
         live.last_seen(request),
         partial(_refresh_dashboard, request, user.pk),
+        audience=("dashboard", user.pk),
         gap=DASHBOARD_GAP,
         recheck=lambda cursor: not cursor.endswith(".0"),  # some lease is held
     )

@@ -14,6 +14,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
+from django.middleware.csrf import get_token
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
@@ -92,12 +93,20 @@ def conversation_context(request, inbox, cursor):
     """What the conversation shows, with the live cursor it was read at (alwayson/web/live.py):
     its page carries it, to be told of what comes after."""
     now = clock.database_now()
+    answerer = may_answer(request.user, inbox)
+    token = get_token(request)
+    items = [
+        conversation.render_entry(
+            entry, inbox=inbox, now=now, user=request.user, answerer=answerer, csrf_token=token
+        )
+        for entry in conversation.entries(inbox, now)
+    ]
     return {
         "inbox": inbox,
         "now": now,
-        "entries": conversation.entries(inbox, now),
+        "items": items,
         "working": conversation.is_working(inbox, now),
-        "answerer": may_answer(request.user, inbox),
+        "answerer": answerer,
         "cursor": cursor,
     }
 

@@ -81,7 +81,7 @@ import re
 import select
 import weakref
 from contextlib import ExitStack, contextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple
 
@@ -89,7 +89,7 @@ import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 from psycopg import pq
-from psycopg.adapt import Transformer
+from psycopg.adapt import AdaptersMap, Loader, Transformer
 
 from ..exceptions import InboxBusy, UnknownInbox
 from ..models import Event, Inbox, Lease, Session
@@ -300,6 +300,8 @@ def _kept(kept, db, make):
     by psycopg's connection object: a new connection gets a new one), after the check
     Django's cursor wrapper would make: no statement in a broken transaction."""
     db.validate_no_broken_transaction()
+    db.close_if_health_check_failed()
+    db.ensure_connection()
     raw = db.connection
     value = kept.get(raw)
     if value is None:
@@ -320,22 +322,30 @@ class _Statement(NamedTuple):
 
 class _Direct:
     """One connection's statements run through libpq itself (psycopg's pq layer), for the
-    statement every delivery runs (insert_try.sql): prepared once by name, then each call
-    is one PQexecPrepared, its row loaded by the connection's own loaders. psycopg's cursor
-    (its query conversion, dumpers, wait loop and result handling in Python) cost about
-    0.06 ms of client CPU per delivery under eight concurrent deliveries on two cores, a
-    third of what the server spends on the statement; under load that CPU is what bounds
-    deliveries per second (bench/ingest.py).
+    statements every delivery and every run send: a delivery's try (insert_try.sql), and a
+    worker's take and finish (take.sql, lock.sql, finish_done.sql). Each is prepared once by
+    name, then a call is one pipeline of PQsendQueryPrepared, its rows loaded by the
+    connection's own loaders. psycopg's cursor (its query conversion, dumpers, wait loop and
+    result handling in Python) cost about 0.06 ms of client CPU per delivery under eight
+    concurrent deliveries on two cores, a third of what the server spends on the statement,
+    and about 0.3 ms per one-event run; under load that CPU is what bounds deliveries and
+    runs per second (bench/ingest.py, bench/drain.py).
 
-    The call blocks in C, without the GIL. The try never waits on the lease row (SKIP
-    LOCKED): only, briefly, on a concurrent insert of the same key or at commit on the inbox
-    row (its foreign key), within the session's lock_timeout. Errors are Django's, as
-    through its cursors."""
+    The waits are on the socket, without the GIL. The try never waits on the lease row
+    (SKIP LOCKED): only, briefly, on a concurrent insert of the same key or at commit on the
+    inbox row (its foreign key), within the session's lock_timeout; a finish waits for its
+    lease row's lock. Errors are Django's, as through its cursors."""
 
     def __init__(self, raw):
         self.raw = raw
         self.statements = {}  # sql -> _Statement
-        self.loader = Transformer(raw)
+        # The connection's own loaders (Django's included), read in binary form: the same
+        # values psycopg's cursors give in text form, parsed in C. But jsonb, which Django
+        # reads as its text and decodes itself (JSONField.from_db_value), as here.
+        self.adapters = AdaptersMap(raw.adapters)
+        self.adapters.register_loader("jsonb", _JsonbText)
+        self.connection = raw
+        self.loader = Transformer(self)
 
     def _prepare(self, sql) -> _Statement:
         names = []
@@ -349,36 +359,58 @@ class _Direct:
         text = _NAMED.sub(number, sql).replace("%%", "%")
         result = self.raw.pgconn.prepare(name, text.encode())
         if result.status != pq.ExecStatus.COMMAND_OK:
-            raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
+            raise self._error(result)
         self.statements[sql] = statement = _Statement(name, names, [])
         return statement
 
     def fetch_one(self, sql, params) -> dict | None:
         """The first row of `sql`, after BY_INDEX in the same pipeline (its implicit
         transaction: `sql` runs outside any other)."""
+        [rows] = self.fetch([(sql, params)])
+        return rows[0] if rows else None
+
+    def fetch(self, calls) -> list[list[dict]]:
+        """The rows of each (sql, params) of `calls`, by column name, sent after BY_INDEX in
+        one pipeline: one round trip, one implicit transaction (committed at its Sync, or
+        rolled back whole at the first error, which is raised)."""
         for retrying in (False, True):
             setting = self.statements.get(BY_INDEX) or self._prepare(BY_INDEX)
-            statement = self.statements.get(sql) or self._prepare(sql)
-            values = [_text(params[key]) for key in statement.params]
-            results = self._pipeline([(setting, []), (statement, values)])
-            result = results[1]
-            if result.status == pq.ExecStatus.TUPLES_OK and len(results) == 2:
-                if not result.ntuples:
-                    return None
-                if not statement.columns:
-                    statement.columns.extend(
-                        result.fname(n).decode() for n in range(result.nfields)
-                    )
-                self.loader.set_pgresult(result)
-                return dict(zip(statement.columns, self.loader.load_row(0, tuple), strict=True))
-            # The first error: the setting's, the statement's or the commit's (at the Sync).
+            sent = [(setting, [])]
+            for sql, params in calls:
+                statement = self.statements.get(sql) or self._prepare(sql)
+                sent.append((statement, [_text(params[key]) for key in statement.params]))
+            results = self._pipeline(sent)
+            if len(results) == len(sent) and all(
+                result.status == pq.ExecStatus.TUPLES_OK for result in results
+            ):
+                return [
+                    self._rows(statement, result)
+                    for (statement, _), result in zip(sent[1:], results[1:], strict=True)
+                ]
+            # The first error: the setting's, a statement's or the commit's (at the Sync).
             aborted = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.PIPELINE_ABORTED)
             result = next(result for result in results if result.status not in aborted)
             if not retrying and result.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
                 # A pooler's DISCARD ALL dropped them (invalid_sql_statement_name): again.
                 self.statements.clear()
                 continue
-            raise psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
+            raise self._error(result)
+
+    def _error(self, result) -> psycopg.Error:
+        """The error of a failed result, as psycopg's cursors raise it: OperationalError when
+        the connection itself is gone (the result has no SQLSTATE then)."""
+        if self.raw.pgconn.status == pq.ConnStatus.BAD:
+            return psycopg.OperationalError(result.error_message.decode(errors="replace"))
+        return psycopg.errors.error_from_result(result, encoding=self.raw.info.encoding)
+
+    def _rows(self, statement, result) -> list[dict]:
+        if not result.ntuples:
+            return []
+        if not statement.columns:
+            statement.columns.extend(result.fname(n).decode() for n in range(result.nfields))
+        self.loader.set_pgresult(result)
+        rows = self.loader.load_rows(0, result.ntuples, tuple)
+        return [dict(zip(statement.columns, row, strict=True)) for row in rows]
 
     def _pipeline(self, calls) -> list:
         """Each (statement, values) of `calls` sent in one pipeline, then one Sync: one round
@@ -407,6 +439,15 @@ class _Direct:
         return results
 
 
+class _JsonbText(Loader):
+    """jsonb in binary form as its text: a version byte, then the text."""
+
+    format = pq.Format.BINARY
+
+    def load(self, data) -> str:
+        return bytes(data[1:]).decode()
+
+
 def _result(pgconn):
     """libpq's next result, waiting for it on the socket."""
     while pgconn.flush():
@@ -419,27 +460,53 @@ def _result(pgconn):
 
 
 def _text(value) -> bytes | None:
-    """A parameter in PostgreSQL's text format (the server infers its type)."""
+    """A parameter in PostgreSQL's text format (each statement casts it to its type); a list
+    is of integers (the statements' bigint arrays)."""
     if value is None:
         return None
     if type(value) is str:
         return value.encode()
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
     if isinstance(value, datetime):
         return value.isoformat().encode()
+    if isinstance(value, timedelta):
+        return f"{value.days} days {value.seconds} seconds {value.microseconds} us".encode()
+    if isinstance(value, list | tuple):
+        return ("{" + ",".join(str(int(item)) for item in value) + "}").encode()
     return str(value).encode()
 
 
 _directs = weakref.WeakKeyDictionary()
 
 
+def _direct(db) -> bool:
+    """Whether _Direct may be used: nothing watches the queries (they go through Django's
+    cursors then) and statements may be prepared (ALWAYSON_DB_PREPARE)."""
+    db.ensure_connection()
+    return not (db.queries_logged or db.execute_wrappers) and settings.ALWAYSON_DB_PREPARE
+
+
 def _fetch_direct(db, sql, params) -> dict | None:
-    """_fetch_one through _Direct when it may be used: nothing watches the queries and
-    statements may be prepared (ALWAYSON_DB_PREPARE)."""
-    if db.queries_logged or db.execute_wrappers or not settings.ALWAYSON_DB_PREPARE:
+    """_fetch_one through _Direct when it may be used."""
+    if not _direct(db):
         return _fetch_one(db, sql, params)
     direct = _kept(_directs, db, _Direct)
     with db.wrap_database_errors:
         return direct.fetch_one(sql, params)
+
+
+def _fetch_all(db, calls) -> list[list[dict]]:
+    """The rows of each (sql, params) of `calls` (outside a caller's transaction), sent after
+    BY_INDEX in one pipeline: one round trip, one implicit transaction. Through _Direct when
+    it may be used, else on psycopg's cursors (_by_index)."""
+    db = connections[db.alias]  # this thread's wrapper itself, not the proxy to it
+    if not _direct(db):
+        cursors = _by_index(db, calls)
+        return [_all(cursor, sql) for cursor, (sql, _) in zip(cursors, calls, strict=True)]
+    direct = _kept(_directs, db, _Direct)
+    with db.wrap_database_errors:
+        return direct.fetch(calls)
 
 
 _lookup = Inbox.objects.lookup  # bound once: it runs on every delivery
@@ -652,8 +719,10 @@ class PostgreSQL(Backend):
         only takes the lease, and the settling and the claim follow in a transaction under
         the lease row's lock (_claim_locked)."""
         take = _take(holder, now)
-        [cursor] = _by_index(connection, [(take.sql, take.params)])
-        rows = _all(cursor, take.sql)
+        if connection.in_atomic_block:
+            [cursor] = _by_index(connection, [(take.sql, take.params)])
+            return take.claim(self, _all(cursor, take.sql))
+        [rows] = _fetch_all(connection, [(take.sql, take.params)])
         return take.claim(self, rows)
 
     def _claim_locked(self, inbox, holder, generation, now) -> Claim:
@@ -834,10 +903,11 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
     events done, recounts the work and gives the lease back, all or nothing
     (finish_done.sql), then the effects; one transaction.
 
-    Without effects, and outside a caller's transaction, the four (BEGIN, the lock, the
-    finish, COMMIT) go in one pipeline: one round trip. The finish still runs after the lock
-    is granted, so its snapshot holds every event committed before, as the recount needs,
-    and it writes nothing when refused, so committing blind is safe.
+    Without effects, and outside a caller's transaction, the lock, the finish and the take
+    go in one pipeline after BY_INDEX (_fetch_all): one round trip, one implicit transaction
+    committed at its Sync, no BEGIN or COMMIT of their own. The finish still runs after the
+    lock is granted, so its snapshot holds every event committed before, as the recount
+    needs, and it writes nothing when refused, so committing blind is safe.
 
     Whether the finish was accepted, and the rows of `take` (a _Take run in the same
     transaction), [] without one.
@@ -857,34 +927,11 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
                 return True, []
             [cursor] = _by_index(connection, [(take.sql, take.params)])
             return True, _all(cursor, take.sql)
-    connection.ensure_connection()
-    raw = connection.connection
-    try:
-        with connection.wrap_database_errors, raw.pipeline():
-            raw.execute("BEGIN", prepare=False)
-            _PreparingCursor(raw).execute(BY_INDEX)  # until COMMIT
-            locked, finished = _lock_and_finish(params)
-            if take is not None:
-                taken = prepared_cursor()
-                taken.execute(take.sql, take.params)
-            raw.execute("COMMIT", prepare=False)
-    except BaseException:
-        # The pipeline stopped at the error: COMMIT was never run.
-        status = psycopg.pq.TransactionStatus
-        if not raw.broken and raw.info.transaction_status in (status.INTRANS, status.INERROR):
-            with connection.wrap_database_errors:
-                raw.execute("ROLLBACK", prepare=False)
-        raise
-    if locked.fetchone() is None:
+    calls = [(LOCK, params), (FINISH_DONE, params)]
+    if take is not None:
+        calls.append((take.sql, take.params))
+    locked, finished, *taken = _fetch_all(connection, calls)
+    if not locked:
         raise UnknownInbox(ref)
     # The take committed whether or not the finish was accepted: its claim stands either way.
-    return _one(finished, FINISH_DONE)["ok"], _all(taken, take.sql) if take is not None else []
-
-
-def _lock_and_finish(params):
-    """Send lock.sql then finish_done.sql: their cursors, whose rows are read after (in a
-    pipeline, after it is synced)."""
-    lock, finish = prepared_cursor(), prepared_cursor()
-    lock.execute(LOCK, params)
-    finish.execute(FINISH_DONE, params)
-    return lock, finish
+    return finished[0]["ok"], taken[0] if taken else []

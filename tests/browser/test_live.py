@@ -1,18 +1,21 @@
-"""Live pages in a browser (alwayson/web/live.py, static/alwayson/live.js): Chromium against a
-real ASGI server (uvicorn, as gunicorn's workers run it in production) on the PostgreSQL test
-database. A reply reaches fifty open pages by push, not by any poll; a page whose web process
-is killed reconnects when it is back and shows what was written meanwhile, without a reload.
+"""Live pages in a browser (alwayson/web/live.py, feed.py, static/alwayson/live.js): Chromium
+against the production web command (alwayson/ops/processes.py: gunicorn with alwayson's
+worker, which hands the streams to its event loop) on the PostgreSQL test database. A reply
+reaches fifty open pages by push, not by any poll; a page whose web process is killed
+reconnects when it is back and shows what was written meanwhile, without a reload; a card
+pushed to a page is answered from it.
 
 The ORM calls here are plain synchronous code beside Playwright's loop (see test_browser.py).
 """
 
 import os
+import signal
 import subprocess
-import sys
 import urllib.request
 
 import pytest
 
+from alwayson.ops.processes import PROCESSES, local_argv
 from inbox import clock
 from inbox.models import Inbox
 from tests.browser.test_browser import CHROMIUM, CHROMIUM_ARGS, PASSWORD, TIMEOUT_MS
@@ -53,9 +56,9 @@ def browser():
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
-class AsgiServer:
-    """uvicorn serving alwayson.asgi on the test database, on a port that stays the same
-    across a kill and a start."""
+class WebServer:
+    """The production web command (one worker) on the test database, on a port that stays
+    the same across a kill and a start."""
 
     def __init__(self, log_path):
         self.port = free_port()
@@ -64,21 +67,25 @@ class AsgiServer:
         self.process = None
 
     def start(self):
-        env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "PYTHONUNBUFFERED": "1",
+            "ALWAYSON_WEB_BIND": f"127.0.0.1:{self.port}",
+            "WEB_CONCURRENCY": "1",
+        }
         env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "uvicorn", "alwayson.asgi:application"),
-                    *("--port", str(self.port), "--lifespan", "off"),
-                ],
+                local_argv(PROCESSES["web"], ROOT),
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # a process group of its own, killed whole
             )
-        wait_for(self.answers, 30, f"uvicorn on {self.url} (log: {self.log_path})", period=0.1)
+        wait_for(self.answers, 30, f"the web on {self.url} (log: {self.log_path})", period=0.1)
 
     def answers(self):
         assert self.process.poll() is None, self.log_path.read_text()
@@ -89,13 +96,15 @@ class AsgiServer:
             return False
 
     def kill(self):
-        self.process.kill()
+        """gunicorn's master and its worker at once, as a host that dies takes them: a
+        worker outlives its killed master for a moment, serving its open streams."""
+        os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
 
 @pytest.fixture
 def server(tmp_path):
-    web = AsgiServer(tmp_path / "web.log")
+    web = WebServer(tmp_path / "web.log")
     web.start()
     yield web
     web.kill()
@@ -191,5 +200,39 @@ def test_a_page_reconnects_after_its_web_process_is_killed_and_catches_up(browse
 
         say(desk, "After the restart.")
         expect(page.locator("#conversation")).to_contain_text("After the restart.")
+    finally:
+        context.close()
+
+
+def test_an_approval_card_pushed_to_an_open_page_is_answered_from_it(browser, server, desk):
+    from datetime import timedelta
+
+    from approvals.models import Approval
+    from approvals.services import request_approval
+
+    say(desk, "Let me check that refund.")
+    context = logged_in_context(browser, server)
+    seen = []
+    try:
+        page = open_conversation(context, server, seen)
+        other = open_conversation(context, server, seen)
+        expect(page.locator("#conversation")).to_contain_text("Let me check that refund.")
+        # Typed into the page before the push: it survives the entries pushed after it.
+        request_approval(desk, "refund-1", "refund order 1", timedelta(hours=4))
+        card = page.locator(".approval-card")
+        expect(card).to_contain_text("Refund order 1", timeout=REPLY_WAIT_MS)
+        page.locator("summary", has_text="Deny, with a reason").click()
+        reason = page.get_by_label("Reason (optional; the agent reads it)")
+        reason.fill("typed before the next push")
+        say(desk, "Pushed while a reason was being typed.")
+        expect(page.locator("#conversation")).to_contain_text("Pushed while a reason")
+        expect(reason).to_have_value("typed before the next push")
+
+        # The card came in a patch rendered once for both pages: each page's form
+        # carries that page's own CSRF token, so the answer is accepted.
+        other.locator(".approval-card").get_by_role("button", name="Approve").click()
+        expect(other.locator(".approval-card")).to_contain_text("Approved.")
+        assert Approval.objects.get(request_id="refund-1").answer == "yes"
+        assert not [url for url in seen if "/inbox/desk/live/" in url], "a page polled"
     finally:
         context.close()

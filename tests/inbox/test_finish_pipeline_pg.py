@@ -1,8 +1,9 @@
 """The worker's finish on PostgreSQL when the run ended well with nothing else to commit:
-BEGIN, the lease row's lock, the fenced finish and COMMIT sent as one pipeline. The rules
-are finish's own (tests/inbox/test_take_next.py, tests/inbox/test_inbox_rules.py); these
-tests run outside a transaction, where the pipeline is used, and check that a refusal or an error
-leaves nothing written and no transaction open.
+the plan setting, the lease row's lock, the fenced finish (and the next take) sent as one
+pipeline, one implicit transaction. The rules are finish's own
+(tests/inbox/test_take_next.py, tests/inbox/test_inbox_rules.py); these tests run outside a
+transaction, where the pipeline is used, and check that a refusal or an error leaves nothing
+written and no transaction open.
 """
 
 from datetime import timedelta
@@ -16,7 +17,7 @@ from inbox.backends import postgresql
 from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease, RunRecord
-from inbox.services import finish_and_take, take_next
+from inbox.services import SaveState, finish_and_take, take_next
 from tests.support.postgres import other_session
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -26,16 +27,25 @@ SECOND = timedelta(seconds=1)
 
 @pytest.fixture
 def pipelines(monkeypatch):
-    """Counts the pipelines the connection opens for finishes (every other hot statement
-    is a pipeline of its own too, with its plan setting: postgresql.BY_INDEX)."""
+    """The pipelines the connection sends for finishes, each as the statements it sent
+    through libpq (_Direct, the path taken while nothing watches the queries); one sent on
+    psycopg's cursors counts too, as None (every other hot statement is a pipeline of its
+    own too, with its plan setting: postgresql.BY_INDEX)."""
     opened, finishing = [], []
     original = psycopg.Connection.pipeline
+    direct = postgresql._Direct._pipeline
     finish_done = postgresql._finish_done
 
     def counting(self):
         if finishing:
-            opened.append(self)
+            opened.append(None)
         return original(self)
+
+    def counting_direct(self, calls):
+        if finishing:
+            texts = {statement.name: sql for sql, statement in self.statements.items()}
+            opened.append([texts[statement.name] for statement, _ in calls])
+        return direct(self, calls)
 
     def finish(*args, **kwargs):
         finishing.append(True)
@@ -45,6 +55,7 @@ def pipelines(monkeypatch):
             finishing.pop()
 
     monkeypatch.setattr(psycopg.Connection, "pipeline", counting)
+    monkeypatch.setattr(postgresql._Direct, "_pipeline", counting_direct)
     monkeypatch.setattr(postgresql, "_finish_done", finish)
     return opened
 
@@ -69,7 +80,7 @@ def test_a_good_finish_commits_in_one_pipeline(inbox, t0, pipelines):
     ingest(inbox, "chat", "m-3", {}, now=t0 + SECOND)  # arrived during the run
 
     assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is True
-    assert len(pipelines) == 1
+    assert pipelines == [[BY_INDEX, postgresql.LOCK, postgresql.FINISH_DONE]]
     assert no_transaction_open()
     assert lease_row(inbox) == ("W", claim.generation, None)
     assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND  # m-3, recounted
@@ -187,9 +198,39 @@ def test_a_finish_and_the_next_take_commit_in_one_pipeline(make_inbox, t0, pipel
     finished, following = finish_and_take(
         first, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
     )
-    assert finished is True and len(pipelines) == 1
+    assert finished is True
+    [[setting, lock, finished_done, take]] = pipelines
+    assert (setting, lock, finished_done) == (BY_INDEX, postgresql.LOCK, postgresql.FINISH_DONE)
+    assert "FOR UPDATE OF inbox_lease SKIP LOCKED" in take
     assert no_transaction_open()
     assert following.inbox == second and [e.source_id for e in following.events] == ["b-1"]
+    assert states(first) == [("done", claim.generation)]
+    assert states(second) == [("running", following.generation)]
+
+
+def test_a_watched_finish_and_take_go_through_psycopgs_cursors_in_one_pipeline(
+    make_inbox, t0, pipelines
+):
+    """While something watches the queries (an execute wrapper, DEBUG's log) they go through
+    Django's cursors, so it sees them: still one pipeline, one transaction."""
+    first, second = make_inbox(), make_inbox()
+    ingest(first, "chat", "a-1", {}, now=t0)
+    ingest(second, "chat", "b-1", {}, now=t0 + SECOND)
+    claim = take_next("W", now=t0 + SECOND)
+    seen = []
+
+    def watch(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(watch):
+        finished, following = finish_and_take(
+            first, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+        )
+    assert finished is True and pipelines == [None]
+    assert seen[:2] == [postgresql.LOCK, postgresql.FINISH_DONE] and len(seen) == 3
+    assert no_transaction_open()
+    assert following.inbox == second
     assert states(first) == [("done", claim.generation)]
     assert states(second) == [("running", following.generation)]
 
@@ -238,8 +279,8 @@ def test_pipelined_runs_prepare_each_statement_once_per_connection(make_inbox, t
         "exclusive AS",
     ):
         assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
-    # The plan setting sent before each of them (BY_INDEX): once by psycopg's cursors, once
-    # by libpq's for the try.
+    # The plan setting sent before each of them (BY_INDEX): once by libpq's (the try, the
+    # take and the finish), once by psycopg's cursors (the first delivery's lock).
     assert prepared.count(BY_INDEX) == 2, prepared
     assert len(prepared) == 7, prepared
 
@@ -252,3 +293,34 @@ def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):
     finished, _ = finish_and_take(inbox, "W", claim.generation, [claim.events[0].pk], now=t0)
     assert finished
     assert prepared_statements() == []
+
+
+def test_a_claim_read_through_libpq_is_the_claim_psycopgs_cursors_read(make_inbox, t0):
+    """_Direct reads rows in binary form with the connection's loaders: the same values, of
+    the same types, as the cursors' text form (jsonb as Django decodes it, aware times)."""
+    payload = {"text": "héllo ☃", "n": [1, 2.5, None], "nested": {"ok": True}}
+    state = {"step": 2, "note": "ünï"}
+    inboxes = [make_inbox(), make_inbox()]
+    for inbox in inboxes:
+        ingest(inbox, "chat", "m-1", payload, now=t0)
+        SaveState(inbox.pk, state)(t0)
+    direct = take_next("W", now=t0)
+    with connection.execute_wrapper(lambda call, *args: call(*args)):  # the cursors' path
+        through_cursors = take_next("W", now=t0)
+
+    def seen(claim):
+        [event] = claim.events
+        times = [event.created, event.updated, event.available_at, claim.inbox.created]
+        return (
+            claim.inbox.owner_id == claim.inbox.owner.pk,
+            claim.generation,
+            claim.state,
+            claim.extras,
+            (event.source, event.source_id, event.payload, event.status, event.attempts),
+            [(time, time.tzinfo) for time in times[:3]],
+            claim.inbox.created.tzinfo,
+        )
+
+    assert {direct.inbox, through_cursors.inbox} == set(inboxes)
+    assert seen(direct) == seen(through_cursors)
+    assert direct.events[0].payload == payload and direct.state == state

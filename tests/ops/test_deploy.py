@@ -345,22 +345,28 @@ def test_the_env_template_filled_with_a_key_passes_check_deploy():
 # --- gunicorn's settings ---------------------------------------------------------------------
 
 
-def test_gunicorn_reads_where_to_listen_and_how_many_workers(monkeypatch):
+def test_gunicorn_reads_where_to_listen_how_many_workers_and_their_threads(monkeypatch):
     from alwayson import gunicorn_conf
 
     monkeypatch.setenv("ALWAYSON_WEB_BIND", "0.0.0.0:8000")
     monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    monkeypatch.setenv("WEB_THREADS", "6")
     importlib.reload(gunicorn_conf)
 
-    assert (gunicorn_conf.bind, gunicorn_conf.workers) == (["0.0.0.0:8000"], 3)
+    assert (gunicorn_conf.bind, gunicorn_conf.workers, gunicorn_conf.threads) == (
+        ["0.0.0.0:8000"],
+        3,
+        6,
+    )
 
 
+@pytest.mark.parametrize("name", ["WEB_CONCURRENCY", "WEB_THREADS"])
 @pytest.mark.parametrize("value", ["0", "-1", "two", ""])
-def test_a_malformed_web_concurrency_stops_gunicorn(monkeypatch, value):
+def test_a_malformed_worker_or_thread_count_stops_gunicorn(monkeypatch, name, value):
     from alwayson import gunicorn_conf
 
-    monkeypatch.setenv("WEB_CONCURRENCY", value)
-    with pytest.raises(SystemExit, match="WEB_CONCURRENCY must be a positive integer"):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit, match=f"{name} must be a positive integer"):
         importlib.reload(gunicorn_conf)
 
 
@@ -377,6 +383,14 @@ def gunicorn_settings():
     assert done.returncode == 0, done.stdout + done.stderr
     pairs = (line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     return {name.strip(): value.strip() for name, value in pairs}
+
+
+def test_gunicorn_runs_the_web_worker_on_django_wsgi_application():
+    """The web command names no worker class: the config does (alwayson/web/serving.py)."""
+    settings = gunicorn_settings()
+    assert settings["worker_class"] == "alwayson.web.serving.Worker"
+    assert settings["threads"] == "4"
+    assert PROCESSES["web"][-1] == "alwayson.wsgi"
 
 
 def test_gunicorn_opens_no_control_socket():

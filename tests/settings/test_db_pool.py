@@ -1,5 +1,6 @@
-"""ALWAYSON_DB_POOL_SIZE: the web process serving ASGI takes its PostgreSQL connections from a
-pool (alwayson/asgi.py sets it), every other process keeps one per thread as before, SQLite
+"""ALWAYSON_DB_POOL_SIZE: a web process serving ASGI takes its PostgreSQL connections from a
+pool (alwayson/asgi.py sets it), every other process (the production web, serving WSGI, among
+them) keeps one per thread as before, SQLite
 has no pool, and a malformed size stops start-up naming the variable.
 
 Settings are read once per process: each case reads them in a fresh one, as Django will use
@@ -23,6 +24,8 @@ from django.core.exceptions import ImproperlyConfigured
 try:
     if sys.argv[1] == "asgi":
         import alwayson.asgi
+    elif sys.argv[1] == "wsgi":
+        import alwayson.wsgi
     else:
         import django
         django.setup()
@@ -40,7 +43,8 @@ print(json.dumps({
 
 def database_settings(entry="setup", database_url=POSTGRES, **env):
     """The default database's settings in a process started through `entry` ("setup": the
-    loops and `manage.py`; "asgi": the web process): (exit code, stderr, the settings)."""
+    loops and `manage.py`; "wsgi": the production web; "asgi": an ASGI server): (exit code,
+    stderr, the settings)."""
     environ = environment(DATABASE_URL=database_url, **env)
     if "ALWAYSON_DB_POOL_SIZE" not in env:
         environ.pop("ALWAYSON_DB_POOL_SIZE", None)
@@ -83,6 +87,13 @@ def test_a_pool_size_gives_a_pool_of_that_size_checked_as_it_hands_a_connection_
         # A request waits for a free connection as long as for its inbox's lock.
         "pool": {"min_size": 1, "max_size": 7, "timeout": 3.0},
     }
+
+
+def test_the_production_web_serving_wsgi_keeps_a_connection_per_thread_and_no_pool():
+    code, stderr, values = database_settings("wsgi")
+
+    assert code == 0, stderr
+    assert values == {"CONN_MAX_AGE": 60, "CONN_HEALTH_CHECKS": True, "pool": None}
 
 
 def test_the_web_process_serving_asgi_pools_its_connections_by_default():

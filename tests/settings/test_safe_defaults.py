@@ -52,6 +52,23 @@ def test_without_debug_a_secret_key_is_required():
     assert shell("print(settings.DEBUG)", DEBUG="false", SECRET_KEY="k" * 50) == (0, "False")
 
 
+def test_the_largest_body_follows_the_views_limits_and_stays_in_memory():
+    """The web refuses a body past ALWAYSON_REQUEST_MAX_BYTES before reading it
+    (alwayson/web/serving.py): the largest any view accepts. An upload up to it stays in
+    memory, not in a temporary file."""
+    read = (
+        "print(settings.ALWAYSON_REQUEST_MAX_BYTES, settings.FILE_UPLOAD_MAX_MEMORY_SIZE,"
+        " settings.DATA_UPLOAD_MAX_MEMORY_SIZE)"
+    )
+    forms = 2621440  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE
+    assert shell(read) == (0, f"{forms} {forms} {forms}")
+    eight_mib = 8 * 1024 * 1024
+    assert shell(read, ALWAYSON_WEBHOOK_MAX_BYTES=str(eight_mib)) == (
+        0,
+        f"{eight_mib} {eight_mib} {forms}",
+    )
+
+
 def test_throttle_settings_come_from_the_environment():
     code, output = shell(
         "print(settings.AXES_FAILURE_LIMIT, settings.AXES_COOLOFF_TIME,"

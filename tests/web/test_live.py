@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.test import Client, RequestFactory
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from alwayson.web import live, streams
+from alwayson.web import feed, live
 from approvals.services import request_approval
 from inbox.models import Membership, Role
 from inbox.services import acquire, ingest, release
@@ -150,48 +150,24 @@ def test_a_page_served_by_wsgi_or_on_sqlite_is_told_to_poll(owner_client, desk):
     assert owner_client.get("/inbox/desk/stream/").status_code == 404
 
 
-# --- a stream's refresh: what it sends after a reconnect -------------------------------------
-
-
-def stream_request(user):
-    request = RequestFactory().get("/inbox/desk/stream/")
-    request.user = user
-    request.session = {}
-    return request
+# --- a stream: what it sends after a reconnect (alwayson/web/feed.py) ------------------------
 
 
 def test_a_reconnect_gets_what_it_missed_from_its_cursor(desk, owner):
-    refresh = streams._refresh_conversation
-    request = stream_request(owner)
     say(desk, "first")
-    cursor, html = refresh(request, desk.pk, owner.pk, "")
-    assert "first" in html
-
-    assert refresh(request, desk.pk, owner.pk, cursor) is None, "nothing missed: nothing sent"
+    seen = live.inbox_cursor(desk.pk)
+    state = feed.read(desk.pk, None, {owner.pk})
+    assert feed.Page(owner.pk, seen).next_message(state) is None, "nothing missed: nothing sent"
 
     say(desk, "second, while the page was away")
     chat(desk, "and a message from a colleague", "m9")
-    newer, html = refresh(request, desk.pk, owner.pk, cursor)
-    assert newer != cursor
-    assert "second, while the page was away" in html
-    assert "and a message from a colleague" in html
-    assert f'data-live-cursor="{newer}"' in html
-
-
-def test_a_stream_ends_for_somebody_who_lost_the_role(desk, django_user_model):
-    viewer = django_user_model.objects.create_user(username="viewer")
-    membership = Membership.objects.create(inbox=desk, user=viewer, role=Role.VIEWER)
-    request = stream_request(viewer)
-    cursor, _ = streams._refresh_conversation(request, desk.pk, viewer.pk, "")
-
-    membership.delete()
-    say(desk, "not for the viewer any more")
-    assert streams._refresh_conversation(request, desk.pk, viewer.pk, cursor) is live.GONE
-
-    viewer.is_active = False
-    viewer.save()
-    Membership.objects.create(inbox=desk, user=viewer, role=Role.VIEWER)
-    assert streams._refresh_conversation(request, desk.pk, viewer.pk, cursor) is live.GONE
+    state = feed.read(desk.pk, state, {owner.pk})
+    sent = feed.Page(owner.pk, seen).next_message(state)
+    newer = live.inbox_cursor(desk.pk)
+    assert newer != seen and sent.startswith(f"id: {newer}\n")
+    assert "second, while the page was away" in sent
+    assert "and a message from a colleague" in sent
+    assert f'data-live-cursor="{newer}"' in sent
 
 
 # --- the approvals list and the dashboard ----------------------------------------------------

@@ -53,6 +53,11 @@ async def next_event(stream):
             return chunk
 
 
+def event_id(event):
+    """The cursor an event carries (its `id:` line), whether a whole region or a patch."""
+    return next(line[4:] for line in event.split("\n") if line.startswith("id: "))
+
+
 async def open_stream(client, since):
     response = await client.get("/inbox/desk/stream/", {"since": since})
     assert response.status_code == 200
@@ -76,7 +81,7 @@ def test_a_commit_reaches_every_open_stream_of_the_inbox_through_one_listen(desk
         cursor = await sync_to_async(live.inbox_cursor)(desk.pk)
         for stream in streams:
             event = await next_event(stream)
-            assert event.startswith(f"id: {cursor}\n")
+            assert event_id(event) == cursor
             assert "Pushed to every page" in event
         for stream in streams:
             await stream.aclose()
@@ -175,7 +180,7 @@ def test_a_page_stops_showing_work_when_the_runs_lease_lapses_unreleased(desk, o
 
         idle = await next_event(stream)
         assert "Your agent is working" not in idle
-        assert idle.split("\n", 1)[0].endswith(".0")
+        assert event_id(idle).endswith(".0")
         await stream.aclose()
         await first.aclose()
         await live.hub().stop()
@@ -267,7 +272,7 @@ def test_a_hub_that_listens_again_watches_under_its_new_connection_and_drops_dea
         await sync_to_async(say)(desk, "Heard on the new connection")
         while "Heard on the new connection" not in (event := await next_event(stream)):
             pass  # the wake-up of the reconnect refreshes the page first
-        assert event.startswith("id: ")
+        assert event_id(event) == await sync_to_async(live.inbox_cursor)(desk.pk)
         await stream.aclose()
         await hub.stop()
 
@@ -284,3 +289,107 @@ def test_prune_deletes_the_watches_of_listeners_no_longer_connected(desk):
     LiveWatch.objects.create(inbox_id=desk.pk, listener=2**31 - 1)
     call_command("prune", verbosity=0)
     assert watches() == [(desk.pk, alive)]
+
+
+def test_fifty_open_pages_cost_one_read_and_one_render_per_change(desk, owner, monkeypatch):
+    from django.test.utils import CaptureQueriesContext
+
+    from alwayson.web import conversation, feed
+
+    reads, renders = [], []
+    real_read, real_render = feed.read, conversation.render_entry
+
+    def counted_read(*args):
+        with CaptureQueriesContext(connection) as statements:  # the hub thread's connection
+            state = real_read(*args)
+        reads.append(len(statements))
+        return state
+
+    def counted_render(entry, **context):
+        renders.append(entry.key)
+        return real_render(entry, **context)
+
+    monkeypatch.setattr(feed, "read", counted_read)
+    monkeypatch.setattr(conversation, "render_entry", counted_render)
+    monkeypatch.setattr(live, "SETTLE", 0)
+
+    async def change_reaches(streams, body):
+        reads.clear()
+        renders.clear()
+        await sync_to_async(say)(desk, body)
+        cursor = await sync_to_async(live.inbox_cursor)(desk.pk)
+        for stream in streams:
+            event = await next_event(stream)
+            assert event_id(event) == cursor and body in event
+        return list(reads), list(renders)
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        since = await sync_to_async(live.inbox_cursor)(desk.pk)
+        one = [await open_stream(client, since)]
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while len(reads) < 2:  # the first read and the settling one
+            assert asyncio.get_running_loop().time() < deadline, "the feed never read"
+            await asyncio.sleep(0.01)
+        alone = await change_reaches(one, "Seen by one page")
+
+        fifty = one + [await open_stream(client, since) for _ in range(49)]
+        for stream in fifty[1:]:  # opened at an older cursor: the region, from memory
+            assert "Seen by one page" in await next_event(stream)
+        crowd = await change_reaches(fifty, "Seen by fifty pages")
+
+        assert len(alone[0]) == len(crowd[0]) == 1, "one read per change"
+        assert alone[0] == crowd[0], "the same statements, for one page and for fifty"
+        assert len(crowd[1]) == 1, "the new entry rendered once"
+        for stream in fifty:
+            await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
+
+
+def test_open_approval_lists_of_one_person_share_one_refresh_per_change(desk, owner, monkeypatch):
+    from datetime import timedelta
+
+    from alwayson.web import streams
+    from approvals.services import request_approval
+
+    refreshes = []
+    real = streams._refresh_approvals
+
+    def counted(*args):
+        refreshes.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(streams, "_refresh_approvals", counted)
+    monkeypatch.setattr(live, "SETTLE", 0)
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        since = await sync_to_async(live.global_cursor)()
+        lists, heard = [], []
+        for _ in range(5):
+            response = await client.get("/approvals/stream/", {"since": since})
+            lists.append(response.streaming_content)
+            assert (await next_event(lists[-1])).startswith("retry: ")
+            # A stream reads only while it is listened to: each page listens on its own.
+            heard.append(asyncio.ensure_future(next_event(lists[-1])))
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+        deadline = asyncio.get_running_loop().time() + WAIT
+        while len(refreshes) < 5:  # each page's first read (its settling one, at 0 s, with it)
+            assert asyncio.get_running_loop().time() < deadline, "the pages never read"
+            await asyncio.sleep(0.01)
+        refreshes.clear()
+
+        await sync_to_async(request_approval)(desk, "r-1", "refund order 1", timedelta(hours=1))
+        for event in heard:
+            assert "Refund order 1" in await event
+        assert len(refreshes) == 1, "one refresh for the five pages of one person"
+        for stream in lists:
+            await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()

@@ -499,7 +499,7 @@ def test_the_conversation_links_each_agent_message_to_the_run_that_said_it(owner
 
     html = html_of(client_of(owner).get("/inbox/desk/"))
 
-    old, new = re.findall(r'<li class="entry agent">(.*?)</li>', html, re.S)
+    old, new = re.findall(r'<li id="entry-agent-\d+" class="entry agent">(.*?)</li>', html, re.S)
     assert "why did it say this?" not in old
     assert 'href="/runs/desk/7/">why did it say this?</a>' in new
 

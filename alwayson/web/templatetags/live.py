@@ -19,6 +19,8 @@ def live_attributes(context, name, *args):
     attributes = format_html(
         'data-live-poll="{}" data-live-cursor="{}"', reverse(f"{name}-live", args=args), cursor
     )
-    if live.push_available(context["request"]):
+    request = context.get("request")
+    # Rendered without a request: for a push (alwayson/web/feed.py), to a page that streams.
+    if request is None or live.push_available(request):
         attributes += format_html(' data-live-stream="{}"', reverse(f"{name}-stream", args=args))
     return attributes

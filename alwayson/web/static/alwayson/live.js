@@ -2,7 +2,9 @@
 // A region names its poll URL, the cursor it shows and, when the server can push, its stream:
 //   <div id="conversation" data-live-poll="…/live/" data-live-cursor="12.3.0" data-live-stream="…/stream/">
 // Pushed: an EventSource; the browser reconnects by itself and says the last cursor it saw
-// (Last-Event-ID), and the server sends what changed since. When the stream cannot come back
+// (Last-Event-ID), and the server sends what changed since: the whole region, or a "patch"
+// event with the entries rendered since the page's revision and the order of them all (a
+// conversation: alwayson/web/feed.py). When the stream cannot come back
 // by itself (a proxy's 502 while the server restarts), one poll catches up and the stream opens
 // again, later each time. Without a stream: a poll a second, which costs the server one query
 // while nothing changes. A 403/404 (the role is gone) or a redirect to the login page ends it.
@@ -56,6 +58,7 @@
       var selection = null;
       try { if (focusId) selection = [focused.selectionStart, focused.selectionEnd]; } catch (e) { selection = null; }
       carryOver(current, fresh);
+      giveToken(fresh);
       current.replaceWith(fresh);
       if (focusId) {
         var again = document.getElementById(focusId);
@@ -65,6 +68,73 @@
         }
       }
       document.dispatchEvent(new CustomEvent("live:updated", { detail: { id: id } }));
+    }
+
+    // Entries pushed to every page of a person carry no CSRF token: the page's own goes in.
+    function giveToken(root) {
+      var meta = document.querySelector('meta[name="csrf-token"]');
+      if (!meta) return;
+      root.querySelectorAll('form[method="post"]').forEach(function (form) {
+        if (form.querySelector('input[name="csrfmiddlewaretoken"]')) return;
+        var input = document.createElement("input");
+        input.type = "hidden";
+        input.name = "csrfmiddlewaretoken";
+        input.value = meta.content;
+        form.prepend(input);
+      });
+    }
+
+    function element(html) {
+      var template = document.createElement("template");
+      template.innerHTML = html.trim();
+      return template.content.firstElementChild;
+    }
+
+    // A patch: {order: [entry ids], items: {id: html of an entry new or changed},
+    // working?: html}. Entries not sent stay as they are (what is typed in them, what is
+    // open); the list is put in the order given. False when the page lacks an entry the
+    // patch takes as shown: then one poll fetches the whole region.
+    function patch(change, cursor) {
+      var current = document.getElementById(id);
+      var list = current && current.querySelector("ol");
+      if (!list) return false;
+      var fresh = {};
+      Object.keys(change.items).forEach(function (key) {
+        var node = element(change.items[key]);
+        var old = document.getElementById(key);
+        if (old) carryOver(old, node);
+        giveToken(node);
+        fresh[key] = node;
+      });
+      var nodes = change.order.map(function (key) { return fresh[key] || document.getElementById(key); });
+      if (nodes.indexOf(null) !== -1) return false;
+      var focused = document.activeElement;
+      var keep = {};
+      change.order.forEach(function (key) { keep[key] = true; });
+      Array.prototype.slice.call(list.children).forEach(function (child) {
+        if (!keep[child.id]) child.remove();
+      });
+      var next = list.firstElementChild;
+      nodes.forEach(function (node) {
+        if (node === next) { next = next.nextElementSibling; return; }
+        var old = document.getElementById(node.id);
+        if (old && old !== node) {
+          if (old === next) next = next.nextElementSibling;
+          old.remove();
+        }
+        list.insertBefore(node, next);
+      });
+      if (change.working !== undefined) {
+        var working = current.querySelector("#" + CSS.escape(id) + "-working");
+        if (working) working.replaceWith(element(change.working));
+      }
+      current.dataset.liveCursor = cursor;
+      // Moving or replacing the entry that held the focus took it away: give it back.
+      if (focused && focused.id && document.activeElement !== focused && current.contains(document.getElementById(focused.id))) {
+        document.getElementById(focused.id).focus({ preventScroll: true });
+      }
+      document.dispatchEvent(new CustomEvent("live:updated", { detail: { id: id } }));
+      return true;
     }
 
     // One poll: false once the page may not go on (the role is gone, or the login with
@@ -92,6 +162,10 @@
     (function open() {
       var source = new EventSource(stream + "?since=" + encodeURIComponent(cursor()));
       source.onmessage = function (event) { retry = POLL_MS; swap(event.data); };
+      source.addEventListener("patch", function (event) {
+        retry = POLL_MS;
+        if (!patch(JSON.parse(event.data), event.lastEventId)) check();
+      });
       source.onopen = function () { retry = POLL_MS; };
       source.addEventListener("gone", function () { source.close(); });
       source.onerror = function () {

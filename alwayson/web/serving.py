@@ -1,0 +1,381 @@
+"""The production web process's gunicorn worker (alwayson/gunicorn_conf.py names it): plain WSGI
+for requests, one event loop for the live pages' streams, and bodies bounded before they are read
+(docs/explanation/live-pages.md#the-server).
+
+Requests. gunicorn's gthread worker: each request runs on one of a few threads, each keeping its
+PostgreSQL connection between requests (CONN_MAX_AGE), as a plain Django deployment does. Django's
+ASGI handler ran every request's view on a thread of its own behind an event loop, at a third of
+the speed.
+
+Streams. A live page's stream is an async generator that never ends by itself, which a WSGI thread
+could serve only by blocking on it. So every request is told it may be offered the push
+(environ["alwayson.push"], read by live.push_available), and when Django answers with an async
+streaming response, the connection is taken from gunicorn and handed to one event loop per
+process, on a thread started with the worker: it writes the head itself, then each chunk as the
+generator yields it, and closes the generator when the client leaves.
+
+Closes. A connection the worker will not keep (a "Connection: close", a refusal) is closed on
+that loop too, gracefully (the client's last bytes read for up to 2 s), rather than on
+gunicorn's main thread, where a client that kept its side open stalled the whole worker.
+
+Bodies. Before the application runs, a request declaring a body larger than any view accepts
+(ALWAYSON_REQUEST_MAX_BYTES) is answered 413 and closed, its body unread; a chunked body is read
+up to that limit (413 past it) and handed to Django as a body of known length, since Django
+reads none of a body whose length is not declared.
+"""
+
+import asyncio
+import concurrent.futures
+import io
+import logging
+import os
+import socket
+import threading
+
+from gunicorn.workers.gthread import ThreadWorker
+
+log = logging.getLogger(__name__)
+
+# What the client sends on a stream's connection after its request is read and dropped, this
+# much at a time: only its end (or an error) matters, which says the client has left.
+READ_SIZE = 4096
+# On a stop: how long the streams get to close (their browsers reconnect to a running process),
+# then how long what they leave behind (the live pages' hub) gets to clean up.
+CLOSE_STREAMS = 2.0
+CLEAN_UP = 5.0
+# A connection the worker closes: how long, and how much of what the client still sends, the
+# loop reads before it closes (gunicorn's close_graceful's figures), so the client's last
+# bytes do not turn the close into a reset that loses the response.
+LINGER = 2.0
+LINGER_BYTES = 64 * 1024
+# Framing of the connection, which the server decides: Django's values are dropped.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "content-length", "transfer-encoding"})
+HTTP_1 = frozenset({"HTTP/1.0", "HTTP/1.1"})
+
+
+class Worker(ThreadWorker):
+    """gunicorn's gthread worker, which hands streams and the connections it closes to its
+    event loop (Streams), and refuses oversize bodies before the application runs."""
+
+    def init_process(self):
+        # Before gunicorn's init_process, which loads the application and then runs the worker's
+        # loop until it stops.
+        self.streams = Streams()
+        self.handed = threading.local()  # whether this thread's connection went to a stream
+        super().init_process()
+
+    def load_wsgi(self):
+        super().load_wsgi()
+        # Here and not at the top: gunicorn's master imports this module to find the worker
+        # class, before Django is set up; the application loaded just above has set it up.
+        from django.conf import settings
+
+        from alwayson.web import live
+
+        self.max_body = settings.ALWAYSON_REQUEST_MAX_BYTES
+        self.live = live
+        self.wsgi = self.handing_off_streams(self.wsgi)
+
+    def run(self):
+        try:
+            super().run()
+        finally:
+            # gunicorn's loop has ended (SIGTERM once its requests are answered; SIGQUIT or
+            # SIGINT at once). Handed-off streams are not among the connections it waits
+            # for, so they never hold the stop for graceful_timeout; they close here.
+            self.streams.stop()
+
+    def handle(self, conn):
+        """A connection gunicorn will not keep is closed by the loop, not by gunicorn's main
+        thread: there close_graceful() waits up to 2 s for the client to close its side, and
+        a client that does not (one refused 413, say) stalled every connection of the worker
+        meanwhile, accepting new ones included."""
+        self.handed.off = False
+        keep = super().handle(conn)
+        if keep is False and not self.handed.off and not self.cfg.is_ssl:
+            try:
+                own = _take(conn.sock)
+            except OSError:  # gunicorn closed it already, or no descriptor is left
+                return keep
+            self.streams.linger(own)
+        return keep
+
+    # --- streams -------------------------------------------------------------------------
+
+    def handing_off_streams(self, application):
+        # Under TLS terminated by gunicorn itself the connection is an SSL socket whose state
+        # cannot move to another socket: pages are then polled, as under any WSGI server.
+        push = not self.cfg.is_ssl
+
+        def serve(environ, start_response):
+            if not push or environ.get("SERVER_PROTOCOL") not in HTTP_1:
+                return application(environ, start_response)
+            environ[self.live.PUSH] = True
+            started = []
+
+            def start(status, headers, exc_info=None):
+                started[:] = [status, headers]
+                return start_response(status, headers, exc_info)
+
+            response = application(environ, start)
+            if not (getattr(response, "streaming", False) and getattr(response, "is_async", False)):
+                return response
+            self.hand_off(environ["gunicorn.socket"], *started, response)
+            return []
+
+        return serve
+
+    def hand_off(self, client, status, headers, response):
+        """Take the connection from gunicorn and give it, with the response, to the loop."""
+        own = _take(client)
+        self.handed.off = True
+        try:
+            # request_finished, in the thread where request_started was sent (the thread's
+            # database connection is kept or closed there, as after any request).
+            response.close()
+        finally:
+            if not self.streams.serve(own, _head(status, headers), response):
+                own.close()
+
+    # --- bodies ---------------------------------------------------------------------------
+
+    def handle_request(self, req, conn):
+        refusal = self.body_refusal(req, conn.sock)
+        if refusal is not None:
+            status, reason = refusal
+            self.log.info("%s %s refused: %s %s", req.method, req.path, status, reason)
+            conn.sock.sendall(_plain(status, reason))
+            return False  # closed, the body unread
+        return super().handle_request(req, conn)
+
+    def body_refusal(self, req, sock):
+        """(status, reason) when the request's body must not reach the application; None
+        when it may (a chunked one then read, within the limit, into memory)."""
+        lengths = [value for name, value in req.headers if name == "CONTENT-LENGTH"]
+        if lengths:
+            # gunicorn's parser refuses a repeated, negative or non-numeric length itself (400);
+            # checked again here so that no such value reaches Django.
+            try:
+                declared = int(lengths[0])
+            except ValueError:
+                declared = -1
+            if len(lengths) > 1 or declared < 0:
+                return "400 Bad Request", "the Content-Length is not a length"
+            if declared > self.max_body:
+                return "413 Content Too Large", f"the body is larger than {self.max_body} bytes"
+            return None
+        if any(name == "TRANSFER-ENCODING" for name, _ in req.headers):
+            return self.read_chunked(req, sock)
+        return None
+
+    def read_chunked(self, req, sock):
+        """A chunked body (gunicorn's parser accepts no other transfer coding), read here up
+        to the limit, then given to Django with its length: Django reads a body only up to
+        its declared length, so it would see none of it."""
+        if req._expected_100_continue:
+            # The client sends the body once told to; gunicorn would tell it only when it
+            # builds the environ, after this read.
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            req._expected_100_continue = False
+        body = req.body.read(self.max_body + 1)
+        if len(body) > self.max_body:
+            return "413 Content Too Large", f"the body is larger than {self.max_body} bytes"
+        req.body = io.BytesIO(body)
+        req.headers = [(name, value) for name, value in req.headers if name != "TRANSFER-ENCODING"]
+        req.headers.append(("CONTENT-LENGTH", str(len(body))))
+        return None
+
+
+class Streams:
+    """One asyncio event loop, on a thread of its own, serving the streams handed to it and
+    closing the connections the worker will not keep: a task each, which ends when the client
+    leaves, the stream's generator ends, the close is done, or the worker stops."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.tasks: set[asyncio.Task] = set()
+        self.taking = True
+        self.thread = threading.Thread(target=self._run, name="alwayson-streams", daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def serve(self, client, head, response) -> bool:
+        """From a request's thread: serve `response` on `client` (a socket of the caller's,
+        which the loop owns from now on). False if the loop has stopped: the caller closes it."""
+        return self._submit(client, self._serve(client, head, response))
+
+    def linger(self, client):
+        """From a request's thread: close `client` (the loop's from now on) gracefully."""
+        if not self._submit(client, _linger(client)):
+            client.close()
+
+    def _submit(self, client, work) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(self._start, client, work)
+        except RuntimeError:  # the loop is closed
+            work.close()  # a coroutine never started
+            return False
+        return True
+
+    def _start(self, client, work):
+        if not self.taking:
+            work.close()
+            client.close()
+            return
+        task = self.loop.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _serve(self, client, head, response):
+        loop = asyncio.get_running_loop()
+        content = None
+        try:
+            content = response.streaming_content
+            client.setblocking(False)
+            sending = loop.create_task(_send(client, head, content))
+            leaving = loop.create_task(_until_gone(client))
+            try:
+                await asyncio.wait((sending, leaving), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # Cancelled while the generator awaits its next change, it runs its own
+                # `finally` (the page leaves the hub) as the cancellation passes through it.
+                sending.cancel()
+                leaving.cancel()
+                sent, _ = await asyncio.gather(sending, leaving, return_exceptions=True)
+                if isinstance(sent, Exception) and not isinstance(sent, OSError):
+                    log.error("a live stream failed", exc_info=sent)
+        finally:
+            try:
+                await _close_generators(content, response)
+            finally:
+                client.close()
+
+    def stop(self):
+        """From the worker's main thread, once gunicorn's loop has ended: every stream closed,
+        the hub's cleanup run, the loop stopped; within a few seconds whatever they do."""
+        if not self.thread.is_alive():
+            return
+        closing = asyncio.run_coroutine_threadsafe(self._close(), self.loop)
+        try:
+            closing.result(CLOSE_STREAMS + CLEAN_UP + 1)
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            log.warning("the live streams' loop did not stop in time; leaving it")
+        except Exception:
+            log.exception("stopping the live streams' loop")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(1)
+
+    async def _close(self):
+        self.taking = False
+        open_streams = set(self.tasks)
+        for task in open_streams:
+            task.cancel()
+        if open_streams:
+            await asyncio.wait(open_streams, timeout=CLOSE_STREAMS)
+        await asyncio.sleep(0)  # generators collected meanwhile are closed by the loop's hook
+        # Imported here for the reason Worker.load_wsgi says; by now Django is set up.
+        from alwayson.web import live
+
+        try:
+            await asyncio.wait_for(live.stop_hub(), CLEAN_UP)
+        except TimeoutError:
+            log.warning("the live pages' hub did not stop within %ss", CLEAN_UP)
+        await self.loop.shutdown_asyncgens()
+        await self.loop.shutdown_default_executor()
+
+
+async def _linger(client):
+    """RFC 9112's close, as gunicorn's close_graceful() makes it: the sending side shut, what
+    the client still sends read and dropped until it closes its side or LINGER has passed."""
+    loop = asyncio.get_running_loop()
+    try:
+        client.setblocking(False)
+        client.shutdown(socket.SHUT_WR)
+        drained = 0
+        async with asyncio.timeout(LINGER):
+            while drained < LINGER_BYTES and (data := await loop.sock_recv(client, READ_SIZE)):
+                drained += len(data)
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        client.close()
+
+
+async def _send(client, head, content):
+    """The head, then every chunk as the generator yields it, each sent whole before the next
+    is asked for: a client that reads slowly slows its own stream, and nothing piles up."""
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(client, head)
+    async for chunk in content:
+        await loop.sock_sendall(client, chunk)
+
+
+async def _until_gone(client):
+    """Returns when the client has closed its side or the connection failed."""
+    loop = asyncio.get_running_loop()
+    try:
+        while await loop.sock_recv(client, READ_SIZE):
+            pass
+    except OSError:
+        pass
+
+
+async def _close_generators(content, response):
+    """Django's streaming_content wraps the view's generator in one of its own, and closing
+    the wrapper leaves the wrapped one suspended until it is collected: both are closed here,
+    so the view's `finally` runs now (a stream cancelled while sending, not while awaiting)."""
+    for generator in (content, getattr(response, "_iterator", None)):
+        aclose = getattr(generator, "aclose", None)
+        if aclose is None:
+            continue
+        try:
+            await aclose()
+        except Exception:
+            log.exception("closing a live stream's generator")
+
+
+def _take(client) -> socket.socket:
+    """The connection `client` names, as a socket of the caller's; `client` is left naming a
+    socket whose peer is already closed.
+
+    gunicorn goes on using its socket after a connection is taken from it: it writes its
+    response's head to it, then closes it with close_graceful(), whose shutdown(SHUT_WR) acts
+    on the connection, not on the descriptor, so a dup alone would not survive it. With its
+    descriptor number naming a dead socket, all of that fails there (EPIPE: to gunicorn, a
+    client that left) or returns at once, and never reaches the connection."""
+    own = client.dup()
+    dead, peer = socket.socketpair()
+    peer.close()
+    try:
+        os.dup2(dead.fileno(), client.fileno(), inheritable=False)
+    except OSError:
+        own.close()
+        raise
+    finally:
+        dead.close()
+    return own
+
+
+def _head(status, headers) -> bytes:
+    """The response's head as Django made it, for a body that ends when the connection does."""
+    lines = [f"HTTP/1.1 {status}"]
+    lines += [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP]
+    lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _plain(status, reason) -> bytes:
+    body = f"{reason}\n".encode()
+    head = (
+        f"HTTP/1.1 {status}\r\n"
+        "Connection: close\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
