@@ -12,7 +12,9 @@ prepared and planned by index); their rows become model instances as a queryset'
 (converters, select_related, annotations).
 """
 
+import inspect
 from contextlib import nullcontext
+from functools import partial
 from typing import NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
@@ -67,6 +69,7 @@ class _Rows(NamedTuple):
     populators: list  # select_related's
     annotations: dict  # attribute -> column
     converters: list  # (column, [converter], expression)
+    from_db: object  # the model's from_db, given the queryset's fetch mode where Django has them
 
 
 class Prebuilt:
@@ -93,7 +96,11 @@ class Prebuilt:
                 [sql] = sql
             sql, params = sql
             places = tuple((n, p) for n, p in enumerate(params) if isinstance(p, Given))
-            rows = _rows(compiler) if compiler.klass_info else None
+            rows = (
+                _rows(compiler, getattr(built, "_fetch_mode", None))
+                if compiler.klass_info
+                else None
+            )
             compiled = self._compiled[connection.vendor] = _Compiled(sql, params, places, rows)
         return compiled
 
@@ -114,9 +121,7 @@ class Prebuilt:
             for column, converters, expression in found.converters:
                 for converter in converters:
                     row[column] = converter(row[column], expression, connection)
-            obj = found.model.from_db(
-                DEFAULT_DB_ALIAS, found.init_list, row[found.start : found.end]
-            )
+            obj = found.from_db(DEFAULT_DB_ALIAS, found.init_list, row[found.start : found.end])
             for populator in found.populators:
                 populator.populate(row, obj)
             for name, column in found.annotations.items():
@@ -139,8 +144,22 @@ class Prebuilt:
         current().write(self.statement(**values))
 
 
-def _rows(compiler) -> _Rows:
+# Django 6.1 gave querysets a fetch mode (how a deferred field or relation loads later), which
+# the populators and from_db take; 5.2 has neither.
+_FETCH_MODES = "fetch_mode" in inspect.signature(get_related_populators).parameters
+
+
+def _rows(compiler, fetch_mode) -> _Rows:
     klass_info, select = compiler.klass_info, compiler.select
+    model = klass_info["model"]
+    if _FETCH_MODES:
+        if fetch_mode.track_peers:
+            raise ValueError("a prebuilt statement's instances have no peers: use FETCH_ONE")
+        populators = get_related_populators(klass_info, select, DEFAULT_DB_ALIAS, fetch_mode)
+        from_db = partial(model.from_db, fetch_mode=fetch_mode)
+    else:
+        populators = get_related_populators(klass_info, select, DEFAULT_DB_ALIAS)
+        from_db = model.from_db
     start, end = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
     expressions = [column[0] for column in select[: compiler.col_count]]
     converters = []
@@ -151,11 +170,12 @@ def _rows(compiler) -> _Rows:
         if found:
             converters.append((n, found, expression))
     return _Rows(
-        model=klass_info["model"],
+        model=model,
         init_list=[column[0].target.attname for column in select[start:end]],
         start=start,
         end=end,
-        populators=get_related_populators(klass_info, select, DEFAULT_DB_ALIAS),
+        populators=populators,
         annotations=dict(compiler.annotation_col_map),
         converters=converters,
+        from_db=from_db,
     )
