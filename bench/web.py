@@ -179,14 +179,24 @@ class Rows:
         system = f"{server_name}-{view}"
 
         def run(seconds, connections):
-            tag = f"{self.phase}-{system}-{next(self.tags)}"
-            if view == "product":
-                prefix, ids = "/approvals/", self._approvals(system, tag, seconds)
-            else:
-                prefix, ids = "/bench/answer/", "-"
-            args = (self.slugs_file, self.session.cookie(), self.session.token, prefix, ids, tag)
-            result = load.run(server.base, "answer.lua", connections, seconds, args)
-            self.seen_rate[system] = max(self.seen_rate.get(system, 0), result.rate)
+            # A run that answered every approval made for it ran out (answer.lua's 404s):
+            # its rate is wrong, so it is run again with more, at most twice.
+            for _ in range(3):
+                tag = f"{self.phase}-{system}-{next(self.tags)}"
+                if view == "product":
+                    prefix, ids = "/approvals/", self._approvals(system, tag, seconds)
+                else:
+                    prefix, ids = "/bench/answer/", "-"
+                args = (self.slugs_file, self.session.cookie(), self.session.token, prefix)
+                result = load.run(
+                    server.base, "answer.lua", connections, seconds, (*args, ids, tag)
+                )
+                ran_out = result.exhausted
+                self.seen_rate[system] = max(
+                    self.seen_rate.get(system, 0), result.rate * (2 if ran_out else 1)
+                )
+                if not ran_out or view != "product":
+                    break
             return self._checked(result, 302, server, f"answer ({view} view)")
 
         return run

@@ -299,3 +299,36 @@ def test_copied_approvals_wait_with_their_expiry_timers_and_the_product_answers_
     assert Event.objects.filter(inbox__slug=slugs[0], source_id="run1-1-0").exists()
     with pytest.raises(IntegrityError):
         waiting.make([(slugs[1], "run1-1-1")])  # already there: refused, not made twice
+
+
+def test_an_answer_run_that_ran_out_of_approvals_is_run_again_with_more(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from bench import web
+
+    made, runs = [], []
+
+    class Waiting:
+        def make(self, requests):
+            made.append(len(requests))
+
+        def check_copy(self, slug, request_id):
+            pass
+
+    def run(base, script, connections, seconds, args):
+        runs.append(args[-2])
+        exhausted = 50 if len(runs) == 1 else 0
+        statuses = {302: 2000} | ({404: exhausted} if exhausted else {})
+        return load.Result(2000 + exhausted, seconds, 1, 2, 3, 4, statuses, {}, exhausted)
+
+    monkeypatch.setattr(load, "run", run)
+    session = SimpleNamespace(cookie=lambda: "sessionid=x", token="t")
+    server = SimpleNamespace(base="http://127.0.0.1:1", name="production", log="-")
+    rows = web.Rows(
+        {"slugs": ["web-0"], "waiting": Waiting()}, server, server, session, "marked", tmp_path
+    )
+    result = rows.answer("production")(1, 4)
+
+    assert len(runs) == 2 and runs[0] != runs[1]  # each run answers approvals of its own
+    assert made[1] > made[0]
+    assert result.exhausted == 0 and result.statuses == {302: 2000}
