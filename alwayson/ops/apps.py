@@ -12,7 +12,7 @@ class OpsConfig(AppConfig):
         from approvals.signals import approval_requested
         from inbox.signals import events_dead
 
-        from . import metrics
+        from . import checks, metrics  # noqa: F401  checks registers the deploy check
         from .alerts import events_going_dead
         from .announce import announce_approval
         from .sentry import init_sentry

@@ -7,7 +7,9 @@ work transaction, so an agent run of ten minutes or a slow send does not make it
 look lost; a process that is killed, hangs in its beat, or loses the database does.
 
 The check is healthy when the database answers and each kind named by
-ALWAYSON_HEALTH_REQUIRE has at least one live process.
+ALWAYSON_HEALTH_REQUIRE has at least one live process. Beside the checks, /healthz reports
+whether the database can lose an acknowledged commit (durability.py): a warning for the
+operator, never a 503 (a load balancer would take every web process out for a setting).
 """
 
 import logging
@@ -22,7 +24,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.http import HttpResponseNotAllowed, JsonResponse
 
-from alwayson.ops import metrics
+from alwayson.ops import durability, metrics
 from alwayson.ops.models import Process
 from inbox import clock
 
@@ -194,6 +196,8 @@ class HealthCheckMiddleware:
         if request.method not in ("GET", "HEAD"):
             return HttpResponseNotAllowed(["GET", "HEAD"])
         health = check()
-        response = JsonResponse(health.as_json(), status=200 if health.ok else 503)
+        # Its verdict only: which standbys and settings stay for check --deploy and `status`.
+        found = health.as_json() | {"durability": durability.cached().status}
+        response = JsonResponse(found, status=200 if health.ok else 503)
         response["Cache-Control"] = "no-store"
         return response

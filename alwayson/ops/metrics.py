@@ -34,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from alwayson.ops import durability
 from alwayson.ops.models import MetricTotal, Process
 from approvals.models import APPROVAL_SOURCE, Approval
 from inbox import clock
@@ -473,6 +474,21 @@ class DatabaseCollector:
         for kind in Process.Kind.values:
             processes.add_metric([kind], live.get(kind, 0))
         yield processes
+
+        found = durability.cached()
+        if found.status != durability.EMBEDDED:
+            yield GaugeMetricFamily(
+                "alwayson_database_at_risk",
+                "1 when the database can lose a commit it acknowledged (synchronous_commit"
+                " below on, or an asynchronous standby), 0 when it cannot, NaN when unknown.",
+                value={durability.OK: 0, durability.AT_RISK: 1}.get(found.status, math.nan),
+            )
+            yield GaugeMetricFamily(
+                "alwayson_database_asynchronous_standbys",
+                "Standbys streaming from the database asynchronously: a failover to one loses"
+                " the commits it had not received.",
+                value=len(found.asynchronous),
+            )
 
 
 def _seconds_since(moment, now) -> float:

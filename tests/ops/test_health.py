@@ -12,7 +12,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from alwayson.ops import health
@@ -300,6 +300,7 @@ def test_healthz_answers_200_with_the_checks_and_is_never_cached(client):
     assert response.json() == {
         "status": "ok",
         "checks": {"database": "ok", "worker": "ok", "scheduler": "ok", "dispatcher": "ok"},
+        "durability": "ok" if connection.vendor == "postgresql" else "embedded",
     }
     assert client.get("/healthz/").status_code == 200
 
@@ -319,6 +320,7 @@ def test_healthz_answers_503_naming_only_which_check_fails(client):
             "scheduler": "failing",
             "dispatcher": "failing",
         },
+        "durability": "ok" if connection.vendor == "postgresql" else "embedded",
     }
 
 

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from alwayson.ops import durability
 from alwayson.ops.health import check
 from alwayson.ops.models import Process
 from inbox import clock
@@ -18,6 +19,10 @@ class Command(BaseCommand):
         health = check()
         for name, outcome in health.checks.items():
             self.stdout.write(f"{name}\t{outcome}")
+        found = durability.read()
+        self.stdout.write(f"durability\t{found.status}")
+        for reason in found.reasons:
+            self.stdout.write(f"  {reason}")
         if health.checks["database"] == "ok":
             self.list_processes(all)
         if not health.ok:
