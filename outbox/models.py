@@ -30,10 +30,12 @@ class OutboxQuerySet(models.QuerySet):
         return self.filter(inbox_id=inbox_id, generation=generation).order_by("id")
 
 
-def send_key_for(inbox_id, message_ids) -> str:
-    """The key of a send: from its rows, so the same rows always make the same key."""
-    ids = ",".join(str(pk) for pk in message_ids)
-    return hashlib.sha256(f"{inbox_id}:{ids}".encode()).hexdigest()[:32]
+def send_key_for(inbox_id, messages) -> str:
+    """The key of a send: from what its messages are (each one's say_key), so the same
+    messages make the same key, even when a failover lost the stamp, or the run's commit and
+    a rerun said them again under new ids. A message no run said is known by its id."""
+    basis = ",".join(message.say_key or f"#{message.pk}" for message in messages)
+    return hashlib.sha256(f"{inbox_id}:{basis}".encode()).hexdigest()[:32]
 
 
 class OutboxMessage(models.Model):
@@ -59,6 +61,10 @@ class OutboxMessage(models.Model):
     send_key = models.CharField(max_length=32, blank=True)
     # The lease generation of the run that said it (its RunRecord); null when no run did.
     generation = models.PositiveBigIntegerField(null=True, blank=True)
+    # What said it, the same when a rerun of the same events says the same again (Run.key of
+    # its events, its place among the run's messages and its words): its send's key comes
+    # from it. Blank when no run said it.
+    say_key = models.CharField(max_length=64, blank=True, default="")
 
     objects = OutboxQuerySet.as_manager()
 

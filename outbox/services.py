@@ -34,6 +34,8 @@ class Say:
     urgent: bool = False
     # The run that said it (its RunRecord), for the run's history.
     generation: int | None = None
+    # Run.key of the run's events, this message's place in the run and its words: its send's key.
+    key: str = ""
 
     def __post_init__(self):
         require_int("inbox_id", self.inbox_id)
@@ -48,6 +50,7 @@ class Say:
             urgent=self.urgent,
             created=now,
             generation=self.generation,
+            say_key=self.key,
         )
 
 
@@ -173,7 +176,7 @@ def _next_send(channel, now, may_start) -> list:
         return []
     if stamped:
         return batch
-    key = send_key_for(channel.pk, [message.pk for message in batch])
+    key = send_key_for(channel.pk, batch)
     OutboxMessage.objects.filter(pk__in=[message.pk for message in batch]).update(send_key=key)
     # Read back what was stamped: an admin edit that committed after the read above is in
     # the rows now, and from here on nobody may change them.

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from alwayson.egress.client import http_for
@@ -57,9 +58,12 @@ class Run:
 
     def say(self, text: str, urgent: bool = False):
         """An outbox message. Urgent ones go out at once, past the gap."""
-        self._effects.append(
-            Say(self.inbox.pk, text, urgent=bool(urgent), generation=self.generation)
-        )
+        said = Say(self.inbox.pk, text, urgent=bool(urgent), generation=self.generation)
+        # Its events, its place and its words: a rerun that says the same thing again after a
+        # lost commit gets the same key (the receiver drops the repeat), and a later attempt
+        # on the same events that says something else does not.
+        words = hashlib.sha256(said.body.encode()).hexdigest()[:12]
+        self._effects.append(replace(said, key=self.key(f"say-{self.said}-{words}")))
         self.said += 1
 
     def ask(

@@ -80,7 +80,7 @@ def _call(*args):
 
 
 def expected_key(inbox, messages):
-    return send_key_for(inbox.pk, [message.pk for message in messages])
+    return send_key_for(inbox.pk, messages)
 
 
 @pytest.fixture
