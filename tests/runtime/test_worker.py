@@ -22,7 +22,13 @@ from alwayson.ops import database as database_module
 from alwayson.ops.database import DatabaseUnusable
 from alwayson.ops.models import Process
 from alwayson.runtime import loop as loop_module
-from alwayson.runtime.api import acquire, claim_batch, ingest
+from alwayson.runtime.api import (
+    acquire,
+    answer_approval,
+    claim_batch,
+    ingest,
+    request_approval,
+)
 from alwayson.runtime.loop import LoopCommand
 from alwayson.runtime.management.commands import runscheduler
 from alwayson.runtime.worker import Worker, WorkerPool
@@ -217,6 +223,30 @@ def test_effect_failing_at_finish_puts_the_events_back_with_finish_failed(inbox)
     assert not Timer.objects.exists()
     assert Session.objects.get(inbox=inbox).state == {"keep": 1}
     assert lease(inbox).until is None
+
+
+@pytest.mark.django_db
+def test_an_agent_asking_an_answered_request_id_again_fails_its_run_naming_the_id(inbox):
+    """Not "asked 1" with no new card and no answer to come: an agent that builds its ids
+    from the order alone, after the README's walkthrough answered refund-881."""
+    request_approval(inbox, "refund-881", "refund order 881", timedelta(hours=4))
+    answer_approval(inbox, "refund-881", "yes")
+    ingest(inbox, "chat", "m2", {"text": "refund 881"})
+
+    def agent(run):
+        run.ask("refund-881", "refund order 881", timedelta(hours=4))
+        run.say("Refund order 881? I have asked for approval.")
+
+    result = Worker("w1", agent).step()
+
+    assert result.outcome.startswith(
+        "error: ValueError: request_id 'refund-881' was answered already (yes)"
+    )
+    row = Event.objects.get(source_id="m2")
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert 'run.ask("refund-881"' in row.error  # the agent's own line
+    assert not OutboxMessage.objects.exists()
+    assert list(Approval.objects.values_list("request_id", "answer")) == [("refund-881", "yes")]
 
 
 @pytest.mark.django_db
