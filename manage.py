@@ -7,6 +7,7 @@ def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "alwayson.settings")
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
+    from django.db import OperationalError
 
     try:
         execute_from_command_line(sys.argv)
@@ -17,6 +18,15 @@ def main():
         if "--traceback" in sys.argv:
             raise
         sys.exit(f"ImproperlyConfigured: {exc}")
+    except OperationalError as exc:
+        # So is a database that does not exist, met by any command (migrate first): the line
+        # says how to create it, the same line a loop command prints.
+        from alwayson.ops.database import missing_database
+
+        message = missing_database(exc)
+        if message is None or "--traceback" in sys.argv:
+            raise
+        sys.exit(f"CommandError: {message}")
 
 
 if __name__ == "__main__":

@@ -100,6 +100,40 @@ class Ask:
         if self.approvers == 2 and "question" in self.details:
             raise ValueError("approvers: a question is answered by one person, not two")
 
+    def check_unanswered(self):
+        """ValueError naming the request id when an answer to it is stored already: a request
+        id names one request for good, and its answer stands. Run.ask calls it, so the agent's
+        own line raises; the finish checks again in its transaction (__call__), since an
+        answer may land in between."""
+        answer = (
+            Approval.objects.filter(inbox_id=self.inbox_id, request_id=self.request_id)
+            .exclude(answer="")
+            .values_list("answer", flat=True)
+            .first()
+        ) or self._answer_event()
+        if answer:
+            raise self._taken(answer)
+
+    def _answer_event(self) -> str:
+        """The answer stored under the request's event key, "" when none is. It can outlive
+        the request's row (a retention that prunes rows first), and while it does a new
+        request under that id could never store its own answer."""
+        payload = (
+            Event.objects.filter(
+                inbox_id=self.inbox_id, source=APPROVAL_SOURCE, source_id=self.request_id
+            )
+            .values_list("payload", flat=True)
+            .first()
+        )
+        return "" if payload is None else str(payload.get("answer", "answered"))
+
+    def _taken(self, answer) -> ValueError:
+        return ValueError(
+            f"request_id {self.request_id!r} was answered already ({answer}), and a request"
+            " id names one request for good: ask again under a new request_id (made from"
+            " the event that asks, say)"
+        )
+
     def __call__(self, now) -> Approval:
         expires_at = clock.whole_seconds(now + self.expires_in)
         approval, created = Approval.objects.get_or_create(
@@ -116,6 +150,11 @@ class Ask:
             },
         )
         if not created:
+            # Asked again while it waits: the same request (a deadline passed counts as an
+            # answer, the expiry's, even before its timer fires).
+            answered = approval.standing_answer(now)
+            if answered:
+                raise self._taken(answered)
             if approval.action != self.action:
                 raise ValueError(
                     f"request_id {self.request_id!r} was already used for {approval.action!r}"
@@ -126,6 +165,9 @@ class Ask:
                     f" {approval.approvers_needed} approver(s), not {self.approvers}"
                 )
             return approval
+        answered = self._answer_event()
+        if answered:
+            raise self._taken(answered)
         Schedule.reserved(
             self.inbox_id,
             expiry_timer_key(self.request_id),
@@ -191,8 +233,10 @@ def request_approval(
 
     The expiry is a one-off timer writing an "expired" answer under that same key, so a
     request nobody answers still resumes the session, as a denial. Asking again with the
-    same request_id, action and approvers returns the existing request. `details` and
-    `group` are run.ask's (the page shows the details; a group's calls share one card).
+    same request_id, action and approvers returns the existing request while it waits;
+    once it is answered (or expired), ValueError: a request id names one request for good.
+    `details` and `group` are run.ask's (the page shows the details; a group's calls share
+    one card).
     """
     inbox = Inbox.objects.resolve(inbox)
     ask = Ask(

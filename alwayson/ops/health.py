@@ -23,6 +23,7 @@ from importlib import metadata
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.http import HttpResponseNotAllowed, JsonResponse
+from django.utils.log import log_response
 
 from alwayson.ops import durability, metrics
 from alwayson.ops.models import Process
@@ -183,7 +184,7 @@ class HealthCheckMiddleware:
     """Answers GET /healthz first, before the host check and the HTTPS redirect: a load
     balancer or an orchestrator probes the app over plain http under an address of its own.
     No authentication, and nothing beyond which check is ok or failing. 200 when healthy,
-    503 when not, never cached."""
+    503 when not (logged at INFO), never cached."""
 
     PATHS = ("/healthz", "/healthz/")
 
@@ -200,4 +201,16 @@ class HealthCheckMiddleware:
         found = health.as_json() | {"durability": durability.cached().status}
         response = JsonResponse(found, status=200 if health.ok else 503)
         response["Cache-Control"] = "no-store"
+        if not health.ok:
+            # The answer a probe asks for (every start-up gives a few), not a server error,
+            # which is how Django would log a 503 (ERROR django.request): logged here once,
+            # as information, naming what fails, and so not again by Django.
+            log_response(
+                "health check failing: %s",
+                ", ".join(health.failing),
+                response=response,
+                request=request,
+                logger=log,
+                level="info",
+            )
         return response

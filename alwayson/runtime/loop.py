@@ -10,6 +10,7 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connection, connections
 
+from alwayson.ops.database import DatabaseUnusable, check_database, unusable
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.models import Process
 from inbox.validation import require_key
@@ -27,6 +28,9 @@ class LoopCommand(BaseCommand):
     A single-threaded loop command implements `step()`: one unit of work, returning whether
     there was any. The loop drains (steps while there is work), then sleeps `--interval`.
     While it runs, the process beats its `Process` row (alwayson/ops/health.py).
+
+    A database it cannot use (none by that name, migrations not applied), found at start-up or
+    once an outage ends, stops it with one line saying what to do (alwayson/ops/database.py).
     """
 
     #: the process's role, shown in pg_stat_activity.application_name
@@ -78,6 +82,16 @@ class LoopCommand(BaseCommand):
             # Set before any connection opens: every thread's connection copies it.
             db.setdefault("OPTIONS", {})["application_name"] = f"{self.role} {worker_id}"[:63]
         connections["default"].close()
+        # Opens it anew, with the settings above.
+        check_database()
+
+    def execute(self, *args, **options):
+        try:
+            return super().execute(*args, **options)
+        except DatabaseUnusable as exc:
+            # One line and exit 1, as a bad flag: a supervisor that restarts the process
+            # shows the same line again rather than a traceback every half second.
+            raise CommandError(str(exc)) from None
 
     def install_signals(self, stop):
         """First SIGTERM/SIGINT: stop taking work and let the runs in flight finish.
@@ -152,13 +166,16 @@ class OutageBackoff:
     def attempt(self, step, stop, log):
         """`step()`'s result; or, when the database is unreachable, OUTAGE once the next
         delay has passed (or `stop` was set): the caller goes round its loop again. Every
-        loop of every process waits out an outage this way."""
+        loop of every process waits out an outage this way. A database it cannot use is no
+        outage: DatabaseUnusable says what to do."""
         try:
             result = step()
-        except DatabaseError:
+        except DatabaseError as exc:
+            connection.close()
+            if (cannot_use := unusable(exc)) is not None:
+                raise cannot_use from exc
             delay = self.next()
             log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
-            connection.close()
             stop.wait(delay)
             return OUTAGE
         self.reset()

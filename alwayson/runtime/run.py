@@ -82,19 +82,23 @@ class Run:
         arguments, with "question" they answer with a value (docs/how-to/approvals.md). With
         approvers=2 it needs a "yes" from two different people. Requests of one `group`
         (say, the first one's request id) are shown and answerable together.
+
+        A request id names one request for good: asked again while it waits, it is the same
+        request; once answered (or expired), ValueError naming it, here or, for an answer
+        that lands before this run's finish, at the finish.
         """
-        self._effects.append(
-            Ask(
-                self.inbox.pk,
-                request_id,
-                action,
-                expires_in,
-                details=details or {},
-                approvers=approvers,
-                group=group,
-                generation=self.generation,
-            )
+        ask = Ask(
+            self.inbox.pk,
+            request_id,
+            action,
+            expires_in,
+            details=details or {},
+            approvers=approvers,
+            group=group,
+            generation=self.generation,
         )
+        ask.check_unanswered()
+        self._effects.append(ask)
         self.asked += 1
 
     def schedule(

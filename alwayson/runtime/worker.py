@@ -23,6 +23,7 @@ from django.db import (
 )
 
 from alwayson.ops import metrics
+from alwayson.ops.database import DatabaseUnusable
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.logs import bind_run, run_context
 from alwayson.ops.models import Process
@@ -332,6 +333,8 @@ class WorkerPool:
         self._runs_lock = threading.Lock()
         self._wake = threading.Condition()
         self._pending = 0
+        # What stopped the slots, when the database turned out to be one they cannot use.
+        self.unusable: DatabaseUnusable | None = None
 
     @property
     def worker_id(self):
@@ -382,7 +385,13 @@ class WorkerPool:
                     # is closed by the except below anyway.
                     close_old_connections()
                     woke = False
-                result = backoff.attempt(self.worker.step, self.stop, log)
+                try:
+                    result = backoff.attempt(self.worker.step, self.stop, log)
+                except DatabaseUnusable as exc:
+                    # Every slot would meet it: stop them all, and run() raises it.
+                    self.unusable = exc
+                    self.request_stop()
+                    return
                 if result is OUTAGE:
                     woke = True
                     continue
@@ -419,7 +428,8 @@ class WorkerPool:
                 self.stop.wait(delay)
 
     def run(self):
-        """Run the slots until they drain (--once), --max-runs is reached, or a stop."""
+        """Run the slots until they drain (--once), --max-runs is reached, or a stop; the
+        runs run. DatabaseUnusable when a slot found a database it cannot use."""
         self.process.start()
         self.heartbeat.start()
         threads = [
@@ -436,5 +446,8 @@ class WorkerPool:
                 thread.join(timeout=0.2)
         self.stop.set()
         self.heartbeat.stop()
-        self.process.stop()
+        # A database without the tables has no Process row to mark stopped.
+        self.process.stop(clean=self.unusable is None)
+        if self.unusable is not None:
+            raise self.unusable
         return self.runs

@@ -28,7 +28,9 @@ def on_chat(run, event):
     refund = REFUND.match(text)
     if refund:
         order = refund.group(1)
-        run.ask(f"refund-{order}", f"refund order {order}", APPROVAL_WINDOW)
+        # An answered request id cannot be asked again, and an order may come up twice:
+        # the asking message's id makes each request's id new.
+        run.ask(f"refund-{order}-{event.pk}", f"refund order {order}", APPROVAL_WINDOW)
         run.say(f"Refund order {order}? I have asked for approval.", urgent=True)
         return
     # --8<-- [end:on_chat]
@@ -47,7 +49,7 @@ def on_timer(run, event):
 
 # --8<-- [start:on_approval]
 def on_approval(run, event):
-    order = event.source_id.removeprefix("refund-")
+    order = event.source_id.split("-")[1]  # refund-<order>-<message>
     answer = event.payload["answer"]
     if answer == "yes":
         # The refund itself goes here, with idempotency_key=run.key("refund", event).

@@ -44,8 +44,24 @@ def test_a_viewer_cannot_approve(harness):
     desk.chat("refund 881")
     harness.run_until_idle()
 
+    [approval] = desk.waiting_for_approval()
     with pytest.raises(MayNotAnswer):
-        desk.answer("refund-881", "yes", by=vic)
+        desk.answer(approval.request_id, "yes", by=vic)
+
+
+def test_an_order_asked_about_again_after_its_answer_is_a_new_request(harness):
+    desk = harness.inbox("desk", agent=AGENT)
+    desk.chat("refund 881")
+    harness.run_until_idle()
+    harness.answer(desk.waiting_for_approval()[0], "no")
+    harness.run_until_idle()
+
+    desk.chat("refund 881")
+    harness.run_until_idle()
+
+    [again] = desk.waiting_for_approval()
+    assert again.action == "refund order 881"
+    assert desk.said()[-1] == "Refund order 881? I have asked for approval."
 
 
 # --8<-- [end:tests]

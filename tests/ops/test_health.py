@@ -325,6 +325,20 @@ def test_healthz_answers_503_naming_only_which_check_fails(client):
 
 
 @pytest.mark.django_db
+def test_healthz_logs_its_503_as_information_not_as_a_server_error(client, caplog):
+    """Every start-up answers a few probes 503 before its processes beat: no ERROR line."""
+    caplog.set_level(logging.DEBUG)
+    beating(["worker"], clock.database_now())
+
+    assert client.get("/healthz").status_code == 503
+
+    logged = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert logged == [
+        ("alwayson.health", "INFO", "health check failing: scheduler, dispatcher"),
+    ]
+
+
+@pytest.mark.django_db
 def test_healthz_answers_a_probe_before_the_host_check_and_the_https_redirect(client, settings):
     settings.ALLOWED_HOSTS = ["alwayson.example.com"]
     settings.SECURE_SSL_REDIRECT = True

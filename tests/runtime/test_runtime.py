@@ -9,7 +9,13 @@ from datetime import timedelta
 
 import pytest
 
-from alwayson.runtime.api import acquire, ingest
+from alwayson.runtime.api import (
+    acquire,
+    answer_approval,
+    ingest,
+    request_approval,
+    run_scheduler,
+)
 from alwayson.runtime.loading import load_agent
 from alwayson.runtime.run import LeaseLost
 from alwayson.runtime.worker import Heartbeat, Worker
@@ -109,6 +115,85 @@ def test_ask_becomes_an_approval_and_its_expiry_timer(inbox, t0):
     assert (timer.event_source, timer.event_id) == ("approval", "refund-881")
     assert timer.payload["answer"] == "expired"
     assert run.outcome == "asked 1"
+
+
+# A request id names one request for good: asked again while it waits it is the same request
+# (test_approvals.py); once answered, asking it again raises, naming it, rather than finishing
+# as "asked 1" with no new card and no answer ever to come.
+TAKEN = "request_id 'refund-881' was answered already"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("answer", ["yes", "no"])
+def test_asking_an_answered_request_id_again_raises_at_the_call_naming_it(inbox, t0, answer):
+    request_approval(inbox, "refund-881", "refund order 881", 4 * HOUR, now=t0)
+    answer_approval(inbox, "refund-881", answer, now=t0 + HOUR)
+    ingest(inbox, "chat", "m2", {"text": "refund order 881"}, now=t0 + 2 * HOUR)
+    run = start_run(inbox, "A", now=t0 + 2 * HOUR)
+
+    with pytest.raises(ValueError, match=rf"^{TAKEN} \({answer}\).* new request_id"):
+        run.ask("refund-881", "refund order 881", timedelta(hours=4))
+
+    assert run.asked == 0
+    run.ask(f"refund-881-{run.events[0].pk}", "refund order 881", timedelta(hours=4))
+    assert finish_run(run, now=t0 + 2 * HOUR) is True
+    assert Approval.objects.filter(inbox=inbox, answer="").count() == 1
+
+
+@pytest.mark.django_db
+def test_an_expired_request_id_is_answered_too(inbox, t0):
+    request_approval(inbox, "refund-881", "refund order 881", 4 * HOUR, now=t0)
+    run_scheduler(now=t0 + 5 * HOUR)  # the expiry stores "expired" under the answer's key
+    ingest(inbox, "chat", "m2", {}, now=t0 + 5 * HOUR)
+    run = start_run(inbox, "A", now=t0 + 5 * HOUR)
+
+    with pytest.raises(ValueError, match=rf"^{TAKEN} \(expired\)"):
+        run.ask("refund-881", "refund order 881", timedelta(hours=4))
+
+
+@pytest.mark.django_db
+def test_an_answer_that_lands_before_the_finish_refuses_the_ask_at_the_finish(inbox, t0):
+    request_approval(inbox, "refund-881", "refund order 881", 4 * HOUR, now=t0)
+    ingest(inbox, "chat", "m2", {}, now=t0)
+    run = start_run(inbox, "A", now=t0)
+    run.say("asked again")
+    run.ask("refund-881", "refund order 881", timedelta(hours=4))  # waiting: the same request
+    answer_approval(inbox, "refund-881", "no", now=t0 + 10 * SECOND)
+
+    with pytest.raises(ValueError, match=rf"^{TAKEN} \(no\)"):
+        finish_run(run, now=t0 + 20 * SECOND)
+
+    assert not OutboxMessage.objects.filter(inbox=inbox).exists()  # nothing of the run
+    assert Event.objects.get(source_id="m2").status == "running"
+
+
+@pytest.mark.django_db
+def test_a_request_waiting_past_its_deadline_is_answered_at_the_finish(inbox, t0):
+    """The expiry stands once the deadline passed, even before its timer fired."""
+    request_approval(inbox, "refund-881", "refund order 881", 30 * SECOND, now=t0)
+    ingest(inbox, "chat", "m2", {}, now=t0)
+    run = start_run(inbox, "A", now=t0)
+    run.ask("refund-881", "refund order 881", timedelta(hours=4))
+
+    with pytest.raises(ValueError, match=rf"^{TAKEN} \(expired\)"):
+        finish_run(run, now=t0 + 30 * SECOND)
+
+
+@pytest.mark.django_db
+def test_an_answer_event_that_outlived_its_request_s_row_keeps_the_id_taken(inbox, t0):
+    """A new request under it could never store its own answer."""
+    request_approval(inbox, "refund-881", "refund order 881", 4 * HOUR, now=t0)
+    ingest(inbox, "chat", "m2", {}, now=t0)
+    run = start_run(inbox, "A", now=t0)
+    run.ask("refund-881", "refund order 881", timedelta(hours=4))  # waiting: the same request
+    answer_approval(inbox, "refund-881", "yes", now=t0 + 10 * SECOND)
+    Approval.objects.filter(inbox=inbox).delete()  # pruned before its answer event
+
+    with pytest.raises(ValueError, match=rf"^{TAKEN} \(yes\)"):
+        run.ask("refund-881", "refund order 881", timedelta(hours=4))
+    with pytest.raises(ValueError, match=rf"^{TAKEN} \(yes\)"):
+        finish_run(run, now=t0 + 20 * SECOND)
+    assert not Approval.objects.exists()
 
 
 @pytest.mark.django_db

@@ -54,7 +54,7 @@ def test_a_rule_based_agent_and_its_tests_that_pass(tmp_path):
     assert 'AgentConfig.objects.create(inbox=inbox, agent="support_desk.agent")' in said
     done = run_pytest(tmp_path, said)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "4 passed" in done.stdout and "skipped" not in done.stdout
+    assert "5 passed" in done.stdout and "skipped" not in done.stdout
 
 
 def test_a_claude_agent_s_tool_and_policy_and_its_tests_that_pass(tmp_path):

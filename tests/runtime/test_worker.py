@@ -15,12 +15,22 @@ from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import DatabaseError
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from alwayson.ops import database as database_module
+from alwayson.ops.database import DatabaseUnusable
+from alwayson.ops.models import Process
 from alwayson.runtime import loop as loop_module
-from alwayson.runtime.api import acquire, claim_batch, ingest
+from alwayson.runtime.api import (
+    acquire,
+    answer_approval,
+    claim_batch,
+    ingest,
+    request_approval,
+)
 from alwayson.runtime.loop import LoopCommand
+from alwayson.runtime.management.commands import runscheduler
 from alwayson.runtime.worker import Worker, WorkerPool
 from approvals.models import Approval
 from inbox.models import Event, Lease, Session
@@ -213,6 +223,30 @@ def test_effect_failing_at_finish_puts_the_events_back_with_finish_failed(inbox)
     assert not Timer.objects.exists()
     assert Session.objects.get(inbox=inbox).state == {"keep": 1}
     assert lease(inbox).until is None
+
+
+@pytest.mark.django_db
+def test_an_agent_asking_an_answered_request_id_again_fails_its_run_naming_the_id(inbox):
+    """Not "asked 1" with no new card and no answer to come: an agent that builds its ids
+    from the order alone, after the README's walkthrough answered refund-881."""
+    request_approval(inbox, "refund-881", "refund order 881", timedelta(hours=4))
+    answer_approval(inbox, "refund-881", "yes")
+    ingest(inbox, "chat", "m2", {"text": "refund 881"})
+
+    def agent(run):
+        run.ask("refund-881", "refund order 881", timedelta(hours=4))
+        run.say("Refund order 881? I have asked for approval.")
+
+    result = Worker("w1", agent).step()
+
+    assert result.outcome.startswith(
+        "error: ValueError: request_id 'refund-881' was answered already (yes)"
+    )
+    row = Event.objects.get(source_id="m2")
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert 'run.ask("refund-881"' in row.error  # the agent's own line
+    assert not OutboxMessage.objects.exists()
+    assert list(Approval.objects.values_list("request_id", "answer")) == [("refund-881", "yes")]
 
 
 @pytest.mark.django_db
@@ -509,3 +543,76 @@ def test_the_listen_connection_is_back_within_two_seconds_of_the_database(monkey
     pool.listen()
 
     assert pool.stop.asked == RETRIES
+
+
+# --- a database the loops cannot use ------------------------------------------------------------
+
+
+def missing_table_error():
+    """What this database raises for a statement naming a table it does not have."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM alwayson_no_such_table")
+    except DatabaseError as exc:
+        return exc
+    raise AssertionError("alwayson_no_such_table exists")
+
+
+@pytest.mark.django_db  # the loops close and health-check their connection
+def test_a_loop_command_exits_at_a_table_the_database_lacks_where_an_outage_is_retried(
+    monkeypatch, keep_signal_handlers
+):
+    """As when a database that was down at start-up comes back never migrated."""
+    stop = RecordedWaits()
+    monkeypatch.setattr(loop_module, "threading", SimpleNamespace(Event=lambda: stop))
+    # Down at start-up, the start-up check could not look (check_database lets an outage by).
+    monkeypatch.setattr(loop_module, "check_database", lambda: None)
+    # What `migrate` would apply to it (the test database has every migration applied).
+    monkeypatch.setattr(
+        database_module, "unapplied_migrations", lambda using: ["inbox.0001_initial", "x.0002"]
+    )
+    step = outage([DOWN, missing_table_error()])
+    monkeypatch.setattr(runscheduler.Command, "step", lambda self: step())
+
+    with pytest.raises(CommandError) as stopped:
+        call_command("runscheduler", "--once")
+
+    assert stop.asked == [0.5]  # the outage's one retry; none for the missing table
+    message = str(stopped.value)
+    assert message.startswith(
+        "the database has 2 unapplied migrations (from inbox.0001_initial):"
+        " run `python manage.py migrate` ("
+    )
+    assert "alwayson_no_such_table" in message
+
+
+@pytest.mark.django_db(transaction=True)  # the slots are threads with their own connections
+def test_a_worker_stops_every_slot_at_a_table_the_database_lacks():
+    error = missing_table_error()
+    pool = WorkerPool(agent=Recorder(), concurrency=2, worker_id="unusable-test")
+    pool.stop = RecordedWaits()  # retries (were there any) take no time
+    steps = []
+
+    def step():
+        steps.append(1)
+        if len(steps) > 20:  # a pool that retried it forever: stop, and fail below
+            pool.request_stop()
+            return None
+        raise error
+
+    pool.worker.step = step
+
+    with pytest.raises(DatabaseUnusable) as stopped:
+        pool.run()
+
+    assert len(steps) <= 2  # once per slot at most
+    assert pool.stop.asked == []
+    message = str(stopped.value)
+    assert "alwayson_no_such_table" in message
+    # Nothing for migrate to do: every migration is recorded as applied.
+    assert message.endswith(
+        "though `manage.py showmigrations` lists every migration as applied:"
+        " was the schema changed by hand?"
+    )
+    # Not a clean stop: its Process row turns lost rather than stopped.
+    assert Process.objects.get(worker_id="unusable-test").stopped is None

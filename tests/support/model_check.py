@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from django.conf import settings
 from django.db import transaction
 from hypothesis import event
@@ -168,6 +169,14 @@ class InboxMachine(RuleBasedStateMachine):
             f"event {event.pk}: backoff {available_at - base} outside [{low}, {high}]"
         )
         event.available_at = available_at
+
+    def answered(self, i, request_id) -> bool:
+        """Whether the request has an answer that stands (a deadline passed is the expiry's,
+        before its timer fires)."""
+        approval = self.approvals.get((i, request_id))
+        return approval is not None and (
+            approval["stands"] is not None or self.now >= approval["expires_at"]
+        )
 
     def settle_approval(self, i, request_id, answer, at):
         approval = self.approvals[(i, request_id)]
@@ -376,18 +385,30 @@ class InboxMachine(RuleBasedStateMachine):
         )
         expected = self.leases[i].is_held_by(holder, generation, self.now) and claimed
         before = snapshot()
-        ok = finish(
-            self.inboxes[i],
-            holder,
-            generation,
-            ids,
-            effects=run_effects,
-            error="it broke" if outcome == "error" else None,
-            defer=Defer("later", delay=timedelta(seconds=defer_delay))
-            if outcome == "defer"
-            else None,
-            now=self.now,
-        )
+
+        def run_finish():
+            return finish(
+                self.inboxes[i],
+                holder,
+                generation,
+                ids,
+                effects=run_effects,
+                error="it broke" if outcome == "error" else None,
+                defer=Defer("later", delay=timedelta(seconds=defer_delay))
+                if outcome == "defer"
+                else None,
+                now=self.now,
+            )
+
+        if expected and outcome != "error" and self.answered(i, request_id):
+            # A request id names one request for good: asking one that has its answer fails
+            # the finish past the fence (a bad effect), and nothing of the run is written.
+            with pytest.raises(ValueError, match=f"request_id '{request_id}' was answered"):
+                run_finish()
+            assert snapshot() == before, "a failed finish wrote something"
+            event("finish failed: the request id was answered")
+            return
+        ok = run_finish()
         # The fence, read from the lease row itself: only the holder's current generation.
         if fenced_off:
             assert ok is False, f"finish by {holder} gen {generation} passed the fence"

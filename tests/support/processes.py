@@ -62,12 +62,14 @@ def wait_for(predicate, timeout, what, period=0.02):
         time.sleep(period)
 
 
-def database_url():
+def database_url(name=None):
+    """The test database's URL; with `name`, another database on its server."""
     db = connection.settings_dict
     auth = quote(db["USER"] or "postgres", safe="")
     if db["PASSWORD"]:
         auth += ":" + quote(db["PASSWORD"], safe="")
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+    return f"postgres://{auth}@{host}:{port}/{name or db['NAME']}"
 
 
 def start_command(command, args, log_path, env=None):

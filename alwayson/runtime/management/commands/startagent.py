@@ -102,7 +102,8 @@ class Command(BaseCommand):
                 f'    AgentConfig.objects.create(inbox=inbox, agent="{name}.agent")',
             ]
         # Outside a project whose pytest settings name its Django settings, pytest-django
-        # would skip every test ("no Django settings"): the command says which.
+        # has none (and the kit stops the run, alwayson/testing/fixtures.py): the command
+        # names them.
         lines += [
             "",
             "Its tests (in a project of your own, with its pytest settings instead):",
