@@ -23,7 +23,7 @@ from alwayson.runtime.api import acquire, claim_batch, ingest
 from alwayson.runtime.loop import LoopCommand
 from alwayson.runtime.worker import Worker, WorkerPool
 from approvals.models import Approval
-from inbox.models import Event, Lease, Session
+from inbox.models import Event, Lease, RunRecord, Session
 from inbox.services import mark_dead
 from outbox.models import OutboxMessage
 from timers.models import Timer
@@ -225,7 +225,7 @@ def test_each_run_logs_one_line(inbox, worker_log):
     lines = [r.getMessage() for r in worker_log.records if r.name == "alwayson.worker"]
     assert len(lines) == 1
     assert re.fullmatch(
-        r"run inbox=desk gen=1 events=2 outcome=said 1 duration=\d+\.\d{3}s", lines[0]
+        r"run inbox=desk gen=1 events=2 outcome=done \(said 1\) duration=\d+\.\d{3}s", lines[0]
     ), lines
 
 
@@ -241,9 +241,56 @@ def test_failed_run_logs_its_outcome(inbox, worker_log):
     runs = [r.getMessage() for r in worker_log.records if r.getMessage().startswith("run ")]
     assert len(runs) == 1
     assert re.fullmatch(
-        r"run inbox=desk gen=1 events=1 outcome=error: KeyError: 'missing' duration=\S+s", runs[0]
+        r"run inbox=desk gen=1 events=1 outcome=error \(KeyError: 'missing'\) duration=\S+s",
+        runs[0],
     ), runs
     assert any(r.levelno == logging.WARNING for r in worker_log.records)
+
+
+def says(run):
+    run.say("Done")
+
+
+def stays_quiet(run):
+    pass
+
+
+def raises(run):
+    raise ValueError("refund 881 failed")
+
+
+def defers(run):
+    run.defer("budget spent", delay=60)
+
+
+def is_fenced_off(run):
+    run.mark_lost()
+    run.renew()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("agent", "word", "detail"),
+    [
+        (says, "done", "said 1"),
+        (stays_quiet, "done", "said nothing"),
+        (raises, "error", "ValueError: refund 881 failed"),
+        (defers, "deferred", "budget spent"),
+        (is_fenced_off, "refused", "fenced off mid-run"),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_a_run_logs_the_outcome_its_record_and_the_pages_show(
+    inbox, worker_log, agent, word, detail
+):
+    ingest(inbox, "chat", "m1", {})
+
+    result = Worker("w1", agent).step()
+
+    record = RunRecord.objects.get(inbox=inbox, generation=result.generation)
+    assert record.outcome == word  # the run page's badge: record.get_outcome_display()
+    [line] = [r.getMessage() for r in worker_log.records if r.getMessage().startswith("run ")]
+    assert f" outcome={word} ({detail}) " in line, line
 
 
 # --- runworker -------------------------------------------------------------------------------
