@@ -427,6 +427,21 @@ def test_deadletters_lists_dead_events(dead_events):
 
 
 @pytest.mark.django_db
+def test_deadletters_lists_an_event_dead_of_a_traceback_on_one_line(dead_events):
+    poison, _ = dead_events
+    Event.objects.filter(pk=poison.pk).update(
+        error="Traceback (most recent call last):\n  File \"agent.py\", line 3\nKeyError: 'order'"
+    )
+    out = StringIO()
+
+    call_command("deadletters", "--inbox", "alpha", stdout=out)
+
+    assert listed_rows(out.getvalue()) == [
+        (str(poison.pk), "alpha", "webhook", "poison-1", "3", "KeyError: 'order'"),
+    ]
+
+
+@pytest.mark.django_db
 def test_deadletters_lists_one_inbox(dead_events):
     _, parked = dead_events
     out = StringIO()
