@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 
 run: install
-	$(PY) manage.py runall --addr $(ADDR)
+	$(PY) manage.py runall --demo --addr $(ADDR)
 
 scenarios: install
 	$(PY) manage.py migrate --verbosity 0

@@ -8,6 +8,15 @@ its own, and refusing a body larger than any view accepts before it is read.
 
 import os
 
+from alwayson.ops.logs import gunicorn_logging
+
+
+def _one_of(name, choices, default):
+    raw = os.environ.get(name, default).strip().lower()
+    if raw not in choices:
+        raise SystemExit(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+    return raw
+
 
 def _positive(name, default):
     raw = os.environ.get(name, str(default)).strip()
@@ -30,9 +39,15 @@ worker_class = "alwayson.web.serving.Worker"
 # systemd's stop timeouts (15 s, 30 s, 30 s).
 graceful_timeout = 10
 timeout = 30
-# Access log lines on stdout, errors on stderr: the process manager keeps them.
+# gunicorn's own lines and one line per request, in the format every alwayson process writes
+# (ALWAYSON_LOG_FORMAT, on stderr; the process manager keeps them): the loggers gunicorn.error
+# and gunicorn.access, through alwayson's handler. The time, level and logger are the
+# formatter's; an access line says the client, the request, the status, the bytes sent, the
+# milliseconds it took, the referrer and the user agent.
 accesslog = "-"
 errorlog = "-"
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms "%(f)s" "%(a)s"'
+logconfig_dict = gunicorn_logging(_one_of("ALWAYSON_LOG_FORMAT", ("text", "json"), "text"))
 # No control socket (gunicorn 25.1 on, for gunicornc): the process manager starts and stops
 # gunicorn, and its default place, ~/.gunicorn, is unwritable for a user without a home (the
 # units' and the image's), which logged "Control server error" at every start.

@@ -14,4 +14,5 @@ urlpatterns = [
     ),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
+    path("favicon.ico", views.favicon),
 ]

@@ -204,6 +204,10 @@ def _back(request, approval):
     return redirect(approval)
 
 
+# Answers that leave the request waiting for a second approver.
+WAITING_FOR_A_SECOND = (AuditEntry.Result.FIRST_APPROVAL, AuditEntry.Result.NOT_COUNTED)
+
+
 def _answer(request, approval, answer, given):
     """Answer as the logged-in user; the redirect to show next, or None if the inbox was busy."""
     try:
@@ -221,6 +225,11 @@ def _answer(request, approval, answer, given):
         return None
     if result in (None, AuditEntry.Result.ALREADY_SETTLED, AuditEntry.Result.TOO_LATE):
         messages.info(request, "This request was already settled; the first outcome stands.")
+    elif result in WAITING_FOR_A_SECOND and _via(request) == AuditEntry.Via.CONVERSATION:
+        # The card says it ("You approved; waiting for a second, different approver") and
+        # updates itself when the second approver answers; a message over the conversation
+        # would go on saying the request waits after it was approved.
+        pass
     elif result == AuditEntry.Result.NOT_COUNTED:
         messages.info(
             request,

@@ -33,6 +33,9 @@ from .validation import require_key
 # Ids handed to a service per call: keeps `pk IN (...)` under SQLite's variable limit when
 # an action runs on "all N rows matching the filter".
 ACTION_CHUNK = 500
+# Characters of an event's error in its list: the exception's name and the start of its
+# message, in a column narrow enough to leave the list's dates in sight at 1280 px.
+ERROR_EXCERPT = 60
 # People are searched by their user model's login name, whatever AUTH_USER_MODEL names it.
 USERNAME = get_user_model().USERNAME_FIELD
 
@@ -324,7 +327,9 @@ class EventAdmin(MachineryAdmin):
 
     @admin.display(description="error")
     def error_excerpt(self, obj):
-        return excerpt(obj.error)
+        # A traceback's first line says only that it is one: its last names the exception.
+        # The whole of it is on the event's page.
+        return excerpt(obj.error_line, ERROR_EXCERPT)
 
     @admin.display(description="error")
     def error_block(self, obj):

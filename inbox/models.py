@@ -450,6 +450,17 @@ class Event(models.Model):
     def __str__(self):
         return f"{self.source}:{self.source_id} ({self.status})"
 
+    @property
+    def error_line(self) -> str:
+        return error_line(self.error)
+
+
+def error_line(error: str) -> str:
+    """The line of a stored error that says what failed: a traceback's last
+    (`ValueError: ...`), the whole of a one-line error."""
+    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
 
 class EventTraceQuerySet(models.QuerySet):
     def of_events(self, event_ids) -> dict[int, str]:

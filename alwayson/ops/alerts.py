@@ -49,12 +49,6 @@ SEES_EVENTS = "inbox.view_event"
 PERMISSIONS_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 
-def last_line(error: str) -> str:
-    """The line that says what failed: a traceback's last, the whole of a one-line error."""
-    lines = [line.strip() for line in (error or "").splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 def events_going_dead(sender, inbox_id, events, now, generation=None, **kwargs):
     """Receiver of inbox.signals.events_dead, inside the transaction that parks `events`."""
     # The claim parking them is the start of a worker's run: its lines name that run.
@@ -69,7 +63,7 @@ def events_going_dead(sender, inbox_id, events, now, generation=None, **kwargs):
             # Not "key": Sentry and the error pages mask fields named like a credential.
             "source_id": event.source_id,
             "attempts": event.attempts,
-            "last_error": last_line(event.error),
+            "last_error": event.error_line,
         }
         for event in events
     ]
@@ -96,7 +90,7 @@ def note_dead(inbox_id, events, now) -> int:
     state.keys = state.keys + [
         f"{event.source}:{event.source_id}" for event in events[: max(KEYS_SHOWN - shown, 0)]
     ]
-    state.last_error = last_line(events[-1].error) if events else state.last_error
+    state.last_error = events[-1].error_line if events else state.last_error
     queued = queue_alert(state, now) if state.due(now) else 0
     state.save()
     return queued

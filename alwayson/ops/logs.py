@@ -100,3 +100,35 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             line["stack_info"] = self.formatStack(record.stack_info)
         return json.dumps(line, default=str)
+
+
+def gunicorn_logging(log_format: str) -> dict:
+    """gunicorn's logconfig_dict (alwayson/gunicorn_conf.py): its own lines and its access
+    lines through the formatter and filter the LOGGING setting gives alwayson's loggers
+    (alwayson/settings/logs.py), on stderr, so the web process writes the one format every
+    process writes rather than gunicorn's two of its own."""
+    if log_format not in ("text", "json"):
+        raise ValueError(f"log format must be text or json, not {log_format!r}")
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {log_format: {"()": f"{__name__}.{FORMATTERS[log_format].__name__}"}},
+        "filters": {"run": {"()": f"{__name__}.{RunContextFilter.__name__}"}},
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": log_format,
+                "filters": ["run"],
+            }
+        },
+        # As in a process Django sets up: no handler of its own (gunicorn's default gives it
+        # one, which would print every library's INFO lines).
+        "root": {"level": "WARNING", "handlers": []},
+        "loggers": {
+            name: {"handlers": ["console"], "level": "INFO", "propagate": False}
+            for name in ("gunicorn.error", "gunicorn.access")
+        },
+    }
+
+
+FORMATTERS = {"text": TextFormatter, "json": JsonFormatter}

@@ -31,6 +31,7 @@ from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
 from alwayson.runtime.run import LeaseLost, Run
 from alwayson.tracing import enabled, span, traceparent
+from inbox.models import RunRecord
 from inbox.services import (
     WORK_CHANNEL,
     Claim,
@@ -123,6 +124,10 @@ class Heartbeat:
 
 @dataclass
 class StepResult:
+    """One worker step. `outcome` says what the run did in short, as tests read it: "said 1",
+    "asked 1, said 1", "quiet" (nothing said), "deferred: <reason>", "error: <last line>",
+    "refused" (the fence refused the finish), "fenced" (LeaseLost mid-run)."""
+
     inbox: str
     generation: int
     events: int
@@ -133,6 +138,31 @@ class StepResult:
     def ran(self) -> bool:
         """Whether the agent ran: a lease taken whose claim found nothing is not a run."""
         return self.events > 0
+
+    @property
+    def recorded(self) -> str:
+        """The outcome in the words of the run's record and the pages (RunRecord.Outcome):
+        done, error, deferred or refused; "none" for a claim that found nothing (no run)."""
+        return _recorded(self.outcome)[0]
+
+    @property
+    def detail(self) -> str:
+        """What more `outcome` says: what a done run said or asked, the error, the reason."""
+        return _recorded(self.outcome)[1]
+
+
+def _recorded(outcome: str) -> tuple[str, str]:
+    words = RunRecord.Outcome
+    if outcome == "nothing claimable":
+        return "none", outcome
+    if outcome == "fenced":
+        return words.REFUSED.value, "fenced off mid-run"
+    if outcome == "refused":
+        return words.REFUSED.value, "the fence refused the finish"
+    for word in (words.ERROR.value, words.DEFERRED.value):
+        if outcome.startswith(f"{word}: "):
+            return word, outcome.removeprefix(f"{word}: ")
+    return words.DONE.value, "said nothing" if outcome == "quiet" else outcome
 
 
 class Worker:
@@ -210,7 +240,8 @@ class Worker:
         ) as current:
             result, finished = self._run_agent(agent, claim, started)
             if current is not None:
-                current.set_attribute("alwayson.outcome", result.outcome)
+                current.set_attribute("alwayson.outcome", result.recorded)
+                current.set_attribute("alwayson.outcome.detail", result.detail)
             return result, finished
 
     def _run_agent(self, agent, claim: Claim, started) -> tuple[StepResult, bool]:
@@ -277,12 +308,15 @@ class Worker:
     def _result(self, inbox, generation, count, outcome, started):
         result = StepResult(inbox.slug, generation, count, outcome, time.monotonic() - started)
         metrics.record_run(result)
+        # The outcome in the pages' words (a run page's "Done" is outcome=done), then what
+        # the run did.
         log.info(
-            "run inbox=%s gen=%s events=%s outcome=%s duration=%.3fs",
+            "run inbox=%s gen=%s events=%s outcome=%s (%s) duration=%.3fs",
             result.inbox,
             result.generation,
             result.events,
-            result.outcome,
+            result.recorded,
+            result.detail,
             result.seconds,
         )
         return result

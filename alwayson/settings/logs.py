@@ -1,4 +1,6 @@
-"""Log lines: text or JSON, each logged inside a worker's run carrying the run's id.
+"""Log lines: text or JSON, each logged inside a worker's run carrying the run's id, in one
+format for every process (docs/how-to/operations.md#logs-and-alerts; gunicorn's own lines go
+through the same formatter: alwayson/gunicorn_conf.py).
 
 The formatters and the filter are alwayson/ops/logs.py's, named by their dotted paths: the
 logging configuration imports them when Django sets up, and the settings import no app.
@@ -6,6 +8,7 @@ logging configuration imports them when Django sets up, and the settings import 
 
 from . import env
 
+# alwayson/gunicorn_conf.py reads the same variable with the same choices.
 _FORMATS = ("text", "json")
 
 

@@ -98,10 +98,11 @@ def recent_runs():
 
 
 # (name, bucket width, bucket count, label format): the last hour per minute and the last day
-# per hour, both always drawn so the live fragment needs no state to refresh either.
+# per hour, both always drawn so the live fragment needs no state to refresh either. The day's
+# labels carry the date: its span crosses midnight.
 WINDOWS = (
     ("last hour", "minute", timedelta(minutes=1), 60, "%H:%M"),
-    ("last day", "hour", timedelta(hours=1), 24, "%H:00"),
+    ("last day", "hour", timedelta(hours=1), 24, "%d %b %H:00"),
 )
 
 

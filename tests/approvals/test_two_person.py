@@ -304,3 +304,24 @@ def test_the_pages_show_the_second_approver_what_is_waiting(people):
     assert set(AuditEntry.objects.values_list("action_shown", flat=True)) == {
         "Refund order 881 for 750"
     }
+
+
+def test_a_first_approval_on_the_conversation_card_leaves_the_saying_to_the_card(people):
+    # The conversation updates itself: a message over it would still say the request waits
+    # for a second approver after Lee approved it.
+    request_approval(people.desk, "refund-881", ACTION, WINDOW, approvers=2)
+    dana = browse_as(people.dana)
+    answer = {"answer": "yes", "via": "conversation", "next": "/inbox/desk/"}
+
+    first = dana.post(detail_url("desk", "refund-881"), answer, follow=True)
+    again = dana.post(detail_url("desk", "refund-881"), answer, follow=True)
+
+    for page in (first, again):
+        assert page.redirect_chain == [("/inbox/desk/", 302)]
+        html = text_of(page)
+        assert 'class="messages"' not in html
+        assert "You approved; waiting for a second, different approver." in html
+    lee = browse_as(people.lee)
+    lee.post(detail_url("desk", "refund-881"), answer)
+    settled = text_of(dana.get("/inbox/desk/"))
+    assert "Approved." in settled and "second, different approver" not in settled

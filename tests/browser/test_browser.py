@@ -380,6 +380,21 @@ def test_every_page_fits_a_phone(new_page, site, desk, django_user_model):
     screenshot(newcomer, "home-empty-phone")
 
 
+def test_every_kind_of_page_has_an_icon_and_no_request_for_one_is_a_404(new_page, site):
+    # The people's pages, the admin's and an error page each name the icon, and get it.
+    # (A response that names none, /healthz's JSON, makes the browser ask /favicon.ico, out
+    # of the page's sight: tests/web/test_views.py checks that address.)
+    failed = []
+    for path in ("/accounts/login/", "/admin/login/", "/no-such-page/"):
+        page = new_page()  # a fresh context: no icon cached from the page before
+        page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+        with page.expect_response(lambda r: "favicon" in r.url and r.status < 300) as icon:
+            page.goto(f"{site}{path}")
+        assert icon.value.status == 200, (path, icon.value.url)
+        assert icon.value.headers["content-type"].startswith("image/svg+xml"), path
+    assert [url for url in failed if "favicon" in url] == []
+
+
 # --- an expired request --------------------------------------------------------------------
 
 
@@ -518,7 +533,17 @@ def test_the_admin_index_keeps_the_demo_apart_and_links_the_dashboard(new_page, 
     expect(page.locator("#alwayson-dashboard-link a", has_text="Dashboard")).to_be_visible()
     sections = page.locator("#content-main .module caption").all_inner_texts()
     assert sections[-1].upper().startswith("DEMO"), sections
+    # Internal tables (the live pages' cursor and watches) are not listed.
+    expect(page.locator("#content-main")).not_to_contain_text("Live changes")
+    expect(page.locator("#content-main")).not_to_contain_text("Live watchs")
     screenshot(page, "admin-index")
+
+    # On a phone the link reads "Dashboard" on one line, not a letter a line.
+    page.set_viewport_size(PHONE)
+    link = page.locator("#alwayson-dashboard-link a")
+    assert link.evaluate("a => a.getClientRects().length") == 1
+    assert_fits_a_phone(page)
+    screenshot(page, "admin-index-phone")
 
 
 def test_the_admin_dashboard(new_page, site, desk, staff_user, make_inbox):
@@ -600,12 +625,22 @@ def busy_processes(now, count=24):
     )
 
 
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/srv/agents/acme/refunds.py", line 41, in agent\n'
+    '    payments.refund(order, idempotency_key=run.key("refund", event))\n'
+    "requests.exceptions.ConnectionError: payments.acme.example.com: connection refused"
+)
+
+
 @pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["1280px", "390px"])
 def test_the_admins_tables_show_every_column(new_page, site, desk, staff_user, viewport):
     now = clock.database_now()
     busy_processes(now)
     ingest(desk, "chat", "m-1", {"text": "refund order 881"})
     dead_event(desk)
+    # A dead event as the worker stores its error (a traceback), under a delivery's UUID.
+    dead_event(desk, "3f0c2a9e-5b7d-4c1e-9a8f-2d6b7e4c1a90", TRACEBACK)
     OutboxMessage.objects.create(inbox=desk, body="daily digest", created=now)
     assert acquire(desk, "alwayson-worker-7d9f8c6b5-x00q4:4100") is not None
     ModelCall.objects.bulk_create(
@@ -631,6 +666,7 @@ def test_the_admins_tables_show_every_column(new_page, site, desk, staff_user, v
     # in its own box there, and the page does not.
     for name, path, scrolling in (
         ("processes", "/admin/alwayson_ops/process/", viewport == PHONE),
+        ("dead-events", "/admin/inbox/event/?status__exact=dead", viewport == PHONE),
         ("dashboard", "/admin/dashboard/", False),
     ):
         page.goto(f"{site}{path}")
@@ -639,6 +675,14 @@ def test_the_admins_tables_show_every_column(new_page, site, desk, staff_user, v
         expect(page.locator("#content table:not(details table)").first).to_be_visible()
         screenshot(page, f"admin-{name}-{width}")
         assert_no_cell_hidden(page, scrolling)
+
+    # A traceback's first line says only that it is one: the list shows the exception.
+    page.goto(f"{site}/admin/inbox/event/?status__exact=dead")
+    row = page.locator("#result_list tbody tr", has_text="3f0c2a9e")
+    expect(row.locator("td.field-error_excerpt")).to_have_text(
+        re.compile(r"^requests\.exceptions\.ConnectionError: payments\.acme")
+    )
+    expect(page.locator("#result_list")).not_to_contain_text("Traceback")
 
 
 # --- a Claude agent's tool call, approved in the browser ---------------------------------------
@@ -768,12 +812,14 @@ def test_two_approvers_in_two_browsers_approve_a_big_refund(
     expect(lee.locator(".outcome")).to_have_text("Approved.")
     expect(lee.locator(".answered-by")).to_have_text("Dana and Lee")
 
-    # The agent refunds and names both; Dana sees it without reloading.
+    # The agent refunds and names both; Dana sees it without reloading, and nothing on her
+    # page still says the request waits for a second approver.
     assert run_background_once().outcome == "said 1"
     reply = "Refunded order 881, approved by Dana and Lee"
     expect(dana.locator(".entry.agent").last).to_contain_text(reply)
     expect(card.locator(".outcome")).to_have_text("Approved.")
     expect(card.locator(".answered-by")).to_have_text("Answered by Dana and Lee")
+    expect(dana.locator("main")).not_to_contain_text("second, different approver")
     assert_not_reloaded(dana)
     screenshot(dana, "two-person-approved")
     assert reply in mail.outbox[-1].body  # and the owner's email says so
@@ -982,7 +1028,8 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
             generation=g,
             worker="w",
             started=started,
-            ended=started + timedelta(seconds=g % 7 + 1),
+            # Fractions of a second, as runs take: the scale must not read 7.592627.
+            ended=started + timedelta(seconds=g % 7 + 1, microseconds=592_627),
             outcome="done" if g % 4 else "error",
             waiting_since=started - timedelta(seconds=g % 11),
         )
@@ -1033,6 +1080,12 @@ def test_the_dashboard_charts_fit_a_phone(new_page, site, desk, staff_user):
         if viewport is DESKTOP:
             assert svg["width"] > 320
         expect(page.locator("svg.chart.bars")).to_contain_text("of 10,000 (62%)")
+        # Scales read as a person writes numbers (no 0.592627), and the day's span has dates.
+        scales = page.locator(".chart-frame .chart-y span").all_inner_texts()
+        assert all(re.fullmatch(r"[\d,]+|\d\.\d|0\.0*[1-9]\d?", v) for v in scales), scales
+        assert any("." in v for v in scales), scales  # the durations' p95, rounded
+        day = page.locator(".chart-block", has_text="Runs per hour, last day").locator(".chart-x")
+        expect(day).to_contain_text(re.compile(r"^\d\d [A-Z][a-z]{2} \d\d:00"))
         if viewport is PHONE:
             assert_fits_a_phone(page)
 

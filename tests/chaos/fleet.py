@@ -226,7 +226,6 @@ class Fleet:
             return [
                 *manage,
                 "runall",
-                "--no-demo",
                 "--addr",
                 self.runall_addr,
                 "--concurrency",

@@ -283,8 +283,8 @@ class ChaosRun:
             if path.name[0] not in "wr":
                 continue
             text = path.read_text(errors="replace")
-            counts["refused"] += text.count("outcome=refused")
-            counts["fenced"] += text.count("outcome=fenced")
+            counts["refused"] += text.count("outcome=refused (the fence refused the finish)")
+            counts["fenced"] += text.count("outcome=refused (fenced off mid-run)")
             counts["failed"] += text.count("outcome=error")
             for line in text.splitlines():
                 if re.search(r"Exception in thread (slot|heartbeat|listen)", line):

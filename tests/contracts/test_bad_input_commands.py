@@ -51,7 +51,11 @@ ROWS = {
         ["--once", "--agent", "no.such.Agent"],
         "--agent: cannot",
     ),
-    "runworker-agent-module": ("runworker", ["--once", "--agent", "os"], "--agent: cannot import"),
+    "runworker-agent-module": (
+        "runworker",
+        ["--once", "--agent", "os"],
+        "--agent: 'os' is a module, not a callable",
+    ),
     "runworker-agent-value": (
         "runworker",
         ["--once", "--agent", "os.sep"],

@@ -11,7 +11,7 @@ from django.db import connection
 
 from tests.support.paths import ROOT
 
-SMOKE_TESTS = 12
+SMOKE_TESTS = 15
 
 
 def embedded_environment():

@@ -402,7 +402,12 @@ def test_status_prints_the_checks_and_the_live_and_lost_processes(beat_every):
     lines = output.splitlines()
     assert lines[:4] == ["database\tok", "worker\tok", "scheduler\tok", "dispatcher\tok"]
     assert lines[-1] == "healthy"
-    assert "4 process(es)" in output
+    # Every row the admin lists is counted, the stopped one too; --all lists it.
+    window = f"{(3 * beat_every).total_seconds():.0f}"
+    assert lines[4] == (
+        f"processes: 3 live (beating), 1 lost (not stopped, no beat for {window}s),"
+        " 1 stopped cleanly (--all lists them)"
+    )
     rows = [line.strip().split("\t") for line in lines if line.startswith("  ")]
     assert [(r[0], r[1], r[2], r[5]) for r in rows] == [
         ("dispatcher", "live", "host-a:2", "0 run(s)"),
@@ -410,7 +415,30 @@ def test_status_prints_the_checks_and_the_live_and_lost_processes(beat_every):
         ("worker", "live", "host-a:0", "1 run(s)"),
         ("worker", "lost", "gone:1", "0 run(s)"),
     ]
-    assert "done:2" in status("--all")
+    everything = status("--all").splitlines()
+    assert everything[4].endswith("1 stopped cleanly (listed below)")
+    assert ("worker", "stopped", "done:2") in [
+        tuple(line.strip().split("\t")[:3]) for line in everything if line.startswith("  ")
+    ]
+
+
+@pytest.mark.django_db
+def test_status_counts_the_stopped_processes_the_admin_lists_when_none_runs(admin_client):
+    now = clock.database_now()
+    for kind in KINDS:
+        stopped = ProcessBeat(kind, f"{kind}:1")
+        stopped.register(now)
+        stopped.mark_stopped(now)
+
+    with pytest.raises(CommandError):  # nothing beats: unhealthy, but the count comes first
+        out = StringIO()
+        call_command("status", stdout=out)
+    [counts] = [line for line in out.getvalue().splitlines() if line.startswith("processes:")]
+
+    assert counts.startswith("processes: 0 live (beating), 0 lost")
+    assert counts.endswith("3 stopped cleanly (--all lists them)")
+    admin = admin_client.get("/admin/alwayson_ops/process/")
+    assert admin.context["cl"].result_count == 3
 
 
 @pytest.mark.django_db

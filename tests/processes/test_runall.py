@@ -22,7 +22,7 @@ CHILD_COMMANDS = {"runserver", "runworker", "runscheduler", "rundispatcher"}
 
 @pytest.fixture
 def runall(tmp_path):
-    server = Runall(tmp_path, free_port())
+    server = Runall(tmp_path, free_port(), args=("--demo",))  # as `make run` starts it
     yield server
     server.stop()
 
@@ -136,3 +136,64 @@ def test_production_mode_runs_the_production_set_not_a_worker_count(settings):
     settings.DEBUG = False
     with pytest.raises(CommandError, match="--concurrency is for development"):
         call_command("runall", "--production", "--concurrency", "8")
+
+
+def test_production_mode_makes_no_demo_data(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="--demo is for development"):
+        call_command("runall", "--production", "--demo")
+
+
+# --- demo data, only when asked ----------------------------------------------------------------
+
+
+def development_set(demo):
+    """runall's development set, made without starting it: what it printed, and the commands."""
+    import io
+
+    from alwayson.ops.management.commands.runall import Command
+
+    command = Command(stdout=io.StringIO())
+    commands, _, _ = command.development_set("127.0.0.1:8000", demo, None)
+    return command.stdout.getvalue(), commands
+
+
+@pytest.mark.django_db
+def test_without_demo_runall_makes_no_user_and_no_inbox_and_says_how_to_log_in(settings):
+    from django.contrib.auth import get_user_model
+
+    from inbox.models import Inbox
+
+    settings.DEBUG = True
+
+    printed, commands = development_set(demo=False)
+
+    assert not get_user_model().objects.exists() and not Inbox.objects.exists()
+    assert "No demo data: log in as a user of this project" in printed
+    assert set(commands) == {"web", "worker", "scheduler", "dispatcher"}
+
+
+@pytest.mark.django_db
+def test_with_demo_runall_makes_the_demo_login_and_prints_where_to_go(settings, tmp_path):
+    from inbox.models import Inbox
+
+    settings.DEBUG = True
+    settings.BASE_DIR = tmp_path  # the password file, for a database that is not a file
+
+    printed, _ = development_set(demo=True)
+
+    assert Inbox.objects.get().slug == "demo-desk"
+    assert re.search(
+        r"Demo login: demo / \S+  at http://127\.0\.0\.1:8000/accounts/login/", printed
+    )
+    assert "Post 'refund order 881' at http://127.0.0.1:8000/inbox/demo-desk/" in printed
+
+
+def test_demo_data_is_refused_with_debug_off_before_anything_is_migrated(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="--demo is for development: DEBUG is off"):
+        call_command("runall", "--demo")

@@ -8,7 +8,10 @@ directory; a chunked body, whose size nobody declares, is read up to that limit 
 A client that half-closes its socket after a whole request is answered.
 """
 
+import json
+import re
 import threading
+import urllib.request
 
 import pytest
 from django.conf import settings
@@ -133,3 +136,49 @@ def test_a_chunked_body_is_cut_at_the_limit_with_413(web, desk):
     assert answer.closed
     assert written_under(web.tmp) == []
     assert not Event.objects.exists()
+
+
+# --- its log lines -----------------------------------------------------------------------------
+
+# alwayson's text line (alwayson/ops/logs.py): time, level, logger, message.
+TEXT_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR) \S+ ")
+# gunicorn's own formats: its error log's "[time] [pid] [LEVEL]" and the combined access log's
+# "host - user [time]".
+GUNICORN_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d |^\S+ - \S+ \[\d\d/\w{3}/\d{4}:")
+
+
+def gunicorn_lines(web):
+    web.terminate()
+    return [line for line in web.log().splitlines() if "gunicorn" in line]
+
+
+def test_the_web_process_writes_gunicorn_s_lines_in_alwayson_s_format(tmp_path, transactional_db):
+    web = ProductionWeb(tmp_path, WEB_CONCURRENCY="1")
+    try:
+        urllib.request.urlopen(f"{web.url}/favicon.ico", timeout=10).close()
+        log = web.log()
+        lines = gunicorn_lines(web)
+    finally:
+        web.stop()
+
+    assert [line for line in log.splitlines() if GUNICORN_LINE.search(line)] == []
+    assert all(TEXT_LINE.match(line) for line in lines), lines
+    assert any(" INFO gunicorn.error Booting worker with pid: " in line for line in lines), lines
+    [access] = [line for line in lines if " gunicorn.access " in line and "/favicon.ico" in line]
+    assert re.search(r'127\.0\.0\.1 "GET /favicon\.ico HTTP/1\.1" 302 0 \d+ms "-" ', access)
+
+
+def test_the_web_process_writes_json_lines_when_asked(tmp_path, transactional_db):
+    web = ProductionWeb(tmp_path, WEB_CONCURRENCY="1", ALWAYSON_LOG_FORMAT="json")
+    try:
+        urllib.request.urlopen(f"{web.url}/favicon.ico", timeout=10).close()
+        lines = [json.loads(line) for line in gunicorn_lines(web)]
+    finally:
+        web.stop()
+
+    loggers = {line["logger"] for line in lines}
+    assert loggers == {"gunicorn.error", "gunicorn.access"}
+    [access] = [line for line in lines if "/favicon.ico" in line["message"]]
+    assert access["logger"] == "gunicorn.access"
+    assert access["level"] == "INFO"
+    assert '"GET /favicon.ico HTTP/1.1" 302' in access["message"]

@@ -608,6 +608,56 @@ def test_load_agent_with_a_bad_path_raises_value_error(path):
         load_agent(path)
 
 
+EXAMPLE = "such as 'myapp.agent.agent' (the function agent in myapp/agent.py)"
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        # A module whose agent is the function `agent`: the path to name instead.
+        (
+            "alwayson.demo.refund_desk",
+            "ALWAYSON_AGENT: 'alwayson.demo.refund_desk' is a module, not a callable: name the"
+            " function (or other callable) in it that takes a Run, such as"
+            " 'alwayson.demo.refund_desk.agent'",
+        ),
+        (
+            "alwayson.demo",
+            "ALWAYSON_AGENT: 'alwayson.demo' is a module, not a callable: name the function"
+            f" (or other callable) in it that takes a Run, {EXAMPLE}",
+        ),
+        (
+            "alwayson.demo.refund_desk.APPROVAL_WINDOW",
+            "ALWAYSON_AGENT: 'alwayson.demo.refund_desk.APPROVAL_WINDOW' is not callable (a"
+            f" timedelta): it must be the dotted path to a callable that takes a Run, {EXAMPLE}",
+        ),
+        (
+            "refund_desk",
+            "ALWAYSON_AGENT: cannot import 'refund_desk': refund_desk doesn't look like a module"
+            f" path. It must be the dotted path to a callable that takes a Run, {EXAMPLE}",
+        ),
+    ],
+)
+def test_load_agent_says_what_the_path_names_and_what_it_must_name(path, message):
+    with pytest.raises(ValueError) as refused:
+        load_agent(path)
+
+    assert str(refused.value) == message
+
+
+def test_an_agent_whose_module_imports_a_missing_package_is_named_right(tmp_path, monkeypatch):
+    (tmp_path / "acme_desk.py").write_text("import acme_payments_sdk\n\ndef agent(run): pass\n")
+    monkeypatch.syspath_prepend(tmp_path)
+
+    with pytest.raises(ValueError) as refused:
+        load_agent("acme_desk.agent")
+
+    # The path is right: no advice to change it.
+    assert str(refused.value) == (
+        "ALWAYSON_AGENT: cannot import 'acme_desk.agent': No module named 'acme_payments_sdk'"
+    )
+
+
 def test_load_agent_defaults_to_the_setting(settings):
     settings.ALWAYSON_AGENT = "tests.support.agents.worker_echo_agent"
     from tests.support.agents import worker_echo_agent

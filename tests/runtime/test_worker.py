@@ -33,7 +33,7 @@ from alwayson.runtime.loop import LoopCommand
 from alwayson.runtime.management.commands import runscheduler
 from alwayson.runtime.worker import Worker, WorkerPool
 from approvals.models import Approval
-from inbox.models import Event, Lease, Session
+from inbox.models import Event, Lease, RunRecord, Session
 from inbox.services import mark_dead
 from outbox.models import OutboxMessage
 from timers.models import Timer
@@ -259,7 +259,7 @@ def test_each_run_logs_one_line(inbox, worker_log):
     lines = [r.getMessage() for r in worker_log.records if r.name == "alwayson.worker"]
     assert len(lines) == 1
     assert re.fullmatch(
-        r"run inbox=desk gen=1 events=2 outcome=said 1 duration=\d+\.\d{3}s", lines[0]
+        r"run inbox=desk gen=1 events=2 outcome=done \(said 1\) duration=\d+\.\d{3}s", lines[0]
     ), lines
 
 
@@ -275,9 +275,56 @@ def test_failed_run_logs_its_outcome(inbox, worker_log):
     runs = [r.getMessage() for r in worker_log.records if r.getMessage().startswith("run ")]
     assert len(runs) == 1
     assert re.fullmatch(
-        r"run inbox=desk gen=1 events=1 outcome=error: KeyError: 'missing' duration=\S+s", runs[0]
+        r"run inbox=desk gen=1 events=1 outcome=error \(KeyError: 'missing'\) duration=\S+s",
+        runs[0],
     ), runs
     assert any(r.levelno == logging.WARNING for r in worker_log.records)
+
+
+def says(run):
+    run.say("Done")
+
+
+def stays_quiet(run):
+    pass
+
+
+def raises(run):
+    raise ValueError("refund 881 failed")
+
+
+def defers(run):
+    run.defer("budget spent", delay=60)
+
+
+def is_fenced_off(run):
+    run.mark_lost()
+    run.renew()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("agent", "word", "detail"),
+    [
+        (says, "done", "said 1"),
+        (stays_quiet, "done", "said nothing"),
+        (raises, "error", "ValueError: refund 881 failed"),
+        (defers, "deferred", "budget spent"),
+        (is_fenced_off, "refused", "fenced off mid-run"),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_a_run_logs_the_outcome_its_record_and_the_pages_show(
+    inbox, worker_log, agent, word, detail
+):
+    ingest(inbox, "chat", "m1", {})
+
+    result = Worker("w1", agent).step()
+
+    record = RunRecord.objects.get(inbox=inbox, generation=result.generation)
+    assert record.outcome == word  # the run page's badge: record.get_outcome_display()
+    [line] = [r.getMessage() for r in worker_log.records if r.getMessage().startswith("run ")]
+    assert f" outcome={word} ({detail}) " in line, line
 
 
 # --- runworker -------------------------------------------------------------------------------
@@ -411,6 +458,21 @@ def test_deadletters_lists_dead_events(dead_events):
         (str(parked.pk), "beta", "chat", "parked-1", "0", "operator: bad payload"),
     ]
     assert "2 dead event(s)" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_deadletters_lists_an_event_dead_of_a_traceback_on_one_line(dead_events):
+    poison, _ = dead_events
+    Event.objects.filter(pk=poison.pk).update(
+        error="Traceback (most recent call last):\n  File \"agent.py\", line 3\nKeyError: 'order'"
+    )
+    out = StringIO()
+
+    call_command("deadletters", "--inbox", "alpha", stdout=out)
+
+    assert listed_rows(out.getvalue()) == [
+        (str(poison.pk), "alpha", "webhook", "poison-1", "3", "KeyError: 'order'"),
+    ]
 
 
 @pytest.mark.django_db

@@ -35,7 +35,8 @@ def test_a_worker_step_exports_one_invoke_agent_span_with_the_runs_attributes(re
         "alwayson.inbox": inbox.slug,
         "alwayson.generation": result.generation,
         "alwayson.events": 2,
-        "alwayson.outcome": result.outcome,
+        "alwayson.outcome": "done",
+        "alwayson.outcome.detail": "said 1",
     }
     # The run's record names the span: from a record to its trace, and back.
     record = RunRecord.objects.get(inbox=inbox, generation=result.generation)
@@ -58,8 +59,9 @@ def test_an_agent_with_a_name_is_traced_by_it_and_its_failure_is_the_outcome(rec
 
     (run,) = receiver
     assert run.name == "invoke_agent refunds"
-    assert result.outcome.startswith("error: ")
-    assert attributes(run)["alwayson.outcome"] == result.outcome
+    assert result.outcome == "error: RuntimeError: boom"
+    assert attributes(run)["alwayson.outcome"] == "error"
+    assert attributes(run)["alwayson.outcome.detail"] == "RuntimeError: boom"
 
 
 @pytest.mark.django_db

@@ -9,6 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from alwayson.web import charts
+from alwayson.web.dashboard import run_charts
 from inbox.models import Inbox, RunRecord
 
 NOW = datetime(2026, 12, 2, 14, 7, 30, tzinfo=UTC)
@@ -86,8 +87,28 @@ def test_an_empty_chart_draws_no_scale_and_a_percentile_chart_scales_to_its_p95(
     durations = charts.chart_block(
         "Duration", ["a", "b"], {"p50 s": [1.0, 2.0], "p95 s": [1.5, 7.25]}, "no runs", False
     )
-    assert "<span>7.25</span><span>0</span>" in durations
+    assert "<span>7.2</span><span>0</span>" in durations
     assert "p50 s" not in durations.split("<details>")[0]
+
+
+def test_a_scale_and_the_numbers_are_rounded_as_a_person_reads_them():
+    durations = charts.chart_block(
+        "Duration", ["a", "b"], {"p50 s": [0.31, 0.4], "p95 s": [0.592627, 0.5]}, "no runs", False
+    )
+    assert '<div class="chart-y" aria-hidden="true"><span>0.59</span>' in durations
+    assert "<td>0.59</td>" in durations and "592627" not in durations
+    assert [charts.number(v) for v in (0.0012, 3.14159, 12.5, 1234.5, 25000.0, 4.0)] == [
+        "0.0012", "3.1", "12", "1,234", "25,000", "4",
+    ]  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_day_charts_span_says_the_date_and_the_hours_the_time(inboxes):
+    make_run(inboxes[0], 1, NOW - timedelta(minutes=3))
+    blocks = run_charts(NOW)
+    hour, day = blocks[0], blocks[3]
+    assert '<div class="chart-x" aria-hidden="true"><span>13:08</span><span>14:07</span>' in hour
+    assert "<span>01 Dec 15:00</span><span>02 Dec 14:00</span>" in day
 
 
 def test_a_series_of_the_wrong_length_is_refused():
@@ -228,8 +249,8 @@ def test_the_day_charts_bucket_runs_by_hour_and_the_hour_charts_ignore_older_one
     )
     assert "11:00 done" not in hour_runs
     assert "Runs per hour, last day" in day_runs
-    assert "<title>11:00 done: 1</title>" in day_runs
-    assert "<title>14:00 error/refused/lost: 1</title>" in day_runs
+    assert "<title>02 Dec 11:00 done: 1</title>" in day_runs
+    assert "<title>02 Dec 14:00 error/refused/lost: 1</title>" in day_runs
     assert day_runs.count("<rect") == 2
 
 
@@ -288,9 +309,9 @@ def test_flow_charts_count_dead_events_and_sent_messages_and_the_held_backlog(in
     few, blocks = read()
     hour_dead, hour_sent, day_dead, day_sent = blocks
     assert "<title>14:06 dead: 1</title>" in hour_dead and hour_dead.count("<rect") == 1
-    assert day_dead.count("<rect") == 2 and "<title>12:00 dead: 1</title>" in day_dead
+    assert day_dead.count("<rect") == 2 and "<title>02 Dec 12:00 dead: 1</title>" in day_dead
     assert "<title>14:05 sent: 1</title>" in hour_sent
-    assert "2 held now" in hour_sent and "<title>14:00 sent: 1</title>" in day_sent
+    assert "2 held now" in hour_sent and "<title>02 Dec 14:00 sent: 1</title>" in day_sent
     for n in range(5, 40):
         make_event(mine, n, "dead", NOW - MINUTE * n)
         make_message(theirs, "sent", NOW - MINUTE * n)

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission
+from django.contrib.staticfiles import finders
 from django.test import Client
 
 from alwayson.demo import refund_desk
@@ -662,3 +663,17 @@ def test_what_one_run_says_and_asks_shows_in_the_order_it_was_said(owner_client,
     shown = ("first, the news", "then the question", "Refund order 881", "Refund order 882")
     positions = [html.index(text) for text in shown]
     assert positions == sorted(positions)
+
+
+# --- the icon --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_favicon_ico_is_the_pages_icon_not_a_404(client):
+    # A browser asks /favicon.ico of a response that names no icon (/healthz's JSON).
+    answer = client.get("/favicon.ico")
+
+    assert answer.status_code == 302  # not permanent: the icon's collected name may change
+    assert answer["Location"] == f"{settings.STATIC_URL}alwayson/favicon.svg"
+    assert finders.find("alwayson/favicon.svg")
+    assert client.get("/accounts/login/").content.count(b'rel="icon"') == 1

@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.shortcuts import resolve_url
+from django.urls import reverse
 
 from alwayson.demo import refund_desk
 from alwayson.demo.login import demo_password
@@ -32,7 +34,8 @@ class Command(BaseCommand):
         # A superuser whose password sits in a file is for a developer's machine.
         if not settings.DEBUG:
             raise CommandError(
-                "demologin is for development: DEBUG is off (runall --no-demo starts without it)"
+                "demologin is for development: DEBUG is off (runall without --demo starts"
+                " without it)"
             )
         password = demo_password()
         people = get_user_model()
@@ -53,7 +56,11 @@ class Command(BaseCommand):
         if created:
             tomorrow = datetime.now(UTC).replace(hour=9, minute=0, second=0, microsecond=0)
             refund_desk.install(inbox, tomorrow + timedelta(days=1))
+        # The name the login form asks for (a user model may log in by email), at the
+        # addresses the project serves them (a project may put alwayson under a prefix).
+        site = f"http://{addr}"
         self.stdout.write(
-            f"Demo login: {DEMO_USER} / {password}  at http://{addr}/accounts/login/\n"
-            f"Post 'refund order 881' at http://{addr}/inbox/{DEMO_INBOX}/"
+            f"Demo login: {user.get_username()} / {password}  at"
+            f" {site}{resolve_url(settings.LOGIN_URL)}\n"
+            f"Post 'refund order 881' at {site}{reverse('inbox', kwargs={'slug': inbox.slug})}"
         )

@@ -85,7 +85,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, handle_signal)
         for server, where in servers:
             threading.Thread(target=server.serve_forever, name="egress", daemon=True).start()
-            self.stdout.write(f"egress gateway on {where}/<service>/<path>")
+            log.info("egress gateway on %s/<service>/<path>", where)
         while not stop.wait(0.2):
             pass
         for server, _ in servers:

@@ -60,9 +60,11 @@ class Command(BaseCommand):
         events = list(dead)
         self.stdout.write(f"{len(events)} dead event(s)")
         for event in events:
+            # One line an event: a traceback's last line names the exception (the admin's
+            # event page has the whole of it).
             self.stdout.write(
                 f"  {event.pk}\t{event.inbox.slug}\t{event.source}\t{event.source_id}"
-                f"\t{event.attempts}\t{event.error}"
+                f"\t{event.attempts}\t{event.error_line}"
             )
         messages = list(failed)
         self.stdout.write(f"{len(messages)} failed outbox message(s)")

@@ -10,9 +10,11 @@ signal stays ignored across exec, and the loops leave it so) and each gets this 
 SIGTERM. They stay in its process group, so a signal to the group that cannot be caught
 (SIGKILL, SIGSTOP) still reaches them all.
 
-By default it is the development and demo entry point (runserver, a demo login). With
-`--production` it runs the release steps and then the production process set of
-alwayson/ops/processes.py (gunicorn instead of runserver), the commands deploy/ runs.
+By default it is the development entry point (runserver); `--demo` (what `make run` passes)
+first makes the demo login and inbox, which are never made unasked: in a project that
+embeds alwayson they would be a superuser in that project's database. With `--production`
+it runs the release steps and then the production process set of alwayson/ops/processes.py
+(gunicorn instead of runserver), the commands deploy/ runs.
 """
 
 import os
@@ -29,6 +31,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.urls import reverse
 
 from alwayson.egress.sealing import hide_from_same_user
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
@@ -39,7 +42,8 @@ STOP_GRACE = 15
 
 class Command(BaseCommand):
     help = (
-        "Migrate, create the demo login, and run the web server, worker, scheduler and dispatcher."
+        "Migrate and run the web server, worker, scheduler and dispatcher; --demo makes the demo "
+        "login and inbox first."
     )
 
     def add_arguments(self, parser):
@@ -49,7 +53,12 @@ class Command(BaseCommand):
             help=f"web server address:port (default {DEFAULT_ADDR}; with --production, "
             "ALWAYSON_WEB_BIND or that)",
         )
-        parser.add_argument("--no-demo", action="store_true", help="don't create the demo login")
+        parser.add_argument(
+            "--demo",
+            action="store_true",
+            help="make the demo login and the refund desk's inbox first (development only; "
+            "make run passes it)",
+        )
         parser.add_argument("--concurrency", type=int, default=None, help="worker slots (2)")
         parser.add_argument(
             "--production",
@@ -58,7 +67,7 @@ class Command(BaseCommand):
             "needs DEBUG off; no demo login",
         )
 
-    def handle(self, *args, addr, no_demo, concurrency, production, verbosity, **options):
+    def handle(self, *args, addr, demo, concurrency, production, verbosity, **options):
         # Checked before migrate and the demo login: a typo must not half-start anything.
         if concurrency is not None and concurrency < 1:
             raise CommandError(f"--concurrency must be at least 1, not {concurrency}")
@@ -66,10 +75,12 @@ class Command(BaseCommand):
             if not re.fullmatch(r"(\S+:)?\d+", addr):
                 raise CommandError(f"--addr must be [address:]port like 0.0.0.0:8000, not {addr!r}")
             addr = addr if ":" in addr else f"127.0.0.1:{addr}"
+        if production and demo:
+            raise CommandError("--demo is for development; production makes no demo data")
         if production:
             commands, env, addr = self.production_set(addr, concurrency)
         else:
-            commands, env, addr = self.development_set(addr or DEFAULT_ADDR, no_demo, concurrency)
+            commands, env, addr = self.development_set(addr or DEFAULT_ADDR, demo, concurrency)
         if env.get("ALWAYSON_EGRESS_SOCKET") or settings.ALWAYSON_EGRESS_PORT:
             # The process with the credentials (alwayson/egress/server.py): the sealed worker
             # and out-of-process agents reach their services through it. First, so it
@@ -86,17 +97,26 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, supervisor.on_signal)
         signal.signal(signal.SIGTERM, supervisor.on_signal)
         supervisor.start()
-        self.stdout.write(f"alwayson is running at http://{addr}/ (Ctrl-C stops everything)")
+        self.stdout.write(f"alwayson is running at {home_url(addr)} (Ctrl-C stops everything)")
         failed = supervisor.wait()
         if failed:
             raise CommandError(f"{failed} stopped unexpectedly; stopped the others")
         self.stdout.write("alwayson stopped")
 
-    def development_set(self, addr, no_demo, concurrency):
+    def development_set(self, addr, demo, concurrency):
+        if demo and not apps.is_installed("alwayson.demo"):
+            raise CommandError("--demo needs the app alwayson.demo in INSTALLED_APPS")
+        if demo and not settings.DEBUG:
+            # Checked before migrate, like the flags: demologin would refuse after it.
+            raise CommandError("--demo is for development: DEBUG is off")
         call_command("migrate", verbosity=0)
-        # The demo is an app a project deletes: its login is made only while it is installed.
-        if not no_demo and apps.is_installed("alwayson.demo"):
+        if demo:
             call_command("demologin", addr=addr, stdout=self.stdout)
+        else:
+            self.stdout.write(
+                "No demo data: log in as a user of this project (createsuperuser makes one), "
+                "or run with --demo for a demo login and inbox"
+            )
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         commands = {
             "web": [*manage, "runserver", "--noreload", addr],
@@ -132,6 +152,12 @@ class Command(BaseCommand):
             name: local_argv(command, settings.BASE_DIR) for name, command in PROCESSES.items()
         }
         return commands, env, env.get("ALWAYSON_WEB_BIND", DEFAULT_ADDR)
+
+
+def home_url(addr) -> str:
+    """alwayson's pages at `addr`, under the prefix the project serves them at (a project
+    that embeds alwayson may include its URLs anywhere)."""
+    return f"http://{addr}{reverse('home')}"
 
 
 class Supervisor:

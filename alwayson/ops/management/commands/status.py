@@ -1,8 +1,9 @@
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count
 
 from alwayson.ops import durability
 from alwayson.ops.health import check
-from alwayson.ops.models import Process
+from alwayson.ops.models import Process, live_window
 from inbox import clock
 
 
@@ -31,12 +32,19 @@ class Command(BaseCommand):
 
     def list_processes(self, include_stopped):
         now = clock.database_now()
-        rows = Process.objects.with_state(now).order_by("kind", "-last_beat")
+        rows = Process.objects.with_state(now)
+        counts = dict(rows.order_by().values_list("state").annotate(n=Count("id")))
+        State = Process.State
+        live, lost, stopped = (counts.get(s, 0) for s in (State.LIVE, State.LOST, State.STOPPED))
+        # What each count is, in the words of the admin's process list, which lists them all.
+        listed = "listed below" if include_stopped else "--all lists them"
+        self.stdout.write(
+            f"processes: {live} live (beating), {lost} lost (not stopped, no beat for"
+            f" {live_window().total_seconds():.0f}s), {stopped} stopped cleanly ({listed})"
+        )
         if not include_stopped:
             rows = rows.running()
-        rows = list(rows)
-        self.stdout.write(f"{len(rows)} process(es)")
-        for row in rows:
+        for row in rows.order_by("kind", "-last_beat"):
             self.stdout.write(
                 f"  {row.kind}\t{row.state}\t{row.worker_id}\t{row.host}\t{row.pid}"
                 f"\t{row.runs} run(s)\tbeat {(now - row.last_beat).total_seconds():.0f}s ago"
