@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+import alwayson
 from alwayson.demo import refund_desk
 from alwayson.demo.login import demo_password
 from inbox.models import Inbox
@@ -22,6 +23,9 @@ class Command(BaseCommand):
         "Create the demo login and the refund desk's inbox (development only); the password "
         "stays the same from one run to the next."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

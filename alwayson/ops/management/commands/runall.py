@@ -30,6 +30,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+import alwayson
 from alwayson.egress.sealing import hide_from_same_user
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 
@@ -41,6 +42,9 @@ class Command(BaseCommand):
     help = (
         "Migrate, create the demo login, and run the web server, worker, scheduler and dispatcher."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+import alwayson
 from alwayson.ops.health import check
 from alwayson.ops.models import Process
 from inbox import clock
@@ -10,6 +11,9 @@ class Command(BaseCommand):
         "The health check /healthz answers, then the loop processes, live and lost; "
         "exits non-zero when unhealthy."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("--all", action="store_true", help="list cleanly stopped processes too")
