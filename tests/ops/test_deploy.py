@@ -354,8 +354,7 @@ def test_the_env_template_filled_with_a_key_passes_check_deploy():
 
     code, output = check_deploy(environment(**values))
 
-    assert code == 0, output
-    assert "System check identified no issues" in output
+    assert code == 0, output  # nothing reported, at any level
 
 
 # --- gunicorn's settings ---------------------------------------------------------------------
