@@ -122,8 +122,12 @@ def send_webhook(delivery, channel):
             client.stream("POST", channel.url, content=body, headers=headers) as response,
         ):
             status = response.status_code
+    except httpx.TimeoutException as exc:
+        # In our words: the exception's own ("timed out") are the HTTP library's to change.
+        waited = settings.ALWAYSON_OUTBOX_WEBHOOK_TIMEOUT
+        raise SendFailed(f"webhook {channel.url}: no answer within {waited:g} s") from exc
     except httpx.HTTPError as exc:
-        # A refused connection, a timeout, or an answer that is not HTTP.
+        # A refused connection, or an answer that is not HTTP.
         raise SendFailed(f"webhook {channel.url}: {exc!r}") from exc
     if not 200 <= status < 300:
         raise SendFailed(f"webhook {channel.url}: HTTP {status}")

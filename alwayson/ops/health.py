@@ -17,14 +17,13 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from functools import cache
-from importlib import metadata
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.http import HttpResponseNotAllowed, JsonResponse
 from django.utils.log import log_response
 
+import alwayson
 from alwayson.ops import durability, metrics
 from alwayson.ops.models import Process
 from inbox import clock
@@ -32,14 +31,6 @@ from inbox import clock
 log = logging.getLogger("alwayson.health")
 
 OK, FAILING, UNKNOWN = "ok", "failing", "unknown"
-
-
-@cache
-def version() -> str:
-    try:
-        return metadata.version("alwayson")
-    except metadata.PackageNotFoundError:
-        return ""
 
 
 class ProcessBeat:
@@ -77,7 +68,7 @@ class ProcessBeat:
             started=now,
             last_beat=now,
             runs=self.runs,
-            version=version(),
+            version=alwayson.__version__,
         )
         self.pk = row.pk
         return row
@@ -166,7 +157,11 @@ class Health:
         return [name for name, outcome in self.checks.items() if outcome != OK]
 
     def as_json(self):
-        return {"status": OK if self.ok else FAILING, "checks": self.checks}
+        return {
+            "status": OK if self.ok else FAILING,
+            "version": alwayson.__version__,
+            "checks": self.checks,
+        }
 
 
 def check(now=None) -> Health:
@@ -183,8 +178,9 @@ def check(now=None) -> Health:
 class HealthCheckMiddleware:
     """Answers GET /healthz first, before the host check and the HTTPS redirect: a load
     balancer or an orchestrator probes the app over plain http under an address of its own.
-    No authentication, and nothing beyond which check is ok or failing. 200 when healthy,
-    503 when not (logged at INFO), never cached."""
+    No authentication, and nothing beyond which check is ok or failing, the database's
+    durability verdict and the version that answers (so a rolling upgrade can be watched).
+    200 when healthy, 503 when not (logged at INFO), never cached."""
 
     PATHS = ("/healthz", "/healthz/")
 

@@ -10,6 +10,7 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connection, connections
 
+import alwayson
 from alwayson.ops.database import DatabaseUnusable, check_database, unusable
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.models import Process
@@ -38,6 +39,9 @@ class LoopCommand(BaseCommand):
     #: its Process.kind
     kind = None
     default_interval = 1.0
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="drain what is due, then exit")

@@ -5,7 +5,7 @@ actions (Worker.step, run_scheduler, dispatch); email goes to Django's locmem ou
 stand-in for the console email. Screenshots go to artifacts/screenshots/ (git-ignored).
 
 Chromium is required, not optional: without it these tests fail with a message saying how to
-install it (`make install` does). They are never skipped, so CI cannot pass without them.
+install it (`make test` does, as root). They are never skipped, so CI cannot pass without them.
 
 Playwright's sync API keeps an asyncio loop running in this thread, and Django refuses ORM
 calls from a thread with a running loop; DJANGO_ALLOW_ASYNC_UNSAFE lifts that for this
@@ -79,13 +79,13 @@ def allow_orm_beside_playwrights_loop():
 def browser(allow_orm_beside_playwrights_loop):
     if sync_playwright is None:
         pytest.fail(
-            "Playwright is not installed: pip install -e '.[test]' (make install does).",
+            "Playwright is not installed: make install (the test extra, from the lock).",
             pytrace=False,
         )
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(
             f"Chromium not found at {CHROMIUM}: the browser tests need Debian's Chromium. "
-            "Install it with `apt-get install -y chromium` (make install does), or point "
+            "Install it with `apt-get install -y chromium` (make test does, as root), or point "
             "ALWAYSON_TEST_CHROMIUM at a Chromium binary. These tests are never skipped.",
             pytrace=False,
         )

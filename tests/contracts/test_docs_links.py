@@ -21,7 +21,7 @@ EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # https:, mailto:, ...
 
 
 def markdown_pages():
-    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    return [README, ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def prose(text):

@@ -526,11 +526,10 @@ def test_a_database_of_the_old_layout_migrates_forward_with_every_row(layouts, o
     assert agents == {"desk": NEW_DEMO_AGENT, "other": "alwayson.claude.agent"}
 
     out = io.StringIO()
-    try:
+    try:  # --check exits non-zero when a model differs from its migrations
         call_command("makemigrations", check=True, dry_run=True, verbosity=1, stdout=out)
     except SystemExit:
         pytest.fail(f"the models differ from their migrations:\n{out.getvalue()}")
-    assert out.getvalue().strip() == "No changes detected"
 
 
 def test_moved_models_keep_their_content_types_and_permissions(layouts, old_layout):

@@ -226,6 +226,7 @@ def test_healthy_when_the_database_answers_and_every_kind_beats(t0):
     assert result.ok
     assert result.as_json() == {
         "status": "ok",
+        "version": metadata.version("alwayson"),
         "checks": {"database": "ok", "worker": "ok", "scheduler": "ok", "dispatcher": "ok"},
     }
 
@@ -289,7 +290,7 @@ def test_an_unreachable_database_fails_and_leaves_the_rest_unknown(monkeypatch):
 
 
 @pytest.mark.django_db
-def test_healthz_answers_200_with_the_checks_and_is_never_cached(client):
+def test_healthz_answers_200_with_the_version_and_the_checks_and_is_never_cached(client):
     beating(KINDS, clock.database_now())
 
     response = client.get("/healthz")
@@ -299,6 +300,7 @@ def test_healthz_answers_200_with_the_checks_and_is_never_cached(client):
     assert response["Cache-Control"] == "no-store"
     assert response.json() == {
         "status": "ok",
+        "version": metadata.version("alwayson"),
         "checks": {"database": "ok", "worker": "ok", "scheduler": "ok", "dispatcher": "ok"},
         "durability": "ok" if connection.vendor == "postgresql" else "embedded",
     }
@@ -314,6 +316,7 @@ def test_healthz_answers_503_naming_only_which_check_fails(client):
     assert response.status_code == 503
     assert json.loads(response.content) == {
         "status": "failing",
+        "version": metadata.version("alwayson"),
         "checks": {
             "database": "ok",
             "worker": "ok",
@@ -373,6 +376,7 @@ def test_healthz_says_database_failing_when_it_is_down(client, monkeypatch):
 
     assert response.status_code == 503
     assert response.json()["checks"]["database"] == "failing"
+    assert response.json()["version"] == metadata.version("alwayson")  # known without it
     assert "refused" not in response.content.decode()
 
 

@@ -813,8 +813,7 @@ def test_webhook_timeout_is_retried_with_backoff_then_parked(
     assert elapsed < fast_parking * 2.5  # each attempt gave up after about a second
     assert len({p["headers"]["Idempotency-Key"] for p in posts}) == 1
     message = OutboxMessage.objects.filter(inbox=webhook_inbox).first()
-    assert message.error.startswith(f"webhook {webhook.url()}:")
-    assert "timed out" in message.error
+    assert message.error == f"webhook {webhook.url()}: no answer within 1 s"
 
 
 @pytest.mark.django_db

@@ -7,12 +7,15 @@ import re
 from datetime import timedelta
 
 import pytest
+from django import forms
+from django.core.validators import MaxLengthValidator
 from django.test import Client
 
 from approvals.models import Approval, AuditEntry
 from approvals.services import answer_approval, request_approval
 from inbox.models import Event, Membership, Role
 from tests.support.pages import detail_url, snapshot, text_of
+from tests.support.wording import field_error, in_html, limit_error, schema_error
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
@@ -144,13 +147,23 @@ def test_an_edit_through_the_page_stores_every_kind_of_value(team):
 @pytest.mark.parametrize(
     ("label", "value", "reason"),
     [
-        ("amount", "-3", "arguments/amount: -3 is less than or equal to the minimum of 0"),
-        ("amount", "1,5", "amount: Enter a number, not &#x27;1,5&#x27;."),
-        ("count", "2.5", "count: Enter a whole number"),
-        ("lines (JSON)", "[a", "lines (JSON): Not valid JSON"),
-        ("lines (JSON)", "[1]", "arguments/lines/0: 1 is not of type &#x27;string&#x27;"),
-        ("urgent", "maybe", "urgent: Select a valid choice."),
-        ("order", "", "order: This field is required."),
+        # Refused by the schema: where, then jsonschema's reason.
+        ("amount", "-3", "arguments/amount: " + schema_error(SCHEMA, {"amount": -3}, "amount")),
+        ("amount", "1,5", "amount: Enter a number, not '1,5'."),
+        ("count", "2.5", "count: Enter a whole number, not '2.5'."),
+        ("lines (JSON)", "[a", "lines (JSON): Not valid JSON: "),
+        (
+            "lines (JSON)",
+            "[1]",
+            "arguments/lines/0: " + schema_error(SCHEMA, {"lines": [1]}, "lines/0"),
+        ),
+        # Refused by the form's field: its label, then Django's reason.
+        (
+            "urgent",
+            "maybe",
+            "urgent: " + field_error(forms.ChoiceField(), "invalid_choice", value="maybe"),
+        ),
+        ("order", "", "order: " + field_error(forms.CharField(), "required")),
     ],
     ids=["minimum", "comma", "not-whole", "not-json", "wrong-type", "not-a-choice", "required"],
 )
@@ -167,7 +180,7 @@ def test_an_edit_that_fails_the_schema_is_400_with_the_reason_and_nothing_writte
     response = clients["owner"].post(url, {"answer": "yes", **posted, fields[label]: value})
 
     assert response.status_code == 400
-    assert reason in text_of(response)
+    assert in_html(reason) in text_of(response)
     assert snapshot() == before
     assert 'class="edit" id="edit-' in text_of(response) and "open>" in text_of(response)
 
@@ -278,7 +291,12 @@ def test_the_conversation_card_lists_a_turns_calls_with_one_answer_for_all(team)
         ("vic", {"answer": "yes"}, 403, "you are a viewer of desk"),
         ("owner", {"answer": "replied"}, 400, 'answer must be "yes" or "no"'),
         ("owner", {"answer": ["yes", "no"]}, 400, 'answer must be "yes" or "no"'),
-        ("owner", {"answer": "no", "all-reason": "x" * 1001}, 400, "at most 1000 characters"),
+        (
+            "owner",
+            {"answer": "no", "all-reason": "x" * 1001},
+            400,
+            limit_error(MaxLengthValidator(1000), 1001),
+        ),
     ],
     ids=["viewer", "replied", "twice", "reason-too-long"],
 )
@@ -291,7 +309,8 @@ def test_a_bad_all_at_once_post_is_refused_and_nothing_changes(team, who, data, 
     response = clients[who].post("/approvals/desk/refund-1/all/", data)
 
     assert response.status_code == status
-    assert reason in text_of(response)
+    html = response["Content-Type"].startswith("text/html")
+    assert (in_html(reason) if html else reason) in text_of(response)
     assert snapshot() == before
 
 

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.shortcuts import resolve_url
 from django.urls import reverse
 
+import alwayson
 from alwayson.demo import refund_desk
 from alwayson.demo.login import demo_password
 from inbox.models import Inbox
@@ -24,6 +25,9 @@ class Command(BaseCommand):
         "Create the demo login and the refund desk's inbox (development only); the password "
         "stays the same from one run to the next."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -7,6 +7,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+import alwayson
 from alwayson.egress.gateway import Egress, EgressFailed
 from alwayson.egress.sealing import hide_from_same_user
 from alwayson.egress.server import MODEL_SERVICE, model_service, socket_gateway, tcp_gateway
@@ -22,6 +23,9 @@ class Command(BaseCommand):
         "ALWAYSON_EGRESS_SOCKET for sealed workers, and on 127.0.0.1:PORT for agents that run "
         "out of process (with ALWAYSON_EGRESS_TOKEN)."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+import alwayson
 from inbox.models import Event, Inbox
 from inbox.services import requeue as requeue_events
 from inbox.validation import require_ids
@@ -14,6 +15,9 @@ class Command(BaseCommand):
         "--requeue puts events back to pending, --resend puts parked sends back to held, "
         "each whole and under its key, --resend-notices puts parked notices back."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("--inbox", help="only this inbox (slug)")

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+import alwayson
 from alwayson.ops.retention import DEFAULT_BATCH_SIZE, prune, would_prune
 from inbox import clock
 
@@ -9,6 +10,9 @@ class Command(BaseCommand):
         "Delete finished rows past their retention (ALWAYSON_RETAIN_*), in batches of their own "
         "short transactions; safe while workers run. One pass, then exit: run it daily."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

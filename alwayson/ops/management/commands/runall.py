@@ -33,6 +33,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.urls import reverse
 
+import alwayson
 from alwayson.egress.sealing import hide_from_same_user
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 
@@ -45,6 +46,9 @@ class Command(BaseCommand):
         "Migrate and run the web server, worker, scheduler and dispatcher; --demo makes the demo "
         "login and inbox first."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

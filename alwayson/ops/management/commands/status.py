@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count
 
+import alwayson
 from alwayson.ops import durability
 from alwayson.ops.health import check
 from alwayson.ops.models import Process, live_window
@@ -12,6 +13,9 @@ class Command(BaseCommand):
         "The health check /healthz answers, then the loop processes, live and lost; "
         "exits non-zero when unhealthy."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("--all", action="store_true", help="list cleanly stopped processes too")

@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+import alwayson
 from alwayson.runtime.api import (
     Say,
     acquire,
@@ -37,6 +38,9 @@ SECOND = timedelta(seconds=1)
 
 class Command(BaseCommand):
     help = "Replay the article's eight failure scenarios in a scratch inbox and print the results."
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

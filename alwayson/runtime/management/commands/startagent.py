@@ -14,6 +14,8 @@ from string import Template
 
 from django.core.management.base import BaseCommand, CommandError
 
+import alwayson
+
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "agent_templates"
 
 # The Claude agent's policy the --claude module starts with: small refunds run, others ask.
@@ -25,6 +27,9 @@ class Command(BaseCommand):
         "Write an agent module NAME (rule-based, or --claude: a tool and a policy for the Claude"
         " agent) and a test file built on alwayson.testing, and print the setting that runs it."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="the module's name, e.g. support or acme.agents.support")
