@@ -117,11 +117,22 @@ def test_the_lock_is_made_for_the_oldest_python_pyproject_allows():
     assert pins("test.txt", "3.12.1")["django"].startswith("6.")
 
 
+# What a `make` above this one (`make test` runs the suite) hands its sub-makes: its variables
+# (DEPS=newest in CI's newest lane) and the "Entering directory" lines. The Makefile is read
+# here as a person runs it, so neither reaches it, nor the Makefile's variables from outside.
+MAKE_ENVIRONMENT = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "DEPS", "ADDR", "VENV")
+
+
+def make_environment():
+    return {name: value for name, value in os.environ.items() if name not in MAKE_ENVIRONMENT}
+
+
 def make_n(*args):
     """What `make` would run for these targets and variables, forced (-B), run by nothing."""
     done = subprocess.run(
         ["make", "-n", "-B", *args, "VENV=/nonexistent/venv"],
         cwd=ROOT,
+        env=make_environment(),
         capture_output=True,
         text=True,
         timeout=60,
@@ -157,7 +168,12 @@ def test_make_bench_installs_the_bench_lock_on_the_test_lock():
 
 def test_an_unknown_deps_is_refused_naming_the_choices():
     done = subprocess.run(
-        ["make", "-n", "install", "DEPS=latest"], cwd=ROOT, capture_output=True, text=True
+        ["make", "-n", "install", "DEPS=latest"],
+        cwd=ROOT,
+        env=make_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode != 0
     assert "DEPS must be lock (the default) or newest, not 'latest'" in done.stderr
@@ -179,7 +195,14 @@ def test_make_test_sees_to_chromium_and_wrk_then_runs_the_suite():
 def run_as_another_user(argv, **kwargs):
     """argv as `nobody` when this is root (where apt-get would work), else as this user."""
     prefix = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
-    return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=60, **kwargs)
+    return subprocess.run(
+        [*prefix, *argv],
+        env=make_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **kwargs,
+    )
 
 
 def test_make_test_without_root_or_chromium_says_in_one_line_what_to_install():
