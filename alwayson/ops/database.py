@@ -32,8 +32,8 @@ class DatabaseUnusable(Exception):
 def missing_database(exc: BaseException) -> str | None:
     """What to do, in one line, when `exc` is a connection refused because its database does
     not exist (naming the command that creates it); None for any other error."""
-    match = _NO_DATABASE.search(str(exc))
-    if not isinstance(exc, OperationalError) or match is None:
+    match = _NO_DATABASE.search(str(exc)) if isinstance(exc, OperationalError) else None
+    if match is None:
         return None
     name = match["name"]
     config = next(

@@ -400,9 +400,11 @@ def test_a_settled_approval_stays_while_its_expiry_timer_waits_and_goes_with_its
     assert counts["approvals.Approval"] == 0
     assert Approval.objects.get(request_id="refund-1").answer == "yes"
     assert answer_approval(inbox, "refund-1", "no", now=past_audit) == "yes"
-    # Asking again is the same request still, not a new one under the old answer's key.
-    again = request_approval(inbox, "refund-1", "Refund 12 EUR", timedelta(days=60), now=past_audit)
-    assert again.pk == approval.pk
+    # Asking again is refused, naming the answer that stands: never a new request under the
+    # old answer's key, which could not store its own.
+    with pytest.raises(ValueError, match=r"request_id 'refund-1' was answered already \(yes\)"):
+        request_approval(inbox, "refund-1", "Refund 12 EUR", timedelta(days=60), now=past_audit)
+    assert Approval.objects.get().pk == approval.pk
     assert Event.objects.filter(source="approval").count() == 1
 
     run_scheduler(now=t0 + 60 * DAY)
