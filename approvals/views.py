@@ -116,7 +116,7 @@ def approval_answer_all(request, slug, request_id):
         return _page(request, approval, answerer, status=503, all_form=form)
     except ValueError as exc:
         return _page(request, approval, answerer, status=400, problem=str(exc), all_form=form)
-    messages.success(request, _group_words(answered))
+    messages.success(request, _group_words(answered, approval))
     return _back(request, approval)
 
 
@@ -212,7 +212,7 @@ def _answer(request, approval, answer, given):
     """Answer as the logged-in user; the redirect to show next, or None if the inbox was busy."""
     try:
         # What the answer did is decided under the inbox's lock: no reading ahead of it.
-        result, _ = decide_answer(
+        result, stands = decide_answer(
             approval.inbox,
             approval.request_id,
             answer,
@@ -223,7 +223,9 @@ def _answer(request, approval, answer, given):
     except InboxBusy:
         messages.error(request, "The inbox is busy and your answer was not recorded yet.")
         return None
-    if result in (None, AuditEntry.Result.ALREADY_SETTLED, AuditEntry.Result.TOO_LATE):
+    if result == AuditEntry.Result.TOO_LATE or stands == Approval.Answer.EXPIRED:
+        messages.info(request, _too_late(approval))
+    elif result in (None, AuditEntry.Result.ALREADY_SETTLED):
         messages.info(request, "This request was already settled; the first outcome stands.")
     elif result in WAITING_FOR_A_SECOND and _via(request) == AuditEntry.Via.CONVERSATION:
         # The card says it ("You approved; waiting for a second, different approver") and
@@ -260,7 +262,16 @@ GROUP_WORDS = {
 }
 
 
-def _group_words(answered) -> str:
+def _too_late(approval) -> str:
+    return (
+        f"Too late: this request expired at {approval.expires_at:%H:%M} UTC, before your"
+        " answer, which was not counted; nothing was done."
+    )
+
+
+def _group_words(answered, approval) -> str:
+    if not answered and approval.standing_answer(clock.database_now()) == Approval.Answer.EXPIRED:
+        return _too_late(approval)
     if not answered:
         return "Nothing was left to answer; the first outcomes stand."
     counts = Counter(result for _, result, _ in answered)

@@ -7,14 +7,19 @@ class UnknownInbox(LookupError):
 
 
 class InboxBusy(Exception):
-    """The inbox's lock stayed taken past ALWAYSON_INGEST_LOCK_WAIT; nothing was stored.
+    """The inbox could not be reached in time; nothing was stored.
 
-    A worker frozen inside a transaction holds that lock until the database ends its idle
-    session, longer than a webhook sender waits: the caller answers "try again" (a webhook
-    503 with Retry-After) and the sender's retry stores the event.
+    Its lock stayed taken past ALWAYSON_INGEST_LOCK_WAIT (a worker frozen inside a
+    transaction holds it until the database ends its idle session, longer than a webhook
+    sender waits), or the statement was stopped before it was done (a statement timeout, a
+    cancel), or its commit waited past the bound (on a lock another commit holds while it
+    waits for a synchronous standby). Each is rolled back whole: the caller answers "try
+    again" (a webhook 503 with Retry-After) and the sender's retry stores the event.
     """
 
-    def __init__(self, inbox_id, waited):
-        super().__init__(f"inbox {inbox_id} is busy: its lock was not free within {waited:g}s")
+    def __init__(self, inbox_id, waited, reason=None):
+        reason = reason or f"its lock was not free within {waited:g}s"
+        super().__init__(f"inbox {inbox_id} is busy: {reason}")
         self.inbox_id = inbox_id
         self.waited = waited
+        self.reason = reason

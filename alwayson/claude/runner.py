@@ -7,8 +7,10 @@ policy is `ask` ends the run waiting for a person. Every later call of the same 
 policy also asks joins it: one approval each, grouped on one card. The session then holds the
 turn's calls from the first one asked; each answer (or expiry) arrives as the event
 ("approval", request_id), and once all of them have, the next run resumes those exact calls
-in order: approved, a call runs (with the arguments as a person edited them, the model told
-what changed and by whom) and the model gets its result; a question's reply is its result;
+in order: approved, a call runs if the tool and the inbox's policy as they are then still
+let it (a plain yes is checked as an edit is: denied now, it is not run and the model is
+told why), with the arguments as a person edited them (the model told what changed and by
+whom), and the model gets its result; a question's reply is its result;
 denied (with the reason a person gave) or expired, the model gets an error result that says
 so. Events that arrive while calls wait are kept in the session and reach the model in the
 turn that resumes them.
@@ -48,7 +50,7 @@ from alwayson.runtime.tools import (
     ToolError,
     offered_tools,
 )
-from approvals.models import APPROVAL_SOURCE, Approval, approval_url
+from approvals.models import APPROVAL_SOURCE, Approval, approval_url, is_operator
 from inbox import clock
 from inbox.models import Event
 from inbox.services import retry_delay
@@ -188,11 +190,15 @@ def ok_result(tool_use_id, output) -> dict:
 
 
 def in_words(duration: timedelta) -> str:
-    minutes = int(duration.total_seconds() // 60)
-    if minutes % 60:
-        return f"{minutes} minute{'s' * (minutes != 1)}"
-    hours = minutes // 60
-    return f"{hours} hour{'s' * (hours != 1)}"
+    """A duration as a person says it, in its days, hours, minutes and seconds: "4 seconds",
+    "1 hour 30 minutes", "2 days"."""
+    left = int(duration.total_seconds())
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+        count, left = divmod(left, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' * (count != 1)}")
+    return " ".join(parts) or "0 seconds"
 
 
 def action_text(tool: Tool, arguments: dict) -> str:
@@ -425,9 +431,9 @@ class ClaudeRun:
         journal = {
             "decision": ASK,
             "decision_reason": self.ask_reasons.get(tool_use_id, ""),
-            "approval": Approval.objects.filter(
-                inbox_id=self.run.inbox.pk, request_id=request_id
-            ).first(),
+            "approval": Approval.objects.filter(inbox_id=self.run.inbox.pk, request_id=request_id)
+            .select_related("answered_by")
+            .first(),
         }
         if word in ("yes", "replied") and tool is None:
             text = f"Approved, but {name} is no longer offered."
@@ -436,18 +442,54 @@ class ClaudeRun:
             edit = payload.get("edit")
             if isinstance(edit, dict) and isinstance(edit.get("arguments"), dict):
                 return self._run_edited(tool, call, edit, names, request_id, journal)
-            return self._execute(tool, call, approved=True, journal=journal)
+            return self._run_approved(tool, call, payload, names, request_id, journal)
         if word == "replied":
             reply = str(payload.get("reply", ""))
             return self._execute(tool, call, approved=True, reply=reply, journal=journal)
         if word == "no":
-            text = f"The owner denied this call (approval {request_id}): {name} was not run."
+            who = self._denied_by(payload.get("answered_by"), names, journal["approval"])
+            text = f"{who} denied this call (approval {request_id}): {name} was not run."
             if payload.get("reason"):
                 who = _who(payload.get("answered_by"), names)
                 text += f" The reason {who} gave: {payload['reason']}"
             return self._not_run(call, error_result(tool_use_id, text), journal)
         text = f"Nobody answered approval {request_id} before it expired: {name} was not run."
         return self._not_run(call, error_result(tool_use_id, text), journal)
+
+    def _run_approved(self, tool, call, payload, names, request_id, journal) -> dict:
+        """The call as it was asked, checked again as an edited one is: the tool and the
+        policy as they are now, at the answer (either may have changed while it waited). A
+        call the policy now denies is not run, and the model is told who approved it and
+        why it did not run."""
+        name, tool_use_id, arguments = call["name"], call["id"], call["input"]
+        people = payload.get("approved_by") or [payload.get("answered_by")]
+        who = " and ".join(_who(person, names) for person in people if isinstance(person, str))
+        who = _capital(who or _who(None, names))
+        approved = f"{who} approved this call (approval {request_id})"
+        problem = tool.check_input(arguments)
+        if problem:
+            text = f"{approved}, but {name} refuses its arguments now ({problem}): it was not run."
+            return self._not_run(call, error_result(tool_use_id, text), journal)
+        decision = verdict(self.config, tool, arguments)
+        if decision.verdict == DENY:
+            text = (
+                f"{approved}, but the policy now denies it ({decision.because}):"
+                f" {name} was not run."
+            )
+            return self._not_run(call, error_result(tool_use_id, text), journal)
+        return self._execute(tool, call, approved=True, journal=journal)
+
+    def _denied_by(self, username, names, approval) -> str:
+        """Who denied a call, as the model reads it before "denied": the person and their
+        role in the inbox ("Lee (lee), an approver of desk,"); someone through the API, who
+        is not named."""
+        if not username:
+            return _capital(_who(None, names))
+        who = _who(username, names)
+        person = approval.answered_by if approval is not None else None
+        if person is None or person.get_username() != username:
+            return who
+        return f"{who}, {_role_words(self.run.inbox, person)},"
 
     def _run_edited(self, tool, call, edit, names, request_id, journal) -> dict:
         """The call with the arguments as a person changed them, checked again (the tool or
@@ -675,6 +717,24 @@ def _who(username, names) -> str:
         return "a person through the API"
     name = names.get(username) or username
     return name if name == username else f"{name} ({username})"
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _role_words(inbox, user) -> str:
+    """`user`'s part in `inbox` now: "the owner of desk", "an approver of desk", "a manager
+    of desk", "an operator" (staff who answer every inbox's approvals)."""
+    if user.pk == inbox.owner_id:
+        return f"the owner of {inbox.slug}"
+    role = inbox.role_of(user)
+    if role is not None:
+        article = "an" if role.label[0] in "aeiou" else "a"
+        return f"{article} {role.label} of {inbox.slug}"
+    if is_operator(user):
+        return "an operator"
+    return f"no longer a member of {inbox.slug}"
 
 
 def _changes(before: dict, after: dict, order: list) -> str:

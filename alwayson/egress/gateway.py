@@ -30,6 +30,7 @@ import httpx
 from django.conf import settings
 from django.db.models.functions import Now
 
+from alwayson.egress import unpack
 from alwayson.egress.models import EgressCall
 
 log = logging.getLogger("alwayson.egress")
@@ -105,6 +106,9 @@ class Service:
     inboxes: frozenset = frozenset()  # slugs allowed to call it; empty: every inbox
     timeout: float = 10.0
     max_bytes: int = 1024 * 1024
+    # What the compressed content of one answer may open to, all layers together
+    # (alwayson/egress/unpack.py): past it the answer is withheld.
+    max_unpacked_bytes: int = 1024 * 1024
 
     @classmethod
     def from_config(cls, name, config) -> "Service":
@@ -150,7 +154,12 @@ class Service:
         if not isinstance(inboxes, list) or not all(isinstance(s, str) for s in inboxes):
             raise ValueError(f"{name}.inboxes must be a list of inbox slugs")
         timeout, max_bytes = config.get("timeout", 10.0), config.get("max_bytes", 1024 * 1024)
-        for key, value in (("timeout", timeout), ("max_bytes", max_bytes)):
+        max_unpacked = config.get("max_unpacked_bytes", 1024 * 1024)
+        for key, value in (
+            ("timeout", timeout),
+            ("max_bytes", max_bytes),
+            ("max_unpacked_bytes", max_unpacked),
+        ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"{name}.{key} must be a positive number, not {value!r}")
         return cls(
@@ -165,6 +174,7 @@ class Service:
             inboxes=frozenset(inboxes),
             timeout=float(timeout),
             max_bytes=int(max_bytes),
+            max_unpacked_bytes=int(max_unpacked),
         )
 
     @property
@@ -407,13 +417,16 @@ class Egress:
                     timeout=target.timeout,
                 ) as answer,
             ):
-                body = bytearray()
-                for chunk in answer.iter_bytes():
-                    body += chunk
-                    if len(body) > target.max_bytes:
+                # The raw bytes: the transfer encoding is decoded by unpack.decode_transfer,
+                # whose bound holds inside each chunk too (httpx's decoders have none).
+                raw = bytearray()
+                for chunk in answer.iter_raw():
+                    raw += chunk
+                    if len(raw) > target.max_bytes:
                         raise EgressFailed(
                             f"{target.name} {path}: answer larger than {target.max_bytes} bytes"
                         )
+                body = _opened(target, answer.headers, bytes(raw), secret, path)
                 # Scrubbed as the agent reads them: each header merged and decoded by httpx,
                 # the reason phrase, and the body that .text and .json() decode.
                 shown = {
@@ -422,10 +435,7 @@ class Egress:
                     if name.lower() not in HIDDEN_RESPONSE_HEADERS
                 }
                 return EgressResponse(
-                    answer.status_code,
-                    shown,
-                    scrub(bytes(body), secret),
-                    scrub(answer.reason_phrase, secret),
+                    answer.status_code, shown, body, scrub(answer.reason_phrase, secret)
                 )
         except httpx.HTTPError as exc:
             # Not str(exc): httpx names the URL, and a query-parameter credential is in it.
@@ -443,6 +453,30 @@ class Egress:
             error=_printable(error)[:500],
             at=Now(),  # the database's clock, like every other timestamp it keeps
         )
+
+
+def _opened(target, headers, raw, secret, path) -> bytes:
+    """The body as the agent gets it: its transfer encoding decoded, its compressed content
+    opened and checked, the credential taken out of every layer (alwayson/egress/unpack.py).
+    EgressFailed when it cannot be shown: nothing of it reaches the agent."""
+    try:
+        body = unpack.decode_transfer(
+            raw,
+            headers.get("content-encoding", ""),
+            unpack.Budget(target.max_bytes, over=f"larger than {target.max_bytes} bytes decoded"),
+        )
+        if not secret:
+            return body
+        return unpack.opened_and_scrubbed(
+            body,
+            unpack.declared(
+                headers.get("content-type", ""), headers.get("content-disposition", "")
+            ),
+            unpack.Credential(_secret_pattern(secret), REDACTED.encode()),
+            unpack.Budget(target.max_unpacked_bytes),
+        )
+    except unpack.Withheld as exc:
+        raise EgressFailed(f"{target.name} {path}: answer withheld: {exc}") from None
 
 
 def _header_key(name) -> str:
@@ -466,6 +500,9 @@ def _client(transport=None) -> httpx.Client:
         trust_env=False,
         transport=transport,
         cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+        # The encodings unpack.decode_transfer decodes: httpx's default names those its own
+        # decoders know, which may not be the same.
+        headers={"Accept-Encoding": unpack.ACCEPT_ENCODING},
     )
 
 

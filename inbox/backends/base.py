@@ -49,11 +49,14 @@ class Backend:
     @contextmanager
     def bounded(self, wait: float | None):
         """A transaction whose wait for an inbox's lock ends after `wait` seconds (None: the
-        database's own timeouts) with an error is_lock_timeout recognises."""
+        database's own timeouts) with an error out_of_time recognises."""
         with transaction.atomic():
             yield
 
-    def is_lock_timeout(self, exc) -> bool:
+    def out_of_time(self, exc, wait: float) -> str | None:
+        """Why the database error `exc` (Django's) means the work could not reach the inbox
+        in time, rolled back whole (InboxBusy's reason); None for any other error, which
+        stays an error (a lost connection among them)."""
         raise NotImplementedError
 
     @contextmanager
@@ -63,8 +66,9 @@ class Backend:
             with self.bounded(wait):
                 yield
         except OperationalError as exc:
-            if wait is not None and self.is_lock_timeout(exc):
-                raise InboxBusy(inbox_id, wait) from exc
+            reason = None if wait is None else self.out_of_time(exc, wait)
+            if reason:
+                raise InboxBusy(inbox_id, wait, reason) from exc
             raise
 
     @contextmanager

@@ -245,13 +245,58 @@ def _by_index(db, statements) -> list:
         while len(kept) <= len(statements):
             kept.append(_PreparingCursor(db.connection))
         setting, *cursors = kept[: len(statements) + 1]
-    with db.wrap_database_errors, db.connection.pipeline():
+    with db.wrap_database_errors, _pipeline(db.connection):
         setting.execute(BY_INDEX)
         for cursor, (sql, params) in zip(cursors, statements, strict=True):
             cursor.execute(sql, params)
         if db.in_atomic_block:
             setting.execute(AS_BEFORE)
     return cursors
+
+
+@contextmanager
+def _pipeline(raw):
+    """psycopg's pipeline on `raw`, except for an error at its closing Sync.
+
+    Outside a caller's transaction the statements run in an implicit one, committed at the
+    Sync, and a commit can fail: a lock it waits for (a deferred foreign key check; the
+    database-wide lock a notifying commit takes, held by a commit that waits for a
+    synchronous standby) past lock_timeout, a cancel. psycopg (3.3) then raises "cannot exit
+    pipeline mode while busy" in place of that error and leaves libpq in pipeline mode with
+    the Sync's result unread, so every later statement on the connection fails too. Here the
+    Sync's result is read, pipeline mode left, and the commit's own error raised (psycopg
+    keeps it as the context of its own): a lock timeout is then InboxBusy like any other,
+    and the connection goes on. Inside another pipeline nothing is committed at a Sync and
+    psycopg's errors stand."""
+    pgconn = raw.pgconn
+    outermost = pgconn.pipeline_status == pq.PipelineStatus.OFF
+    try:
+        with raw.pipeline():
+            yield
+    except psycopg.Error as exc:
+        if not outermost or pgconn.pipeline_status == pq.PipelineStatus.OFF:
+            raise
+        error = exc.__context__
+        if not isinstance(error, psycopg.Error):
+            error = exc
+        try:
+            _leave_pipeline(pgconn)
+        except BaseException:
+            # The connection is gone (a terminated session's error came first) or in a state
+            # unknown: it is not used again (as _Direct's).
+            raw.close()
+        raise error.with_traceback(None) from None
+
+
+def _leave_pipeline(pgconn):
+    """Read what is left of a pipeline up to its Sync's result, then leave pipeline mode."""
+    while True:
+        result = _result(pgconn)
+        if result is not None and result.status == pq.ExecStatus.PIPELINE_SYNC:
+            break
+        if result is None and not pgconn.is_busy():
+            break  # nothing more queued
+    pgconn.exit_pipeline_mode()
 
 
 def _fetch_one(db, sql, params) -> dict | None:
@@ -567,8 +612,17 @@ class PostgreSQL(Backend):
                 with _PreparingCursor(connection.connection) as cursor:
                     cursor.execute(AS_BEFORE)
 
-    def is_lock_timeout(self, exc) -> bool:
-        return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+    def out_of_time(self, exc, wait):
+        """A lock wait past lock_timeout (lock_not_available), or a statement stopped by
+        statement_timeout or a cancel (query_canceled), the commit's included: the
+        transaction (or the savepoint) is rolled back, nothing of it stays."""
+        cause = exc.__cause__
+        sqlstate = getattr(cause, "sqlstate", None)
+        if sqlstate == "55P03":
+            return f"its lock was not free within {wait:g}s"
+        if sqlstate == "57014":
+            return f"its statement was stopped before it was done ({cause.diag.message_primary})"
+        return None
 
     @contextmanager
     def locked_write(self, ref, wait, now, then=()):
@@ -663,8 +717,9 @@ class PostgreSQL(Backend):
                 self.store_traces(stored, trace)
                 return inbox_id, stored
         except OperationalError as exc:
-            if lock_wait is not None and self.is_lock_timeout(exc):
-                raise InboxBusy(ref, lock_wait) from exc
+            reason = None if lock_wait is None else self.out_of_time(exc, lock_wait)
+            if reason:
+                raise InboxBusy(ref, lock_wait, reason) from exc
             raise
 
     # --- leases ------------------------------------------------------------------------------

@@ -55,9 +55,11 @@ class SQLite(Backend):
             if bounded:
                 _busy_timeout(restore)
 
-    def is_lock_timeout(self, exc) -> bool:
+    def out_of_time(self, exc, wait):
         # SQLITE_BUSY after the busy timeout.
-        return "database is locked" in str(exc)
+        if "database is locked" in str(exc):
+            return f"its lock was not free within {wait:g}s"
+        return None
 
     def store(self, ref, rows, now, lock_wait, text=None, trace=""):
         # Looked up even for an id: SQLite checks the foreign key only at commit, too late

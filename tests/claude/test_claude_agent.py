@@ -383,7 +383,8 @@ def test_a_denied_call_gives_the_model_an_error_result(messages_api, claude_inbo
     [result] = results_of(messages_api.messages_requests[1])
     assert result["tool_use_id"] == call["id"] and result["is_error"] is True
     assert result["content"] == (
-        f"The owner denied this call (approval {approval.request_id}): refund was not run."
+        f"A person through the API denied this call (approval {approval.request_id}):"
+        " refund was not run."
     )
 
 

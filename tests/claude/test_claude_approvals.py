@@ -335,8 +335,8 @@ def test_a_denial_with_a_reason_reaches_the_model_and_the_audit(desk):
         "tool_use_id": call["id"],
         "is_error": True,
         "content": (
-            f"The owner denied this call (approval {approval.request_id}): refund was not run."
-            " The reason Lee (lee) gave: already refunded by hand"
+            f"Lee (lee), an approver of support, denied this call (approval {approval.request_id}):"
+            " refund was not run. The reason Lee (lee) gave: already refunded by hand"
         ),
         "cache_control": {"type": "ephemeral"},
     }
@@ -344,6 +344,51 @@ def test_a_denial_with_a_reason_reaches_the_model_and_the_audit(desk):
     approval.refresh_from_db()
     assert approval.reason == "already refunded by hand"
     assert AuditEntry.objects.get().reason == "already refunded by hand"
+
+
+@pytest.mark.parametrize(
+    "role",
+    ["owner", Role.MANAGER, Role.APPROVER, "operator"],
+    ids=["owner", "manager", "approver", "operator"],
+)
+def test_a_denial_names_who_gave_it_and_their_role_in_the_inbox(desk, django_user_model, role):
+    [approval] = ask(desk, tool_use("refund", {"order": "881", "amount": 120}))
+    if role == "owner":
+        person = desk.inbox.owner
+        person.first_name = "Olga"
+        person.save()
+    elif role == "operator":
+        person = django_user_model.objects.create_user(
+            username="ops", first_name="Omar", is_staff=True, password="pw-ops-123"
+        )
+        person.user_permissions.add(*operator_permissions())
+    else:
+        person = django_user_model.objects.create_user(
+            username="mia", first_name="Mia", password="pw-mia-123"
+        )
+        Membership.objects.create(inbox=desk.inbox, user=person, role=role)
+
+    answer_approval(desk.inbox, approval.request_id, "no", by=person)
+
+    [result] = results_of(resume(desk))
+    part = {
+        "owner": "the owner of support",
+        Role.MANAGER: "a manager of support",
+        Role.APPROVER: "an approver of support",
+        "operator": "an operator",
+    }[role]
+    who = f"{person.first_name} ({person.get_username()})"
+    assert result["content"] == (
+        f"{who}, {part}, denied this call (approval {approval.request_id}): refund was not run."
+    )
+
+
+def operator_permissions():
+    from django.contrib.auth.models import Permission
+
+    return Permission.objects.filter(
+        content_type__app_label="approvals", codename="answer_any_approval"
+    )
 
 
 def test_a_reason_too_long_or_with_a_yes_is_refused_on_the_page_and_through_the_api(desk):
@@ -378,6 +423,70 @@ def test_an_answer_is_recorded_once_and_a_second_is_refused_with_the_first_stand
     assert Event.objects.filter(source="approval").count() == 1
     results = list(AuditEntry.objects.order_by("id").values_list("username", "result"))
     assert results == [("dana", "denied"), ("lee", "already_settled"), ("lee", "already_settled")]
+
+
+# --- the policy as it is at the answer ---------------------------------------------------------
+
+
+def test_a_plain_yes_to_a_call_the_policy_denies_by_then_runs_nothing_and_tells_the_model_why(
+    desk,
+):
+    call = tool_use("refund", {"order": "881", "amount": 120})
+    [approval] = ask(desk, call)
+    # While the approval waits, the inbox's policy for the tool becomes "deny".
+    AgentConfig.objects.filter(inbox=desk.inbox).update(policy={**POLICY, "refund": "deny"})
+
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana) == "yes"
+    [result] = results_of(resume(desk))
+
+    assert claude_tools.CALLS == [] and not Refund.objects.exists()
+    assert result["tool_use_id"] == call["id"] and result["is_error"] is True
+    assert result["content"] == (
+        f"Dana (dana) approved this call (approval {approval.request_id}), but the policy now"
+        " denies it (policy for refund: deny): refund was not run."
+    )
+    # Journaled as not run, with its approval: a retry replays the refusal.
+    [journaled] = ToolResult.objects.filter(tool="refund")
+    assert journaled.result["content"] == result["content"]
+    assert journaled.approval_id == approval.pk
+
+
+def test_a_plain_yes_by_two_approvers_to_a_call_the_policy_denies_by_then_names_both(desk):
+    call = tool_use("delete_account", {"account": "c-1"})
+    [approval] = ask(desk, call)
+    AgentConfig.objects.filter(inbox=desk.inbox).update(policy={**POLICY, "delete_account": "deny"})
+    answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana)
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee) == "yes"
+
+    [result] = results_of(resume(desk))
+
+    assert claude_tools.CALLS == []
+    assert result["content"].startswith("Dana (dana) and Lee (lee) approved this call")
+    assert result["content"].endswith(
+        "but the policy now denies it (policy for delete_account: deny):"
+        " delete_account was not run."
+    )
+
+
+def test_a_plain_yes_to_a_call_the_policy_still_asks_or_now_allows_runs_it(desk):
+    calls = [
+        tool_use("refund", {"order": "881", "amount": 120}),
+        tool_use("refund", {"order": "882", "amount": 130}),
+    ]
+    approvals = ask(desk, *calls)
+    AgentConfig.objects.filter(inbox=desk.inbox).update(
+        policy={
+            **POLICY,
+            "refund": [{"when": {"order": {"in": ["882"]}}, "then": "allow"}, {"then": "ask"}],
+        }
+    )
+    for approval in approvals:
+        answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana)
+
+    results = results_of(resume(desk))
+
+    assert [a["order"] for _, a, _, _ in claude_tools.CALLS] == ["881", "882"]
+    assert [json.loads(r["content"])["refunded"] for r in results] == [120, 130]
 
 
 # --- a question and its reply ------------------------------------------------------------------
@@ -461,6 +570,59 @@ def test_a_question_always_goes_to_a_person_though_the_policy_may_deny_it(desk):
     assert results_of(resumed)[0]["content"] == "Blue"
     [result] = results_of(desk.api.messages_requests[-1])
     assert result["is_error"] and result["content"].startswith("Denied by policy")
+
+
+@pytest.mark.parametrize(
+    "seconds, words",
+    [
+        (4, "4 seconds"),
+        (60, "1 minute"),
+        (90, "1 minute 30 seconds"),
+        (4 * 3600, "4 hours"),
+        (5400, "1 hour 30 minutes"),
+        (86400, "1 day"),
+        (2 * 86400 + 3600, "2 days 1 hour"),
+    ],
+)
+def test_the_approval_window_is_announced_in_the_units_a_person_would_use(
+    desk, settings, seconds, words
+):
+    settings.ALWAYSON_CLAUDE_APPROVAL_WINDOW = seconds
+    [approval] = ask(desk, tool_use("refund", {"order": "881", "amount": 120}))
+    window = approval.expires_at - approval.requested_at  # the deadline in whole seconds
+    assert timedelta(seconds=seconds - 1) < window <= timedelta(seconds=seconds)
+    [notice] = said(desk.inbox)
+    assert f" Approve or deny within {words}: " in notice
+
+
+def test_a_late_answer_on_the_page_says_the_request_expired_not_that_it_was_settled(desk):
+    first, second = ask(
+        desk,
+        tool_use("refund", {"order": "881", "amount": 120}),
+        tool_use("refund", {"order": "882", "amount": 130}),
+    )
+    past = clock.whole_seconds(clock.database_now() - timedelta(minutes=5))
+    Approval.objects.filter(inbox=desk.inbox).update(expires_at=past)
+    client = logged_in(desk.dana)
+    too_late = f"Too late: this request expired at {past:%H:%M} UTC, before your answer"
+
+    # The deadline passed; the expiry timer has not fired yet.
+    page = text_of(
+        client.post(detail_url("support", first.request_id), {"answer": "yes"}, follow=True)
+    )
+    assert too_late in page and "already settled" not in page
+    # The expiry timer has fired (at its own time): the request stands as expired.
+    assert run_scheduler(now=second.expires_at + timedelta(seconds=1)) == 2  # both calls
+    page = text_of(
+        client.post(detail_url("support", second.request_id), {"answer": "no"}, follow=True)
+    )
+    assert too_late in page and "already settled" not in page
+    # All of the turn's calls at once, every one expired.
+    page = text_of(
+        client.post(f"/approvals/support/{first.request_id}/all/", {"answer": "yes"}, follow=True)
+    )
+    assert too_late in page and "the first outcomes stand" not in page
+    assert set(Approval.objects.values_list("answer", flat=True)) == {"expired"}
 
 
 # --- several asks in one turn ------------------------------------------------------------------

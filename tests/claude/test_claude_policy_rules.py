@@ -195,7 +195,7 @@ def test_the_agent_denies_a_list_with_one_item_over_the_limit_and_runs_what_the_
     )
     assert results[allowed["id"]]["content"] == "refunded order 881"
     assert results[stranger["id"]]["is_error"]
-    assert "The owner denied this call" in results[stranger["id"]]["content"]
+    assert "A person through the API denied this call" in results[stranger["id"]]["content"]
     assert len(policy_tools.CALLS) == 1
 
 

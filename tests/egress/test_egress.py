@@ -177,6 +177,8 @@ def test_a_missing_credential_fails_naming_the_service_only(http, monkeypatch, s
         ({"a": {"base_url": "https://a.example", "paths": ["/v1/../x"]}}, "a.paths"),
         ({"a": {"base_url": "https://a.example", "secret_env": "A B"}}, "a.secret_env"),
         ({"a": {"base_url": "https://a.example", "timeout": 0}}, "a.timeout"),
+        ({"a": {"base_url": "https://a.example", "max_unpacked_bytes": -1}}, "a.max_unpacked"),
+        ({"a": {"base_url": "https://a.example", "max_unpacked_bytes": "1"}}, "a.max_unpacked"),
         ({"a": {"base_url": "https://a.example", "secret": "sk_x"}}, "unknown field"),
         ([], "JSON object"),
     ],

@@ -2,8 +2,11 @@
 whatever an agent does; and what the outbox's webhook channel sends is signed (Standard
 Webhooks) so its receiver can verify it with the official library."""
 
+import gzip
+import io
 import json
 import logging
+import zipfile
 
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -46,6 +49,12 @@ def malicious_agent(evil_url):
         loot = {"gateway": repr(vars(run.http)), "allowed": run.http.allowed()}
         echo = run.http.get("payments", "/v1/echo")
         loot["echo"] = [echo.text, echo.json(), echo.headers, echo.reason]
+        # The echo again, compressed without a Content-Encoding: opened here, by the agent.
+        packed = run.http.get("payments", "/v1/echo/gzip").content
+        loot["gzip"] = gzip.decompress(packed).decode()
+        packed = run.http.get("payments", "/v1/echo/zip").content
+        with zipfile.ZipFile(io.BytesIO(packed)) as archive:
+            loot["zip"] = archive.read("seen.json").decode()
         moved = run.http.get("payments", "/v1/redirect", headers={"X-Evil": evil_url + "/steal"})
         loot["redirect"] = [moved.status, moved.headers]
         attempts = [

@@ -1,8 +1,11 @@
 """The egress gateway's services as the tests configure them, planted credentials to search
 for afterwards, and a loopback service's answers."""
 
+import gzip
+import io
 import json
 import time
+import zipfile
 
 from django.apps import apps
 
@@ -45,6 +48,16 @@ def answer(request):
     path = request["path"]
     if path.startswith("/v1/redirect"):
         return 302, {"Location": request["headers"]["X-Evil"]}, b""
+    if path.startswith(("/v1/echo/gzip", "/v1/echo/zip")):
+        # The same echo inside compressed content that does not say so in Content-Encoding:
+        # an agent opens it itself (issue 38).
+        seen = json.dumps({"seen": request["headers"].get("Authorization", "")}).encode()
+        if path.startswith("/v1/echo/gzip"):
+            return 200, {"Content-Type": "application/gzip"}, gzip.compress(seen)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr("seen.json", seen)
+        return 200, {"Content-Type": "application/zip"}, out.getvalue()
     if path.startswith("/v1/echo"):
         # A service that reflects what it received: the credential must not come back.
         seen = request["headers"].get("Authorization", "")
