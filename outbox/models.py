@@ -63,8 +63,9 @@ class OutboxMessage(models.Model):
     generation = models.PositiveBigIntegerField(null=True, blank=True)
     # What said it, the same when a rerun of the same events says the same again (Run.key of
     # its events, its place among the run's messages and its words): its send's key comes
-    # from it. Blank when no run said it.
-    say_key = models.CharField(max_length=64, blank=True, default="")
+    # from it. Null when no run said it: a nullable column without a default is added in
+    # place on SQLite, whose table rebuild would drop the live pages' triggers on this table.
+    say_key = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
 
     objects = OutboxQuerySet.as_manager()
 

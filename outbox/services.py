@@ -50,7 +50,7 @@ class Say:
             urgent=self.urgent,
             created=now,
             generation=self.generation,
-            say_key=self.key,
+            say_key=self.key or None,
         )
 
 
