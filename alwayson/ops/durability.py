@@ -28,6 +28,8 @@ OK, AT_RISK, UNKNOWN, EMBEDDED = "ok", "at_risk", "unknown", "embedded"
 # Below `on`, in PostgreSQL's order (off < local < remote_write < on < remote_apply).
 SHORT_OF_ON = ("off", "local", "remote_write")
 
+UNREADABLE = "could not read the database's replication settings"
+
 # /healthz is probed every few seconds; the answer changes when an operator reconfigures.
 CACHE_SECONDS = 60
 
@@ -105,8 +107,9 @@ def read(conn=None) -> Durability:
                 name or f"standby {n}": state for n, (name, state) in enumerate(cursor.fetchall())
             }
     except (DatabaseError, psycopg.Error):
-        log.warning("could not read the database's replication settings", exc_info=True)
-        return Durability(UNKNOWN, reasons=("could not read the database's replication settings",))
+        # Unreachable: the health check's database check says so; here it is only unknown.
+        log.debug("could not read the database's replication settings", exc_info=True)
+        return Durability(UNKNOWN, reasons=(UNREADABLE,))
     return assess(synchronous_commit, standbys)
 
 

@@ -24,12 +24,12 @@ class Command(BaseCommand):
         health = check()
         for name, outcome in health.checks.items():
             self.stdout.write(f"{name}\t{outcome}")
+        if health.checks["database"] == "ok":
+            self.list_processes(all)
         found = durability.read()
         self.stdout.write(f"durability\t{found.status}")
         for reason in found.reasons:
-            self.stdout.write(f"  {reason}")
-        if health.checks["database"] == "ok":
-            self.list_processes(all)
+            self.stdout.write(f"! {reason}")
         if not health.ok:
             raise CommandError(f"unhealthy: {', '.join(health.failing)} failing")
         self.stdout.write("healthy")
