@@ -182,7 +182,7 @@ def test_an_unknown_deps_is_refused_naming_the_choices():
 def test_make_run_installs_nothing_outside_python_and_serves_where_addr_says():
     commands = make_n("run", "ADDR=127.0.0.1:8123")
     assert "apt-get" not in commands and "chromium" not in commands and "wrk" not in commands
-    assert commands.splitlines()[-1].endswith("manage.py runall --addr 127.0.0.1:8123")
+    assert commands.splitlines()[-1].endswith("manage.py runall --demo --addr 127.0.0.1:8123")
 
 
 def test_make_test_sees_to_chromium_and_wrk_then_runs_the_suite():

@@ -20,6 +20,7 @@ from inbox.models import Event
 from tests.support.web import (
     GITHUB_BODY,
     ProductionWeb,
+    collect_static,
     connect,
     exchange,
     github_delivery,
@@ -153,6 +154,7 @@ def gunicorn_lines(web):
 
 
 def test_the_web_process_writes_gunicorn_s_lines_in_alwayson_s_format(tmp_path, transactional_db):
+    collect_static()  # the favicon's redirect names its hashed file
     web = ProductionWeb(tmp_path, WEB_CONCURRENCY="1")
     try:
         urllib.request.urlopen(f"{web.url}/favicon.ico", timeout=10).close()
@@ -169,6 +171,7 @@ def test_the_web_process_writes_gunicorn_s_lines_in_alwayson_s_format(tmp_path, 
 
 
 def test_the_web_process_writes_json_lines_when_asked(tmp_path, transactional_db):
+    collect_static()  # the favicon's redirect names its hashed file
     web = ProductionWeb(tmp_path, WEB_CONCURRENCY="1", ALWAYSON_LOG_FORMAT="json")
     try:
         urllib.request.urlopen(f"{web.url}/favicon.ico", timeout=10).close()
