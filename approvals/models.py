@@ -135,12 +135,14 @@ class Approval(models.Model):
     # Two distinct people for the big ones: the first "yes" is recorded here and the request
     # stays open until a second, different approver says yes.
     approvers_needed = models.PositiveSmallIntegerField(default=1)
+    # The three people's keys are indexed only where set (Meta.indexes: approval_people).
     first_approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     first_approved_at = models.DateTimeField(null=True, blank=True)
     # Who settled it; nobody for an expiry (or an answer through the API without a user).
@@ -150,6 +152,7 @@ class Approval(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     # The arguments as a person changed them before approving (details["arguments"] keeps
     # them as asked), and who; null while nobody has. With two approvers the first one's
@@ -161,6 +164,7 @@ class Approval(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     # Copied from the answer event (record_answer): a denial's reason, a question's reply.
     reason = models.TextField(blank=True, default="")
@@ -178,16 +182,33 @@ class Approval(models.Model):
                 condition=Q(approvers_needed__in=[1, 2]), name="approval_one_or_two_approvers"
             ),
         ]
+        # Each answer's UPDATE changes `answer` (this partial index's predicate) and
+        # answered_by, so it is never a heap-only (HOT) update: it writes an entry in every
+        # index whose predicate its new row meets. So none beyond what these readers need.
         indexes = [
-            # The approval page: one owner's waiting requests, soonest deadline first.
+            # The requests not answered: the approvals list and page (waiting(), soonest
+            # deadline first), an inbox's reset (alwayson/runtime/models.py), retention's
+            # unfinished runs (alwayson/ops/retention.py), the /metrics gauge.
             models.Index(
                 fields=["inbox", "expires_at"], condition=Q(answer=""), name="approval_waiting_idx"
             ),
-            # One model turn's calls, answered together.
+            # One model turn's calls, answered together (answer all).
             models.Index(
                 fields=["inbox", "group"],
                 condition=~Q(group=""),
                 name="approval_group_idx",
+            ),
+            # A person's deletion: on_delete=SET_NULL's UPDATE and the foreign keys' own
+            # check find their rows here. Only where set (NULL cannot match a user), so
+            # an answer writes no entry for the edit or first approval it does not have,
+            # and a request none for any of the three.
+            *(
+                models.Index(
+                    fields=[person],
+                    condition=Q(**{f"{person}__isnull": False}),
+                    name=f"approval_{person}_idx",
+                )
+                for person in ("answered_by", "edited_by", "first_approved_by")
             ),
         ]
         permissions = [("answer_any_approval", "Can see and answer any inbox's approvals")]
@@ -408,16 +429,20 @@ class AuditEntry(models.Model):
         EXPIRED = "expired", "expired: nobody answered in time"
         REPLIED = "replied", "replied to a question"
 
+    # Indexed (its own index): an approval's entries, for its admin page and for retention,
+    # which deletes approvals with their entries (CASCADE, and the key's own check).
     approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="audit")
     # The approval's inbox, kept here for the admin's filters and the export. No index of its
     # own: audit_inbox_at_idx starts with inbox_id (a second would cost every answer).
     inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # Indexed where set (audit_user_idx): nobody's entries (an expiry's) need no entry.
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     # As it was when they answered, and kept if the account is deleted; "" for nobody.
     username = models.CharField(max_length=150, blank=True)
@@ -436,10 +461,16 @@ class AuditEntry(models.Model):
         ordering = ["-id"]
         verbose_name = "approval audit entry"
         verbose_name_plural = "approval audit"
+        # Every answer writes one entry in each: the primary key, approval_id's, these.
         indexes = [
-            # The admin's list and export: one inbox's answers by time (filters, dates).
+            # The admin's list and export: one inbox's answers by time (filters, dates); an
+            # inbox's deletion (CASCADE and the key's check).
             models.Index(fields=["inbox", "at"], name="audit_inbox_at_idx"),
+            # Retention (at before the cutoff, alwayson/ops/retention.py) and the admin's
+            # dates across inboxes.
             models.Index(fields=["at"], name="audit_at_idx"),
+            # A person's deletion (SET_NULL and the key's check), as approval_answered_by_idx.
+            models.Index(fields=["user"], condition=Q(user__isnull=False), name="audit_user_idx"),
         ]
 
     def __str__(self):
