@@ -3,7 +3,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import models
-from django.db.models import Q, Subquery
+from django.db.models import F, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.urls import reverse
 from django.utils.text import capfirst
@@ -362,8 +363,12 @@ def record_answer(sender, event: Event, now, **kwargs):
     if answer not in Approval.Answer.values:
         return
     if answer != Approval.Answer.EXPIRED:
-        # A person's answer, who gave it (the payload names them), a denial's reason and a
-        # question's reply, in one UPDATE; its audit entry is the answerer's (answer_approval).
+        # A person's answer, who gave it (the payload names them), a denial's reason, a
+        # question's reply and the edit a yes approved, in one UPDATE: the row's one new
+        # version, one entry in each of its indexes; its audit entry is the answerer's
+        # (answer_approval).
+        edit = event.payload.get("edit")
+        edit = edit if isinstance(edit, dict) else {}
         _SETTLE.write(
             inbox_id=event.inbox_id,
             request_id=event.source_id,
@@ -372,6 +377,8 @@ def record_answer(sender, event: Event, now, **kwargs):
             reason=str(event.payload.get("reason") or ""),
             reply=str(event.payload.get("reply") or ""),
             username=event.payload.get("answered_by"),
+            edited_arguments=edit.get("arguments"),
+            editor=edit.get("by"),
         )
         return
     unsettled = Approval.objects.filter(
@@ -389,10 +396,16 @@ def record_answer(sender, event: Event, now, **kwargs):
 
 def _settle():
     """record_answer's UPDATE of a person's answer, built once: every answer makes it. Who
-    answered is found by their username (nobody for none), as the payload names them."""
+    answered is found by their username (nobody for none), as the payload names them; so is
+    who edited, whose edit (the arguments as changed, with the editor) is written only when
+    the payload carries one (NULL keeps what the row has)."""
     users = get_user_model()
-    username = Given("username", users._meta.get_field(users.USERNAME_FIELD))
-    answered_by = users.objects.filter(**{users.USERNAME_FIELD: username}).values("pk")[:1]
+    username_field = users._meta.get_field(users.USERNAME_FIELD)
+
+    def named(given):
+        found = users.objects.filter(**{users.USERNAME_FIELD: Given(given, username_field)})
+        return Subquery(found.values("pk")[:1])
+
     unsettled = Approval.objects.filter(
         inbox_id=Given("inbox_id", Approval._meta.get_field("inbox")),
         request_id=Given("request_id", Approval._meta.get_field("request_id")),
@@ -400,7 +413,15 @@ def _settle():
     )
     query = unsettled.query.chain(UpdateQuery)
     settled = {name: Given(name, Approval._meta.get_field(name)) for name in _SETTLED}
-    query.add_update_values({**settled, "answered_by": Subquery(answered_by)})
+    edited = Approval._meta.get_field("edited_arguments")
+    query.add_update_values(
+        {
+            **settled,
+            "answered_by": named("username"),
+            "edited_arguments": Coalesce(Given("edited_arguments", edited), F("edited_arguments")),
+            "edited_by": Coalesce(named("editor"), F("edited_by")),
+        }
+    )
     return query
 
 
