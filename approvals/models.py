@@ -3,7 +3,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import models
-from django.db.models import Q, Subquery
+from django.db.models import F, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.db.models.sql import InsertQuery, UpdateQuery
 from django.urls import reverse
 from django.utils.text import capfirst
@@ -135,12 +136,14 @@ class Approval(models.Model):
     # Two distinct people for the big ones: the first "yes" is recorded here and the request
     # stays open until a second, different approver says yes.
     approvers_needed = models.PositiveSmallIntegerField(default=1)
+    # The three people's keys are indexed only where set (Meta.indexes: approval_people).
     first_approved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     first_approved_at = models.DateTimeField(null=True, blank=True)
     # Who settled it; nobody for an expiry (or an answer through the API without a user).
@@ -150,6 +153,7 @@ class Approval(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     # The arguments as a person changed them before approving (details["arguments"] keeps
     # them as asked), and who; null while nobody has. With two approvers the first one's
@@ -161,6 +165,7 @@ class Approval(models.Model):
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     # Copied from the answer event (record_answer): a denial's reason, a question's reply.
     reason = models.TextField(blank=True, default="")
@@ -178,16 +183,33 @@ class Approval(models.Model):
                 condition=Q(approvers_needed__in=[1, 2]), name="approval_one_or_two_approvers"
             ),
         ]
+        # Each answer's UPDATE changes `answer` (this partial index's predicate) and
+        # answered_by, so it is never a heap-only (HOT) update: it writes an entry in every
+        # index whose predicate its new row meets. So none beyond what these readers need.
         indexes = [
-            # The approval page: one owner's waiting requests, soonest deadline first.
+            # The requests not answered: the approvals list and page (waiting(), soonest
+            # deadline first), an inbox's reset (alwayson/runtime/models.py), retention's
+            # unfinished runs (alwayson/ops/retention.py), the /metrics gauge.
             models.Index(
                 fields=["inbox", "expires_at"], condition=Q(answer=""), name="approval_waiting_idx"
             ),
-            # One model turn's calls, answered together.
+            # One model turn's calls, answered together (answer all).
             models.Index(
                 fields=["inbox", "group"],
                 condition=~Q(group=""),
                 name="approval_group_idx",
+            ),
+            # A person's deletion: on_delete=SET_NULL's UPDATE and the foreign keys' own
+            # check find their rows here. Only where set (NULL cannot match a user), so
+            # an answer writes no entry for the edit or first approval it does not have,
+            # and a request none for any of the three.
+            *(
+                models.Index(
+                    fields=[person],
+                    condition=Q(**{f"{person}__isnull": False}),
+                    name=f"approval_{person}_idx",
+                )
+                for person in ("answered_by", "edited_by", "first_approved_by")
             ),
         ]
         permissions = [("answer_any_approval", "Can see and answer any inbox's approvals")]
@@ -341,8 +363,12 @@ def record_answer(sender, event: Event, now, **kwargs):
     if answer not in Approval.Answer.values:
         return
     if answer != Approval.Answer.EXPIRED:
-        # A person's answer, who gave it (the payload names them), a denial's reason and a
-        # question's reply, in one UPDATE; its audit entry is the answerer's (answer_approval).
+        # A person's answer, who gave it (the payload names them), a denial's reason, a
+        # question's reply and the edit a yes approved, in one UPDATE: the row's one new
+        # version, one entry in each of its indexes; its audit entry is the answerer's
+        # (answer_approval).
+        edit = event.payload.get("edit")
+        edit = edit if isinstance(edit, dict) else {}
         _SETTLE.write(
             inbox_id=event.inbox_id,
             request_id=event.source_id,
@@ -351,6 +377,8 @@ def record_answer(sender, event: Event, now, **kwargs):
             reason=str(event.payload.get("reason") or ""),
             reply=str(event.payload.get("reply") or ""),
             username=event.payload.get("answered_by"),
+            edited_arguments=edit.get("arguments"),
+            editor=edit.get("by"),
         )
         return
     unsettled = Approval.objects.filter(
@@ -368,10 +396,16 @@ def record_answer(sender, event: Event, now, **kwargs):
 
 def _settle():
     """record_answer's UPDATE of a person's answer, built once: every answer makes it. Who
-    answered is found by their username (nobody for none), as the payload names them."""
+    answered is found by their username (nobody for none), as the payload names them; so is
+    who edited, whose edit (the arguments as changed, with the editor) is written only when
+    the payload carries one (NULL keeps what the row has)."""
     users = get_user_model()
-    username = Given("username", users._meta.get_field(users.USERNAME_FIELD))
-    answered_by = users.objects.filter(**{users.USERNAME_FIELD: username}).values("pk")[:1]
+    username_field = users._meta.get_field(users.USERNAME_FIELD)
+
+    def named(given):
+        found = users.objects.filter(**{users.USERNAME_FIELD: Given(given, username_field)})
+        return Subquery(found.values("pk")[:1])
+
     unsettled = Approval.objects.filter(
         inbox_id=Given("inbox_id", Approval._meta.get_field("inbox")),
         request_id=Given("request_id", Approval._meta.get_field("request_id")),
@@ -379,7 +413,15 @@ def _settle():
     )
     query = unsettled.query.chain(UpdateQuery)
     settled = {name: Given(name, Approval._meta.get_field(name)) for name in _SETTLED}
-    query.add_update_values({**settled, "answered_by": Subquery(answered_by)})
+    edited = Approval._meta.get_field("edited_arguments")
+    query.add_update_values(
+        {
+            **settled,
+            "answered_by": named("username"),
+            "edited_arguments": Coalesce(Given("edited_arguments", edited), F("edited_arguments")),
+            "edited_by": Coalesce(named("editor"), F("edited_by")),
+        }
+    )
     return query
 
 
@@ -408,16 +450,20 @@ class AuditEntry(models.Model):
         EXPIRED = "expired", "expired: nobody answered in time"
         REPLIED = "replied", "replied to a question"
 
+    # Indexed (its own index): an approval's entries, for its admin page and for retention,
+    # which deletes approvals with their entries (CASCADE, and the key's own check).
     approval = models.ForeignKey(Approval, on_delete=models.CASCADE, related_name="audit")
     # The approval's inbox, kept here for the admin's filters and the export. No index of its
     # own: audit_inbox_at_idx starts with inbox_id (a second would cost every answer).
     inbox = models.ForeignKey(Inbox, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # Indexed where set (audit_user_idx): nobody's entries (an expiry's) need no entry.
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
         blank=True,
         on_delete=models.SET_NULL,
         related_name="+",
+        db_index=False,
     )
     # As it was when they answered, and kept if the account is deleted; "" for nobody.
     username = models.CharField(max_length=150, blank=True)
@@ -436,10 +482,16 @@ class AuditEntry(models.Model):
         ordering = ["-id"]
         verbose_name = "approval audit entry"
         verbose_name_plural = "approval audit"
+        # Every answer writes one entry in each: the primary key, approval_id's, these.
         indexes = [
-            # The admin's list and export: one inbox's answers by time (filters, dates).
+            # The admin's list and export: one inbox's answers by time (filters, dates); an
+            # inbox's deletion (CASCADE and the key's check).
             models.Index(fields=["inbox", "at"], name="audit_inbox_at_idx"),
+            # Retention (at before the cutoff, alwayson/ops/retention.py) and the admin's
+            # dates across inboxes.
             models.Index(fields=["at"], name="audit_at_idx"),
+            # A person's deletion (SET_NULL and the key's check), as approval_answered_by_idx.
+            models.Index(fields=["user"], condition=Q(user__isnull=False), name="audit_user_idx"),
         ]
 
     def __str__(self):

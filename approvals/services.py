@@ -585,8 +585,8 @@ def _decide(approval, response, approvers, by, now) -> tuple[str, str]:
         approval.approvers_needed = approvers
         changed.append("approvers_needed")
     if not approval.needs_two:
-        if changed:
-            approval.save(update_fields=changed)
+        # The edit (all `changed` can be here: a bar raised to two approvers does not settle)
+        # goes in the payload, and record_answer writes it with the answer, in one UPDATE.
         _settle(approval, answer, by, [by] if by else [], now)
         return Result.APPROVED, answer
     if by is None:

@@ -7,10 +7,12 @@ import pytest
 from django.contrib.auth.models import Group
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from approvals.models import Approval, AuditEntry
+from approvals.services import answer_approval, request_approval
 from inbox.models import Event, Membership, Role
-from tests.support.pages import ask, detail_url, text_of
+from tests.support.pages import WINDOW, ask, detail_url, text_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
@@ -99,3 +101,36 @@ def test_an_answer_event_the_row_does_not_know_is_what_stands(people):
     assert Event.objects.filter(source="approval").count() == 1
     assert AuditEntry.objects.get().result == "already_settled"
     assert Approval.objects.get().answer == ""
+
+
+def test_an_edited_yes_is_settled_and_recorded_by_the_one_update_of_a_plain_yes(
+    people, django_user_model
+):
+    """The edit goes in the answer event's payload, and the row is settled with it in one
+    UPDATE (record_answer): one new version of the row, the queries of a plain yes."""
+    desk, _ = people
+    dana = django_user_model.objects.get(username="dana")
+    asked = {"order": "881", "amount": 120}
+    schema = {"type": "object", "properties": {"order": {}, "amount": {"type": "number"}}}
+    details = {"tool": "refund", "arguments": asked, "schema": schema}
+    for request_id in ("plain", "edited"):
+        request_approval(desk, request_id, "refund order 881", WINDOW, details=details)
+    sent = {}
+    for request_id, arguments in (("plain", None), ("edited", {**asked, "amount": 80})):
+        with CaptureQueriesContext(connection) as queries:
+            answer_approval(desk, request_id, "yes", by=dana, arguments=arguments)
+        sent[request_id] = [q["sql"] for q in queries.captured_queries]
+
+    assert len(sent["edited"]) == len(sent["plain"])
+    updates = [sql for sql in sent["edited"] if sql.startswith('UPDATE "approvals_approval"')]
+    assert len(updates) == 1, updates
+    edited = Approval.objects.get(request_id="edited")
+    plain = Approval.objects.get(request_id="plain")
+    assert (edited.answer, edited.answered_by, edited.edited_by) == ("yes", dana, dana)
+    assert edited.current_arguments == {"order": "881", "amount": 80}
+    assert (plain.answer, plain.answered_by, plain.edited_by) == ("yes", dana, None)
+    assert plain.edited_arguments is None
+    assert Event.objects.get(source_id="edited").payload["edit"] == {
+        "arguments": {"order": "881", "amount": 80},
+        "by": "dana",
+    }

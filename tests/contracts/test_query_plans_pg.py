@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Min
 
@@ -29,7 +30,7 @@ from alwayson.runtime.api import (
     ingest,
     run_scheduler,
 )
-from approvals.models import Approval
+from approvals.models import Approval, AuditEntry
 from approvals.services import Ask
 from inbox.models import Event, Lease, Membership
 from inbox.services import acquire_next, release, renew, take_next
@@ -220,6 +221,64 @@ def test_last_send_uses_the_sent_index(world):
 def test_an_answer_finds_its_request_by_the_unique_index(world):
     request = Approval.objects.filter(inbox=world, request_id="r1")
     assert_uses(plan_of(request.first), "approval_unique_request")
+
+
+# A person's keys on an approval and on its audit entries, each indexed only where set.
+PEOPLE_INDEXES = {
+    ("approvals_approval", "answered_by_id"): "approval_answered_by_idx",
+    ("approvals_approval", "edited_by_id"): "approval_edited_by_idx",
+    ("approvals_approval", "first_approved_by_id"): "approval_first_approved_by_idx",
+    ("approvals_auditentry", "user_id"): "audit_user_idx",
+}
+
+
+def test_deleting_a_person_finds_their_answers_by_the_indexes_where_set(world, t0):
+    # The history's approvals answered, edited and first approved by many people, each
+    # with an audit entry of theirs; the answers of the busy inbox by nobody (expiries).
+    members = list(get_user_model().objects.filter(username__startswith="member-").order_by("id"))
+    history = list(Approval.objects.filter(request_id__startswith="old-").order_by("id"))
+    people = dict(zip(history[::2], members, strict=False))
+    for approval, member in people.items():
+        approval.answered_by = approval.edited_by = approval.first_approved_by = member
+    Approval.objects.bulk_update(people, ["answered_by", "edited_by", "first_approved_by"])
+    AuditEntry.objects.bulk_create(
+        AuditEntry(
+            approval=approval,
+            inbox_id=approval.inbox_id,
+            user=people.get(approval),
+            answer=approval.answer,
+            via=AuditEntry.Via.PAGE,
+            result=AuditEntry.Result.APPROVED,
+            action_shown=approval.action,
+            at=t0,
+        )
+        for approval in history
+    )
+    analyze()
+    person = members[7]
+
+    # What Django sends for on_delete=SET_NULL: one UPDATE per key.
+    statements = sql_of(person.delete)
+    used = set()
+    for (table, column), index in PEOPLE_INDEXES.items():
+        [update] = [
+            s for s in statements if s.startswith(f'UPDATE "{table}" SET "{column}" = NULL')
+        ]
+        assert_uses(explain(update), index)
+        used.add(index)
+        # What the foreign key's own check asks when a user goes (ri_triggers.c's query),
+        # planned once for any user: the partial index serves `$1 = key` too.
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            cursor.execute(
+                f'PREPARE ri_check (integer) AS SELECT 1 FROM ONLY "{table}" x'
+                f' WHERE $1 OPERATOR(pg_catalog.=) "{column}" FOR KEY SHARE OF x'
+            )
+            try:
+                assert_uses(explain("EXECUTE ri_check (1)"), index)
+            finally:
+                cursor.execute("DEALLOCATE ri_check")
+    assert used == set(PEOPLE_INDEXES.values())
 
 
 # --- the Claude agent ------------------------------------------------------------------------
