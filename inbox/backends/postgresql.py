@@ -146,6 +146,21 @@ BY_INDEX = (
 )
 _BY_INDEX_BOUNDED = BY_INDEX + ", set_config('lock_timeout', %(lock_timeout)s, true)"
 AS_BEFORE = "SELECT set_config('enable_seqscan', current_setting('alwayson.enable_seqscan'), true)"
+# A worker's lease statements are bounded (ALWAYSON_LEASE_STATEMENT_TIMEOUT): the server
+# cancels one that runs longer, waiting for a lock or not. Local to the transaction, the
+# value it replaces kept, to be put back inside a caller's (STATEMENT_TIMEOUT_AS_BEFORE). A
+# take's pipeline sets it with the plan setting (BY_INDEX_LEASE, AS_BEFORE_LEASE).
+_KEEP_TIMEOUT = (
+    "set_config('alwayson.statement_timeout', current_setting('statement_timeout'), true)"
+)
+_SET_TIMEOUT = "set_config('statement_timeout', %(statement_timeout)s, true)"
+_PUT_TIMEOUT_BACK = (
+    "set_config('statement_timeout', current_setting('alwayson.statement_timeout'), true)"
+)
+STATEMENT_TIMEOUT = f"SELECT {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
+STATEMENT_TIMEOUT_AS_BEFORE = f"SELECT {_PUT_TIMEOUT_BACK}"
+BY_INDEX_LEASE = f"{BY_INDEX}, {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
+AS_BEFORE_LEASE = f"{AS_BEFORE}, {_PUT_TIMEOUT_BACK}"
 
 _INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
 _EVENT_FIELDS = [field.attname for field in Event._meta.concrete_fields]
@@ -225,12 +240,14 @@ def _server_cursor():
 _kept_cursors = weakref.WeakKeyDictionary()
 
 
-def _by_index(db, statements) -> list:
+def _by_index(db, statements, lease=False) -> list:
     """Send each (sql, params) of `statements` on a prepared cursor of `db` (the default
     connection) after BY_INDEX, in one pipeline: one round trip, one implicit transaction
-    outside a caller's, and inside one AS_BEFORE after them. The cursors, in order, their
-    rows read after the pipeline is synced. The settings go on a cursor of psycopg's own,
-    unseen by Django's query log: they are how a statement is planned, not a query.
+    outside a caller's, and inside one AS_BEFORE after them. With `lease`, each bounded as
+    a lease statement (BY_INDEX_LEASE, AS_BEFORE_LEASE). The cursors, in
+    order, their rows read after the pipeline is synced. The settings go on a cursor of
+    psycopg's own, unseen by Django's query log: they are how a statement is planned, not a
+    query.
 
     Through Django's cursor wrappers while something watches the queries (CaptureQueriesContext,
     DEBUG, an execute wrapper); otherwise on cursors kept for the connection, with what the
@@ -246,11 +263,14 @@ def _by_index(db, statements) -> list:
             kept.append(_PreparingCursor(db.connection))
         setting, *cursors = kept[: len(statements) + 1]
     with db.wrap_database_errors, db.connection.pipeline():
-        setting.execute(BY_INDEX)
+        if lease:
+            setting.execute(BY_INDEX_LEASE, {"statement_timeout": _lease_timeout()})
+        else:
+            setting.execute(BY_INDEX)
         for cursor, (sql, params) in zip(cursors, statements, strict=True):
             cursor.execute(sql, params)
         if db.in_atomic_block:
-            setting.execute(AS_BEFORE)
+            setting.execute(AS_BEFORE_LEASE if lease else AS_BEFORE)
     return cursors
 
 
@@ -369,13 +389,16 @@ class _Direct:
         [rows] = self.fetch([(sql, params)])
         return rows[0] if rows else None
 
-    def fetch(self, calls) -> list[list[dict]]:
+    def fetch(self, calls, lease=False) -> list[list[dict]]:
         """The rows of each (sql, params) of `calls`, by column name, sent after BY_INDEX in
         one pipeline: one round trip, one implicit transaction (committed at its Sync, or
-        rolled back whole at the first error, which is raised)."""
+        rolled back whole at the first error, which is raised). With `lease`, each bounded
+        as a lease statement (BY_INDEX_LEASE)."""
+        first = BY_INDEX_LEASE if lease else BY_INDEX
+        values = [_text(_lease_timeout())] if lease else []
         for retrying in (False, True):
-            setting = self.statements.get(BY_INDEX) or self._prepare(BY_INDEX)
-            sent = [(setting, [])]
+            setting = self.statements.get(first) or self._prepare(first)
+            sent = [(setting, values)]
             for sql, params in calls:
                 statement = self.statements.get(sql) or self._prepare(sql)
                 sent.append((statement, [_text(params[key]) for key in statement.params]))
@@ -496,17 +519,18 @@ def _fetch_direct(db, sql, params) -> dict | None:
         return direct.fetch_one(sql, params)
 
 
-def _fetch_all(db, calls) -> list[list[dict]]:
+def _fetch_all(db, calls, lease=False) -> list[list[dict]]:
     """The rows of each (sql, params) of `calls` (outside a caller's transaction), sent after
-    BY_INDEX in one pipeline: one round trip, one implicit transaction. Through _Direct when
-    it may be used, else on psycopg's cursors (_by_index)."""
+    BY_INDEX in one pipeline: one round trip, one implicit transaction; with `lease`, bounded
+    as lease statements. Through _Direct when it may be used, else on psycopg's cursors
+    (_by_index)."""
     db = connections[db.alias]  # this thread's wrapper itself, not the proxy to it
     if not _direct(db):
-        cursors = _by_index(db, calls)
+        cursors = _by_index(db, calls, lease)
         return [_all(cursor, sql) for cursor, (sql, _) in zip(cursors, calls, strict=True)]
     direct = _kept(_directs, db, _Direct)
     with db.wrap_database_errors:
-        return direct.fetch(calls)
+        return direct.fetch(calls, lease)
 
 
 _lookup = Inbox.objects.lookup  # bound once: it runs on every delivery
@@ -522,6 +546,23 @@ def _inbox_id(ref, value) -> int:
 
 def _lock_timeout(wait) -> str | None:
     return None if wait is None else f"{round(wait * 1000)}ms"
+
+
+def _lease_timeout() -> str:
+    return f"{max(1, round(settings.ALWAYSON_LEASE_STATEMENT_TIMEOUT * 1000))}ms"
+
+
+# Django's connection parameters that are psycopg's Python objects, not libpq's.
+_NOT_LIBPQ = ("context", "cursor_factory", "prepare_threshold")
+
+
+def session_params(alias=DEFAULT_DB_ALIAS) -> dict:
+    """The libpq parameters of Django's connection `alias`, for a session a process opens
+    beside Django's (a LISTEN): the same server, credentials and TLS, and the same liveness
+    (connect_timeout, keepalives, tcp_user_timeout: alwayson/settings/database.py), so that
+    a session whose peer stopped answering fails instead of waiting for ever."""
+    params = connections[alias].get_connection_params()
+    return {k: v for k, v in params.items() if k not in _NOT_LIBPQ and v not in (None, "")}
 
 
 # --- the backend -----------------------------------------------------------------------------
@@ -569,6 +610,20 @@ class PostgreSQL(Backend):
 
     def is_lock_timeout(self, exc) -> bool:
         return getattr(exc.__cause__, "sqlstate", None) == "55P03"  # lock_not_available
+
+    @contextmanager
+    def lease_statements(self):
+        """Each statement of the transaction bounded by statement_timeout; inside a caller's
+        transaction, the caller's bound is put back after them. The setting goes on a cursor
+        of psycopg's own, as bounded()'s do: it is how a statement runs, not a query."""
+        inside = connection.in_atomic_block
+        with transaction.atomic():
+            with _PreparingCursor(connection.connection) as cursor:
+                cursor.execute(STATEMENT_TIMEOUT, {"statement_timeout": _lease_timeout()})
+            yield
+            if inside:
+                with _PreparingCursor(connection.connection) as cursor:
+                    cursor.execute(STATEMENT_TIMEOUT_AS_BEFORE)
 
     @contextmanager
     def locked_write(self, ref, wait, now, then=()):
@@ -671,7 +726,7 @@ class PostgreSQL(Backend):
 
     def acquire(self, ref, holder, now):
         inbox_id = _inbox_id(ref, Inbox.objects.pk_of(ref))
-        with transaction.atomic():
+        with self.lease_statements():
             [cursor] = _by_index(
                 connection, [(ACQUIRE, _lease_params(holder, now, inbox=inbox_id))]
             )
@@ -684,7 +739,7 @@ class PostgreSQL(Backend):
             return row["generation"]
 
     def acquire_next(self, holder, now):
-        with transaction.atomic():
+        with self.lease_statements():
             [cursor] = _by_index(connection, [(ACQUIRE_NEXT, _lease_params(holder, now))])
             row = _one(cursor, ACQUIRE_NEXT)
             if row is None:
@@ -720,15 +775,15 @@ class PostgreSQL(Backend):
         the lease row's lock (_claim_locked)."""
         take = _take(holder, now)
         if connection.in_atomic_block:
-            [cursor] = _by_index(connection, [(take.sql, take.params)])
+            [cursor] = _by_index(connection, [(take.sql, take.params)], lease=True)
             return take.claim(self, _all(cursor, take.sql))
-        [rows] = _fetch_all(connection, [(take.sql, take.params)])
+        [rows] = _fetch_all(connection, [(take.sql, take.params)], lease=True)
         return take.claim(self, rows)
 
     def _claim_locked(self, inbox, holder, generation, now) -> Claim:
         """The claim after take_next's lease when leftovers need settling first: in one
         transaction under the lease row's lock, fenced as a finish is."""
-        with transaction.atomic():
+        with self.lease_statements():
             if self.fence(inbox, inbox.pk, holder, generation, now, release=False) is None:
                 return Claim(inbox, generation, [], None)
             self.settle_leftovers(inbox.pk, generation, now)
@@ -845,7 +900,7 @@ class _Take(NamedTuple):
             # Nothing claimable after all (a retry waiting for its backoff, or events this
             # statement's snapshot predates): give the lease back with the work recounted,
             # in statements that see what committed before the lock.
-            with transaction.atomic():
+            with backend.lease_statements():
                 if backend.fence(inbox, inbox.pk, self.holder, generation, now, True) is not None:
                     backend.recount_work(inbox.pk)
             return Claim(inbox, generation, [], None)
