@@ -231,6 +231,8 @@ class Worker:
         self.may_chain = lambda: False
         # The claim a slot's last finish took, run by its next step (one per slot thread).
         self._carried = threading.local()
+        # The clock its runs keep their leases' deadlines on (Run.clock); a test moves its own.
+        self.clock = lease_clock
 
     def carrying(self) -> bool:
         """Whether this thread's last finish took a claim that no step has run yet."""
@@ -249,7 +251,7 @@ class Worker:
             carried, self._carried.claim = getattr(self._carried, "claim", None), None
             if carried is None:
                 # Before the statement is sent: the lease the database stamps runs from later.
-                taken_at = lease_clock()
+                taken_at = self.clock()
                 claim = take_next(self.worker_id)
             else:
                 claim, taken_at = carried
@@ -303,7 +305,14 @@ class Worker:
         holder, inbox, generation = self.worker_id, claim.inbox, claim.generation
         renewer = self.heartbeat.renew_now if self.heartbeat else None
         run = Run(
-            inbox, holder, generation, claim.events, claim.state, taken_at=taken_at, renewer=renewer
+            inbox,
+            holder,
+            generation,
+            claim.events,
+            claim.state,
+            taken_at=taken_at,
+            renewer=renewer,
+            clock=self.clock,
         )
         ids = [event.pk for event in claim.events]
         error = None
@@ -329,7 +338,7 @@ class Worker:
         try:
             if error is None and run.deferred is None and self.may_chain():
                 # Before the statement is sent, as for a take of its own (step).
-                taken_at = lease_clock()
+                taken_at = self.clock()
                 finished, carried = finish_and_take(
                     inbox.pk,
                     holder,

@@ -27,9 +27,9 @@ ALWAYSON_LEASE_STATEMENT_TIMEOUT = env.positive_seconds(
 )
 if ALWAYSON_LEASE_STATEMENT_TIMEOUT >= ALWAYSON_LEASE_TTL:
     raise ImproperlyConfigured(
-        f"ALWAYSON_LEASE_STATEMENT_TIMEOUT ({ALWAYSON_LEASE_STATEMENT_TIMEOUT}s) must be less"
-        f" than ALWAYSON_LEASE_TTL ({ALWAYSON_LEASE_TTL}s): a lease statement that may run"
-        " longer than the lease bounds nothing"
+        f"ALWAYSON_LEASE_STATEMENT_TIMEOUT must be less than ALWAYSON_LEASE_TTL"
+        f" ({ALWAYSON_LEASE_TTL}s), not {ALWAYSON_LEASE_STATEMENT_TIMEOUT}: a lease statement"
+        " that may run longer than the lease bounds nothing"
     )
 if ALWAYSON_LEASE_STATEMENT_TIMEOUT < 0.001:
     raise ImproperlyConfigured(

@@ -367,7 +367,14 @@ class _Direct:
         self.connection = raw
         self.loader = Transformer(self)
 
-    def _prepare(self, sql) -> _Statement:
+    def _statement(self, sql) -> tuple[_Statement, bytes | None]:
+        """`sql`'s statement on this connection, and its text to prepare first (None once
+        prepared). Prepared in the pipeline that first runs it, after the setting before it:
+        a lease statement's bound covers its parsing too, which waits for the locks of the
+        tables it names."""
+        statement = self.statements.get(sql)
+        if statement is not None:
+            return statement, None
         names = []
 
         def number(match):
@@ -377,11 +384,7 @@ class _Direct:
 
         name = f"alwayson_{next(_statement_numbers)}".encode()
         text = _NAMED.sub(number, sql).replace("%%", "%")
-        result = self.raw.pgconn.prepare(name, text.encode())
-        if result.status != pq.ExecStatus.COMMAND_OK:
-            raise self._error(result)
-        self.statements[sql] = statement = _Statement(name, names, [])
-        return statement
+        return _Statement(name, names, []), text.encode()
 
     def fetch_one(self, sql, params) -> dict | None:
         """The first row of `sql`, after BY_INDEX in the same pipeline (its implicit
@@ -395,20 +398,26 @@ class _Direct:
         rolled back whole at the first error, which is raised). With `lease`, each bounded
         as a lease statement (BY_INDEX_LEASE)."""
         first = BY_INDEX_LEASE if lease else BY_INDEX
-        values = [_text(_lease_timeout())] if lease else []
+        bound = [_text(_lease_timeout())] if lease else []
         for retrying in (False, True):
-            setting = self.statements.get(first) or self._prepare(first)
-            sent = [(setting, values)]
+            setting, text = self._statement(first)
+            sent = [(first, setting, bound, text)]
             for sql, params in calls:
-                statement = self.statements.get(sql) or self._prepare(sql)
-                sent.append((statement, [_text(params[key]) for key in statement.params]))
-            results = self._pipeline(sent)
+                statement, text = self._statement(sql)
+                values = [_text(params[key]) for key in statement.params]
+                sent.append((sql, statement, values, text))
+            results, prepared = self._pipeline(sent)
+            # Kept even when a later statement failed: a prepared statement outlives its
+            # transaction.
+            for sql, statement, _, _ in sent:
+                if statement.name in prepared:
+                    self.statements[sql] = statement
             if len(results) == len(sent) and all(
                 result.status == pq.ExecStatus.TUPLES_OK for result in results
             ):
                 return [
                     self._rows(statement, result)
-                    for (statement, _), result in zip(sent[1:], results[1:], strict=True)
+                    for (_, statement, _, _), result in zip(sent[1:], results[1:], strict=True)
                 ]
             # The first error: the setting's, a statement's or the commit's (at the Sync).
             aborted = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.PIPELINE_ABORTED)
@@ -435,31 +444,42 @@ class _Direct:
         rows = self.loader.load_rows(0, result.ntuples, tuple)
         return [dict(zip(statement.columns, row, strict=True)) for row in rows]
 
-    def _pipeline(self, calls) -> list:
-        """Each (statement, values) of `calls` sent in one pipeline, then one Sync: one round
-        trip, one implicit transaction. Their results, in order, and the commit's error if
-        it failed. The waits are on the socket (select, without the GIL); libpq's own would
-        hold it."""
+    def _pipeline(self, calls) -> tuple[list, set]:
+        """Each (sql, statement, values, text) of `calls` sent in one pipeline, prepared first
+        when it has a text, then one Sync: one round trip, one implicit transaction. Their
+        results, in order, and the commit's error if it failed; and the names of the
+        statements prepared. The waits are on the socket (select, without the GIL); libpq's
+        own would hold it."""
         pgconn = self.raw.pgconn
         pgconn.enter_pipeline_mode()
         try:
-            for statement, values in calls:
+            preparing = []
+            for _, statement, values, text in calls:
+                if text is not None:
+                    pgconn.send_prepare(statement.name, text)
+                    preparing.append(statement.name)
+                preparing.append(None)
                 pgconn.send_query_prepared(statement.name, values, result_format=pq.Format.BINARY)
             pgconn.pipeline_sync()
-            # Each statement's result, each followed by None; then, if the commit at the
-            # Sync failed, its error; then the Sync's own.
-            results = []
+            # Each command's result, each followed by None; then, if the commit at the Sync
+            # failed, its error; then the Sync's own.
+            results, prepared = [], set()
             while (result := _result(pgconn)) is None or (
                 result.status != pq.ExecStatus.PIPELINE_SYNC
             ):
-                if result is not None:
+                if result is None:
+                    continue
+                name = preparing.pop(0) if preparing else None
+                if name is not None and result.status == pq.ExecStatus.COMMAND_OK:
+                    prepared.add(name)
+                else:
                     results.append(result)
             pgconn.exit_pipeline_mode()
         except BaseException:
             # Half a pipeline read: the connection's state is unknown, it is not used again.
             self.raw.close()
             raise
-        return results
+        return results, prepared
 
 
 class _JsonbText(Loader):
