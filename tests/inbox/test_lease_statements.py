@@ -34,6 +34,9 @@ def holding(inbox=None):
     events table; on SQLite, the database's write lock either way."""
     if on_postgres():
         with other_session() as other:
+            # Let go after a while, whatever happens: a statement that is not bounded fails
+            # the test instead of waiting for ever.
+            other.execute("SET idle_in_transaction_session_timeout = '10s'")
             if inbox is None:
                 other.execute("LOCK TABLE inbox_event IN ACCESS EXCLUSIVE MODE")
             else:
@@ -41,7 +44,8 @@ def holding(inbox=None):
                     "SELECT 1 FROM inbox_lease WHERE inbox_id = %s FOR UPDATE", [inbox.pk]
                 )
             yield
-            other.rollback()
+            if not other.closed and not other.broken:
+                other.rollback()
         return
     other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
     try:

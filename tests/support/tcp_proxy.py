@@ -43,6 +43,9 @@ class TcpProxy:
         with self._lock:
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
+            # Shut down first: a close alone would leave a pump's recv() holding the socket.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 sock.close()
 
