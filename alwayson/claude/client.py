@@ -145,7 +145,8 @@ def call(run, request: dict, budget: int | None) -> dict:
 
     Raises BudgetSpent before a call the budget does not allow (a cached answer costs
     nothing and is always given), ModelUnavailable for a transient failure, AgentBug for a
-    request the API refused.
+    request the API refused, LeaseLost (before anything is sent) for a run that lost its
+    lease: no model call is paid for after the lease's deadline.
     """
     key = request_key(request)
     cached = (
@@ -157,6 +158,8 @@ def call(run, request: dict, budget: int | None) -> dict:
         log.debug("model call answered from the cache: inbox=%s key=%s", run.inbox.slug, key)
         return cached
     check_budget(run.inbox.pk, budget)
+    # Last, after the reads above, which a database that stopped answering may have held up.
+    run.check_lease()
     # Monotonic: a wall clock set back mid-call would give a negative duration.
     started = time.monotonic()
     answer = _traced_send(request, run)

@@ -518,8 +518,10 @@ class ClaudeRun:
 
     def _execute(self, tool, call, approved, reply=None, journal=None) -> dict:
         """Run the call (an application tool once per key, its row journaled with `journal`:
-        the policy's decision and why, the approval) and give its result."""
+        the policy's decision and why, the approval) and give its result. Nothing runs for a
+        run that lost its lease (LeaseLost): no tool call after the lease's deadline."""
         name, arguments, tool_use_id = call["name"], call["input"], call["id"]
+        self.run.check_lease()
         if tool is SEND_MESSAGE:
             urgent = bool(arguments.get("urgent", False))
             self.run.say(arguments["text"], urgent=urgent)
@@ -533,6 +535,9 @@ class ClaudeRun:
             # nor a second decision.
             return {**entry.result, "tool_use_id": tool_use_id}
         key = entry.idempotency_key
+        # Again after the journal's writes, which a database that stopped answering may have
+        # held up past the deadline.
+        self.run.check_lease()
         try:
             with tracing.span(
                 f"execute_tool {name}",

@@ -27,10 +27,11 @@ HOP_MARGIN = 5.0
 
 
 def http_for(run):
-    """The egress client for `run` (anything with inbox, holder and generation)."""
+    """The egress client for `run` (anything with inbox, holder and generation; with a
+    `check_lease`, it is called before every call)."""
     if settings.ALWAYSON_EGRESS_SOCKET:
         return GatewayClient(settings.ALWAYSON_EGRESS_SOCKET, run)
-    return Egress(run.inbox)
+    return Egress(run.inbox, guard=getattr(run, "check_lease", None))
 
 
 def run_headers(run) -> dict:
@@ -71,6 +72,7 @@ class GatewayClient:
         self.slug = run.inbox.slug
         self._headers = run_headers(run)
         self._services = configured_services()
+        self._guard = getattr(run, "check_lease", None)
 
     def get(self, service, path, **kwargs) -> EgressResponse:
         return self.request(service, "GET", path, **kwargs)
@@ -87,6 +89,9 @@ class GatewayClient:
     def request(
         self, service, method, path, *, params=None, json=None, content=None, headers=None
     ) -> EgressResponse:
+        if self._guard is not None:
+            # Before the gateway's own check of the lease, which needs the database.
+            self._guard()
         if not isinstance(path, str) or not path.startswith("/"):
             raise EgressRefused(f"{service}: path {path!r} is not a clean absolute path")
         headers = {str(k): str(v) for k, v in (headers or {}).items()}

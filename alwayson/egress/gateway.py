@@ -317,11 +317,14 @@ class EgressResponse:
 class Egress:
     """The client an agent calls through (`run.http`), bound to the inbox it runs for."""
 
-    def __init__(self, inbox=None, services: dict | None = None, transport=None):
+    def __init__(self, inbox=None, services: dict | None = None, transport=None, guard=None):
+        """`guard`: called before each call, to refuse it by raising (a run's check_lease: a
+        run that lost its lease makes no call, recorded or not)."""
         self.inbox = inbox
         self.slug = getattr(inbox, "slug", inbox)
         self.services = configured_services() if services is None else services
         self._transport = transport
+        self._guard = guard
 
     def get(self, service, path, **kwargs) -> EgressResponse:
         return self.request(service, "GET", path, **kwargs)
@@ -339,6 +342,8 @@ class Egress:
     def request(
         self, service, method, path, *, params=None, json=None, content=None, headers=None
     ) -> EgressResponse:
+        if self._guard is not None:
+            self._guard()
         method = str(method).upper()
         try:
             target = self._check(service, method, path, params, headers)

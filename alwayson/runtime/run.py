@@ -8,6 +8,12 @@ leaves no trace but the attempt it was counted at claim.
 The three ways a run ends (the article's): a message goes out (`say`), nothing goes out,
 or a deferred tool call asks the user (`ask`). A fourth gives the batch back untouched
 (`defer`): the run could not do its work yet, through no fault of its events.
+
+A run keeps its lease's deadline itself, on a clock no database call can block (lease_clock):
+the TTL from its take, moved to the TTL from each renewal that succeeds, counted from the
+moment that renewal was sent. Once the deadline passes with no renewal, the run is lost at
+once, whatever the database is doing: `lost` is True, `renew()` raises LeaseLost, and so does
+every outside call made through alwayson (`run.http`, a Claude agent's model and tool calls).
 """
 
 import copy
@@ -15,13 +21,14 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 from alwayson.egress.client import http_for
 from approvals.services import Ask
 from inbox.models import Event, Inbox
-from inbox.services import Defer, SaveState, renew
+from inbox.services import Defer, SaveState, lease_ttl, renew
 from outbox.services import Say
 from timers.services import Schedule
 
@@ -33,8 +40,36 @@ class LeaseLost(Exception):
     Stop before doing more; the finish of this run would be refused anyway."""
 
 
+if hasattr(time, "CLOCK_BOOTTIME"):
+
+    def lease_clock() -> float:
+        """Seconds on the clock a run keeps its lease's deadline on: monotonic, so no change
+        of the wall clock moves it, and CLOCK_BOOTTIME (Linux), which goes on counting while
+        the host is suspended, as the database's clock does; time.monotonic stops."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+else:  # pragma: no cover - not Linux
+    lease_clock = time.monotonic
+
+
 class Run:
-    def __init__(self, inbox: Inbox, holder: str, generation: int, events: list[Event], state):
+    def __init__(
+        self,
+        inbox: Inbox,
+        holder: str,
+        generation: int,
+        events: list[Event],
+        state,
+        *,
+        taken_at: float | None = None,
+        renewer=None,
+        clock=lease_clock,
+    ):
+        """`taken_at`: when the statement that took the lease was sent, on `clock` (default:
+        now); the lease's deadline is the TTL from then. `renewer(run, timeout)`: how renew()
+        renews (the worker's heartbeat): True, False when the lease is no longer this run's,
+        or None when it had no answer within `timeout` seconds; without one, renew() runs the
+        statement itself."""
         self.inbox = inbox
         self.holder = holder
         self.generation = generation
@@ -45,6 +80,13 @@ class Run:
         self.state = copy.deepcopy(state) if state is not None else {}
         self._effects = []
         self._lost = threading.Event()
+        self.lost_because = ""
+        self.clock = clock
+        self._ttl = lease_ttl().total_seconds()
+        self._deadline = (clock() if taken_at is None else taken_at) + self._ttl
+        # Taken by renewed() and lose(): a renewal is counted only while the run is not lost.
+        self._deadline_lock = threading.RLock()
+        self._renewer = renewer
         self._http = None
         self.said = 0
         self.asked = 0
@@ -160,25 +202,85 @@ class Run:
         """Outbound HTTP through the egress gateway (alwayson/egress/gateway.py): name a service and
         a path; the gateway checks the allowlist and adds the credential this run never sees.
         In a sealed worker the gateway is another process (alwayson/egress/client.py).
+        Refused (LeaseLost) once the run is lost, each call too: a client taken before the
+        deadline makes no call after it.
         """
+        self.check_lease()
         if self._http is None:
             self._http = http_for(self)
         return self._http
 
     def renew(self):
-        """Renew the lease between steps; LeaseLost if this run has been fenced off."""
-        if self._lost.is_set() or not renew(self.inbox.pk, self.holder, self.generation):
-            self._lost.set()
-            raise LeaseLost(f"lease of {self.inbox.slug} lost (generation {self.generation})")
+        """Renew the lease between steps; LeaseLost if this run has been fenced off, or when
+        no renewal succeeds by the lease's deadline: it never waits past the deadline, however
+        long the database takes to answer (through the worker's heartbeat, on a thread of its
+        own; a bare Worker's run sends the statement itself, bounded by
+        ALWAYSON_LEASE_STATEMENT_TIMEOUT)."""
+        self.check_lease()
+        sent = self.clock()
+        if self._renewer is None:
+            renewed = renew(self.inbox.pk, self.holder, self.generation)
+        else:
+            renewed = self._renewer(self, self._deadline - sent)
+        if renewed is None:
+            self.lose("no renewal succeeded by the lease's deadline (the database did not answer)")
+        elif not renewed:
+            self.lose("the lease is no longer this run's (taken over or lapsed)")
+        elif not self.renewed(sent):
+            self.lose("the renewal came back after the lease's deadline")
+        self.check_lease()
+
+    def check_lease(self):
+        """LeaseLost unless this run still holds its lease by its own clock. No database call:
+        a database that stopped answering cannot hold it up. Every outside call made through
+        alwayson checks it first (`http`, the Claude agent's model and tool calls); an agent's
+        own step may too."""
+        if self.lost:
+            raise LeaseLost(
+                f"lease of {self.inbox.slug} lost (generation {self.generation}):"
+                f" {self.lost_because}"
+            )
 
     # --- for the worker -------------------------------------------------------------------
 
     @property
     def lost(self) -> bool:
-        return self._lost.is_set()
+        """Whether the run has lost its lease: fenced off, or past its deadline (then lost from
+        that moment on, even if a renewal answers later)."""
+        if self._lost.is_set():
+            return True
+        if self.clock() >= self._deadline:
+            self.lose("no renewal succeeded by the lease's deadline")
+            return True
+        return False
+
+    @property
+    def deadline(self) -> float:
+        """When the lease lapses unless renewed, on `clock`."""
+        return self._deadline
+
+    def renewed(self, sent: float) -> bool:
+        """A renewal sent at `sent` (on `clock`, read before the statement went out)
+        succeeded: the lease now runs the TTL from then, measured from before the database
+        could have stamped it. False, the deadline unchanged, when the run was lost first: a
+        renewal that answers after the deadline does not bring a lost run back."""
+        with self._deadline_lock:
+            if self.lost:
+                return False
+            self._deadline = max(self._deadline, sent + self._ttl)
+            return True
+
+    def lose(self, because: str):
+        """Mark the run lost (once; the first reason stays), and say so in the log."""
+        with self._deadline_lock:
+            if self._lost.is_set():
+                return
+            self.lost_because = because
+            self._lost.set()
+        log.warning("lease lost: inbox=%s gen=%s: %s", self.inbox.slug, self.generation, because)
 
     def mark_lost(self):
-        self._lost.set()
+        self.lose("the lease is no longer this run's (taken over or lapsed)")
 
     @property
     def outcome(self) -> str:

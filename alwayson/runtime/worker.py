@@ -19,7 +19,6 @@ from django.db import (
     OperationalError,
     close_old_connections,
     connection,
-    connections,
 )
 
 from alwayson.ops import metrics
@@ -29,8 +28,9 @@ from alwayson.ops.logs import bind_run, run_context
 from alwayson.ops.models import Process
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
-from alwayson.runtime.run import LeaseLost, Run
+from alwayson.runtime.run import LeaseLost, Run, lease_clock
 from alwayson.tracing import enabled, span, traceparent
+from inbox.backends.postgresql import session_params
 from inbox.models import RunRecord
 from inbox.services import (
     WORK_CHANNEL,
@@ -64,32 +64,59 @@ def _raising(exc: Exception):
     return agent
 
 
+class _Renewal:
+    """A run's own renew(), waiting for the heartbeat's thread to send it."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.done = threading.Event()
+        self.renewed: bool | None = None
+        self.error: BaseException | None = None
+
+
 class Heartbeat:
-    """Renews the lease of every run in progress, several times per TTL.
+    """Renews the lease of every run in progress, several times per TTL, on a thread and a
+    database connection of its own; a run's own `renew()` is sent there too, and waits for
+    it at most until the run's deadline.
 
     A run whose renewal fails is marked lost: its own `renew()` raises LeaseLost, and its
     finish will be refused. Four beats per TTL, so one slow or missed beat never costs a
-    healthy run its lease.
+    healthy run its lease. A renewal that succeeds moves the run's deadline (Run.renewed);
+    a second thread, which never touches the database, loses each run at its deadline when
+    none did: a beat stuck on a database that stopped answering cannot hold that up.
     """
 
     def __init__(self):
         self.interval = lease_ttl().total_seconds() / 4
         self._runs: set[Run] = set()
         self._lock = threading.Lock()
+        # The heartbeat's thread waits on it for renewals asked; the deadlines' for new runs.
+        self._asked_for = threading.Condition(self._lock)
+        self._tracked = threading.Condition(self._lock)
+        self._asked: list[_Renewal] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self._watch = threading.Thread(
+            target=self._watch_deadlines, name="lease-deadlines", daemon=True
+        )
 
     def start(self):
         self._thread.start()
+        self._watch.start()
 
     def stop(self):
         """After the last run has finished: a stopping pool still beats for runs in flight."""
         self._stop.set()
+        with self._lock:
+            self._asked_for.notify_all()
+            self._tracked.notify_all()
         self._thread.join(timeout=5)
+        self._watch.join(timeout=5)
 
     def track(self, run: Run):
         with self._lock:
             self._runs.add(run)
+            self._tracked.notify()
 
     def untrack(self, run: Run):
         with self._lock:
@@ -100,26 +127,82 @@ class Heartbeat:
         with self._lock:
             return run in self._runs
 
+    def renew_now(self, run: Run, timeout: float) -> bool | None:
+        """Renew `run`'s lease now, on the heartbeat's thread: True, False when the lease is
+        no longer the run's, None when no answer came within `timeout` seconds (the database
+        not answering, or a beat stuck on it). Before the heartbeat starts, on the caller's
+        thread (a bare Worker's runs, tests)."""
+        if not self._thread.is_alive():
+            return renew(run.inbox.pk, run.holder, run.generation)
+        asked = _Renewal(run)
+        with self._lock:
+            self._asked.append(asked)
+            self._asked_for.notify()
+        if not asked.done.wait(max(timeout, 0)):
+            return None
+        if asked.error is not None:
+            raise asked.error
+        return asked.renewed
+
     def beat(self):
         with self._lock:
             runs = list(self._runs)
         for run in runs:
             if run.lost:
                 continue
+            sent = run.clock()
             try:
-                if not renew(run.inbox.pk, run.holder, run.generation) and self._tracks(run):
-                    log.warning("lease lost: inbox=%s gen=%s", run.inbox.slug, run.generation)
-                    run.mark_lost()
+                renewed = renew(run.inbox.pk, run.holder, run.generation)
             except DatabaseError:
                 log.warning("heartbeat could not reach the database", exc_info=True)
+                continue
+            if renewed:
+                run.renewed(sent)
+            elif self._tracks(run):
+                run.mark_lost()
+
+    def _answer(self, asked: _Renewal):
+        try:
+            asked.renewed = renew(asked.run.inbox.pk, asked.run.holder, asked.run.generation)
+        except Exception as exc:
+            asked.error = exc
+        finally:
+            asked.done.set()
 
     def _loop(self):
         try:
-            while not self._stop.wait(self.interval):
+            due = time.monotonic() + self.interval
+            while not self._stop.is_set():
+                with self._lock:
+                    self._asked_for.wait_for(
+                        lambda: self._asked or self._stop.is_set(),
+                        max(due - time.monotonic(), 0),
+                    )
+                    asked, self._asked = self._asked, []
+                if self._stop.is_set():
+                    return
                 close_old_connections()
-                self.beat()
+                for renewal in asked:
+                    self._answer(renewal)
+                if time.monotonic() >= due:
+                    self.beat()
+                    due = time.monotonic() + self.interval
         finally:
             connection.close()
+
+    def _watch_deadlines(self):
+        """Lose each run whose deadline passed (Run.lost does, as it is read), waking at the
+        soonest deadline; never a database call, so nothing can hold it up."""
+        while not self._stop.is_set():
+            with self._lock:
+                runs = list(self._runs)
+            soonest = self.interval
+            for run in runs:
+                if not run.lost:
+                    soonest = min(soonest, run.deadline - run.clock())
+            with self._lock:
+                if not self._stop.is_set():
+                    self._tracked.wait(max(soonest, 0.001))
 
 
 @dataclass
@@ -179,6 +262,8 @@ class Worker:
         self.may_chain = lambda: False
         # The claim a slot's last finish took, run by its next step (one per slot thread).
         self._carried = threading.local()
+        # The clock its runs keep their leases' deadlines on (Run.clock); a test moves its own.
+        self.clock = lease_clock
 
     def carrying(self) -> bool:
         """Whether this thread's last finish took a claim that no step has run yet."""
@@ -194,9 +279,13 @@ class Worker:
         # events the claim parks included (alwayson/ops/logs.py).
         with run_context():
             started = time.monotonic()
-            claim, self._carried.claim = getattr(self._carried, "claim", None), None
-            if claim is None:
+            carried, self._carried.claim = getattr(self._carried, "claim", None), None
+            if carried is None:
+                # Before the statement is sent: the lease the database stamps runs from later.
+                taken_at = self.clock()
                 claim = take_next(self.worker_id)
+            else:
+                claim, taken_at = carried
             if claim is None:
                 return None
             bind_run(claim.inbox.pk, claim.generation)
@@ -205,14 +294,14 @@ class Worker:
                 return self._result(claim.inbox, claim.generation, 0, "nothing claimable", started)
             released = False
             try:
-                result, released = self._run(claim, started)
+                result, released = self._run(claim, started, taken_at)
                 return result
             finally:
                 if not released:
                     # Free the inbox at once rather than at TTL: more work may be waiting in it.
                     release(claim.inbox.pk, self.worker_id, claim.generation)
 
-    def _run(self, claim: Claim, started) -> tuple[StepResult, bool]:
+    def _run(self, claim: Claim, started, taken_at) -> tuple[StepResult, bool]:
         """The run and its finish; the result, and whether the finish gave the lease back.
 
         One invoke_agent span covers both (OpenTelemetry's GenAI conventions): the Claude
@@ -238,33 +327,51 @@ class Worker:
             alwayson__generation=claim.generation,
             alwayson__events=len(claim.events),
         ) as current:
-            result, finished = self._run_agent(agent, claim, started)
+            result, finished = self._run_agent(agent, claim, started, taken_at)
             if current is not None:
                 current.set_attribute("alwayson.outcome", result.recorded)
                 current.set_attribute("alwayson.outcome.detail", result.detail)
             return result, finished
 
-    def _run_agent(self, agent, claim: Claim, started) -> tuple[StepResult, bool]:
+    def _run_agent(self, agent, claim: Claim, started, taken_at) -> tuple[StepResult, bool]:
         holder, inbox, generation = self.worker_id, claim.inbox, claim.generation
-        run = Run(inbox, holder, generation, claim.events, claim.state)
+        renewer = self.heartbeat.renew_now if self.heartbeat else None
+        run = Run(
+            inbox,
+            holder,
+            generation,
+            claim.events,
+            claim.state,
+            taken_at=taken_at,
+            renewer=renewer,
+            clock=self.clock,
+        )
         ids = [event.pk for event in claim.events]
         error = None
         if self.heartbeat:
             self.heartbeat.track(run)
         try:
             agent(run)
-        except LeaseLost:
-            record_refused(inbox.pk, generation, holder, claim.events, "fenced off mid-run")
-            return self._result(inbox, generation, len(ids), "fenced", started), False
+        except LeaseLost as exc:
+            run.lose(f"the agent raised LeaseLost: {exc}")  # no-op when the run raised it
         except Exception as exc:
             error = _describe(exc)
             log.warning("agent failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
         finally:
             if self.heartbeat:
                 self.heartbeat.untrack(run)
+        if run.lost:
+            # Lost before the agent ended (LeaseLost, or a deadline it did not notice): no
+            # finish, which another worker's run may have made wrong, and no round trip for
+            # one the fence would refuse. The events go back to pending at the next claim.
+            reason = f"fenced off mid-run: {run.lost_because}"
+            record_refused(inbox.pk, generation, holder, claim.events, reason)
+            return self._result(inbox, generation, len(ids), "fenced", started), False
         try:
             if error is None and run.deferred is None and self.may_chain():
-                finished, self._carried.claim = finish_and_take(
+                # Before the statement is sent, as for a take of its own (step).
+                taken_at = self.clock()
+                finished, carried = finish_and_take(
                     inbox.pk,
                     holder,
                     generation,
@@ -273,6 +380,7 @@ class Worker:
                     produced=run.produced(),
                     trace=traceparent(),
                 )
+                self._carried.claim = None if carried is None else (carried, taken_at)
             else:
                 finished = finish(
                     inbox.pk,
@@ -443,9 +551,7 @@ class WorkerPool:
     def listen(self):
         """Wake idle slots on NOTIFY (PostgreSQL). Polling stays the fallback: a missed
         notification costs at most one interval."""
-        params = connections["default"].get_connection_params()
-        keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
-        conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}
+        conninfo = session_params()
         backoff = OutageBackoff()
         while not self.stop.is_set():
             try:

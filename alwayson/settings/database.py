@@ -33,6 +33,42 @@ ALWAYSON_DB_POOL_SIZE = env.non_negative_int("ALWAYSON_DB_POOL_SIZE", 0)
 # before 1.21).
 ALWAYSON_DB_PREPARE = env.strict_bool("ALWAYSON_DB_PREPARE", True)
 
+# The liveness of every PostgreSQL connection a process opens: Django's (the pool's too) and
+# the sessions it opens beside them (the LISTEN of the worker and of the live pages). Without
+# them a connection whose peer stopped answering (a cut network, a host gone) hangs the
+# thread that waits on it for as long as the kernel retries: minutes, or for ever on an idle
+# connection. A value in DATABASE_URL's query string (`?connect_timeout=3`) wins over these.
+# Seconds libpq waits for a connection to open (TCP, TLS and PostgreSQL's start-up), at least
+# 2 (libpq's minimum).
+ALWAYSON_DB_CONNECT_TIMEOUT = env.whole(
+    "ALWAYSON_DB_CONNECT_TIMEOUT", 10, 2, env.MAX_WAIT, "seconds"
+)
+# TCP keepalives: after this many idle seconds the kernel probes the peer, every
+# ALWAYSON_DB_KEEPALIVES_INTERVAL seconds, and gives the connection up after
+# ALWAYSON_DB_KEEPALIVES_COUNT unanswered probes: an idle connection to a host that is gone
+# fails in 25 s instead of about two hours (Linux's defaults).
+ALWAYSON_DB_KEEPALIVES_IDLE = env.seconds("ALWAYSON_DB_KEEPALIVES_IDLE", 10, env.MAX_WAIT)
+ALWAYSON_DB_KEEPALIVES_INTERVAL = env.seconds("ALWAYSON_DB_KEEPALIVES_INTERVAL", 5, env.MAX_WAIT)
+ALWAYSON_DB_KEEPALIVES_COUNT = env.whole("ALWAYSON_DB_KEEPALIVES_COUNT", 3, 1, 100, "probes")
+# Seconds data sent on a connection may stay unacknowledged before the kernel gives it up
+# (TCP_USER_TIMEOUT, Linux): a statement sent into a cut network fails in this time instead
+# of the kernel's 15 minutes of retransmissions. 0: the kernel's default.
+ALWAYSON_DB_TCP_USER_TIMEOUT = env.seconds_or_zero("ALWAYSON_DB_TCP_USER_TIMEOUT", 30, env.MAX_WAIT)
+
+
+def liveness_options() -> dict:
+    """The libpq parameters the settings above give every PostgreSQL connection."""
+    options = {
+        "connect_timeout": ALWAYSON_DB_CONNECT_TIMEOUT,
+        "keepalives": 1,
+        "keepalives_idle": ALWAYSON_DB_KEEPALIVES_IDLE,
+        "keepalives_interval": ALWAYSON_DB_KEEPALIVES_INTERVAL,
+        "keepalives_count": ALWAYSON_DB_KEEPALIVES_COUNT,
+    }
+    if ALWAYSON_DB_TCP_USER_TIMEOUT:
+        options["tcp_user_timeout"] = ALWAYSON_DB_TCP_USER_TIMEOUT * 1000  # milliseconds
+    return options
+
 
 def _database(url):
     config = env.database_config("DATABASE_URL", url)
@@ -67,6 +103,8 @@ def _database(url):
             }
         else:
             config.setdefault("CONN_MAX_AGE", ALWAYSON_DB_CONN_MAX_AGE)
+        for key, value in liveness_options().items():
+            config["OPTIONS"].setdefault(key, value)
         idle = f"-c idle_in_transaction_session_timeout={ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT}s"
         options = config["OPTIONS"]
         options["options"] = f"{options['options']} {idle}" if options.get("options") else idle

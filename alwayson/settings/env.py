@@ -106,6 +106,11 @@ def _within(name, value, minimum, maximum, unit):
     return value
 
 
+def whole(name, default, minimum, maximum, unit):
+    """A whole number from `minimum` to `maximum` of `unit` (named in the error)."""
+    return _within(name, integer(name, default), minimum, maximum, unit)
+
+
 def seconds(name, default, maximum):
     """Whole seconds, from 1 to `maximum` (one of the MAX_ kinds above)."""
     return _within(name, positive_int(name, default), 1, maximum, "seconds")

@@ -33,6 +33,7 @@ from django.db.models import BooleanField, ExpressionWrapper, F, OuterRef, Q, Su
 from django.db.models.functions import Coalesce, Now
 from django.http import StreamingHttpResponse
 
+from inbox.backends.postgresql import session_params
 from inbox.models import Inbox
 
 from .models import LiveChange, LiveWatch
@@ -255,9 +256,7 @@ class Hub:
         self.wake(list(self.topics))
 
     async def listen(self):
-        params = connections["default"].get_connection_params()
-        keys = ("dbname", "user", "password", "host", "port", "sslmode", "application_name")
-        conninfo = {k: params[k] for k in keys if params.get(k) not in (None, "")}
+        conninfo = session_params()
         delay = 0.5
         while True:
             try:

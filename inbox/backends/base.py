@@ -60,6 +60,14 @@ class Backend:
         raise NotImplementedError
 
     @contextmanager
+    def lease_statements(self):
+        """A transaction for a worker's lease statements (a take and its claim, a renewal, a
+        release), none of which may hang: each is bounded by ALWAYSON_LEASE_STATEMENT_TIMEOUT.
+        Here, the wait for the write lock (`bounded`); PostgreSQL bounds each statement."""
+        with self.bounded(settings.ALWAYSON_LEASE_STATEMENT_TIMEOUT):
+            yield
+
+    @contextmanager
     def bounded_write(self, inbox_id, wait: float | None):
         """`bounded(wait)`, with a lock wait that ran out raised as InboxBusy (inbox/locks.py)."""
         try:
@@ -121,12 +129,12 @@ class Backend:
 
     def acquire(self, ref, holder, now) -> int | None:
         inbox = Inbox.objects.resolve(ref)
-        with transaction.atomic():
+        with self.lease_statements():
             now = self.resolve(now)
             return self.lock(inbox.pk).take(holder, now, lease_ttl())
 
     def acquire_next(self, holder, now) -> tuple[int, int] | None:
-        with transaction.atomic():
+        with self.lease_statements():
             now = self.resolve(now)
             lease = (
                 Lease.objects.with_work(now)
@@ -139,16 +147,18 @@ class Backend:
             return lease.inbox_id, lease.take(holder, now, lease_ttl())
 
     def renew(self, inbox_id, holder, generation, now) -> bool:
-        now = self.resolve(now)
-        renewed = Lease.objects.filter(
-            inbox_id=inbox_id, holder=holder, generation=generation, until__gte=now
-        ).update(until=now + lease_ttl())
+        with self.lease_statements():
+            now = self.resolve(now)
+            renewed = Lease.objects.filter(
+                inbox_id=inbox_id, holder=holder, generation=generation, until__gte=now
+            ).update(until=now + lease_ttl())
         return renewed == 1
 
     def release(self, inbox_id, holder, generation) -> bool:
-        released = Lease.objects.filter(
-            inbox_id=inbox_id, holder=holder, generation=generation, until__isnull=False
-        ).update(until=None)
+        with self.lease_statements():
+            released = Lease.objects.filter(
+                inbox_id=inbox_id, holder=holder, generation=generation, until__isnull=False
+            ).update(until=None)
         return released == 1
 
     def fence(self, ref, inbox_id, holder, generation, now, release):
@@ -177,7 +187,7 @@ class Backend:
 
     def claim_batch(self, inbox, holder, generation, now) -> list[Event]:
         """Fenced: the leftovers settled, then the batch claimed; [] when refused."""
-        with transaction.atomic():
+        with self.lease_statements():
             now = self.fence(inbox, inbox.pk, holder, generation, now, release=False)
             if now is None:
                 return []
@@ -246,7 +256,7 @@ class Backend:
         """acquire_next and claim_batch in one transaction; the lease given back when the
         inbox had nothing claimable after all."""
         require_key("holder", holder, HOLDER_MAX)  # as acquire_next checks it
-        with transaction.atomic():
+        with self.lease_statements():
             taken = self.acquire_next(holder, now)
             if taken is None:
                 return None

@@ -146,6 +146,21 @@ BY_INDEX = (
 )
 _BY_INDEX_BOUNDED = BY_INDEX + ", set_config('lock_timeout', %(lock_timeout)s, true)"
 AS_BEFORE = "SELECT set_config('enable_seqscan', current_setting('alwayson.enable_seqscan'), true)"
+# A worker's lease statements are bounded (ALWAYSON_LEASE_STATEMENT_TIMEOUT): the server
+# cancels one that runs longer, waiting for a lock or not. Local to the transaction, the
+# value it replaces kept, to be put back inside a caller's (STATEMENT_TIMEOUT_AS_BEFORE). A
+# take's pipeline sets it with the plan setting (BY_INDEX_LEASE, AS_BEFORE_LEASE).
+_KEEP_TIMEOUT = (
+    "set_config('alwayson.statement_timeout', current_setting('statement_timeout'), true)"
+)
+_SET_TIMEOUT = "set_config('statement_timeout', %(statement_timeout)s, true)"
+_PUT_TIMEOUT_BACK = (
+    "set_config('statement_timeout', current_setting('alwayson.statement_timeout'), true)"
+)
+STATEMENT_TIMEOUT = f"SELECT {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
+STATEMENT_TIMEOUT_AS_BEFORE = f"SELECT {_PUT_TIMEOUT_BACK}"
+BY_INDEX_LEASE = f"{BY_INDEX}, {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
+AS_BEFORE_LEASE = f"{AS_BEFORE}, {_PUT_TIMEOUT_BACK}"
 
 _INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
 _EVENT_FIELDS = [field.attname for field in Event._meta.concrete_fields]
@@ -225,12 +240,14 @@ def _server_cursor():
 _kept_cursors = weakref.WeakKeyDictionary()
 
 
-def _by_index(db, statements) -> list:
+def _by_index(db, statements, lease=False) -> list:
     """Send each (sql, params) of `statements` on a prepared cursor of `db` (the default
     connection) after BY_INDEX, in one pipeline: one round trip, one implicit transaction
-    outside a caller's, and inside one AS_BEFORE after them. The cursors, in order, their
-    rows read after the pipeline is synced. The settings go on a cursor of psycopg's own,
-    unseen by Django's query log: they are how a statement is planned, not a query.
+    outside a caller's, and inside one AS_BEFORE after them. With `lease`, each bounded as
+    a lease statement (BY_INDEX_LEASE, AS_BEFORE_LEASE). The cursors, in
+    order, their rows read after the pipeline is synced. The settings go on a cursor of
+    psycopg's own, unseen by Django's query log: they are how a statement is planned, not a
+    query.
 
     Through Django's cursor wrappers while something watches the queries (CaptureQueriesContext,
     DEBUG, an execute wrapper); otherwise on cursors kept for the connection, with what the
@@ -246,11 +263,14 @@ def _by_index(db, statements) -> list:
             kept.append(_PreparingCursor(db.connection))
         setting, *cursors = kept[: len(statements) + 1]
     with db.wrap_database_errors, _pipeline(db.connection):
-        setting.execute(BY_INDEX)
+        if lease:
+            setting.execute(BY_INDEX_LEASE, {"statement_timeout": _lease_timeout()})
+        else:
+            setting.execute(BY_INDEX)
         for cursor, (sql, params) in zip(cursors, statements, strict=True):
             cursor.execute(sql, params)
         if db.in_atomic_block:
-            setting.execute(AS_BEFORE)
+            setting.execute(AS_BEFORE_LEASE if lease else AS_BEFORE)
     return cursors
 
 
@@ -392,7 +412,14 @@ class _Direct:
         self.connection = raw
         self.loader = Transformer(self)
 
-    def _prepare(self, sql) -> _Statement:
+    def _statement(self, sql) -> tuple[_Statement, bytes | None]:
+        """`sql`'s statement on this connection, and its text to prepare first (None once
+        prepared). Prepared in the pipeline that first runs it, after the setting before it:
+        a lease statement's bound covers its parsing too, which waits for the locks of the
+        tables it names."""
+        statement = self.statements.get(sql)
+        if statement is not None:
+            return statement, None
         names = []
 
         def number(match):
@@ -402,11 +429,7 @@ class _Direct:
 
         name = f"alwayson_{next(_statement_numbers)}".encode()
         text = _NAMED.sub(number, sql).replace("%%", "%")
-        result = self.raw.pgconn.prepare(name, text.encode())
-        if result.status != pq.ExecStatus.COMMAND_OK:
-            raise self._error(result)
-        self.statements[sql] = statement = _Statement(name, names, [])
-        return statement
+        return _Statement(name, names, []), text.encode()
 
     def fetch_one(self, sql, params) -> dict | None:
         """The first row of `sql`, after BY_INDEX in the same pipeline (its implicit
@@ -414,23 +437,32 @@ class _Direct:
         [rows] = self.fetch([(sql, params)])
         return rows[0] if rows else None
 
-    def fetch(self, calls) -> list[list[dict]]:
+    def fetch(self, calls, lease=False) -> list[list[dict]]:
         """The rows of each (sql, params) of `calls`, by column name, sent after BY_INDEX in
         one pipeline: one round trip, one implicit transaction (committed at its Sync, or
-        rolled back whole at the first error, which is raised)."""
+        rolled back whole at the first error, which is raised). With `lease`, each bounded
+        as a lease statement (BY_INDEX_LEASE)."""
+        first = BY_INDEX_LEASE if lease else BY_INDEX
+        bound = [_text(_lease_timeout())] if lease else []
         for retrying in (False, True):
-            setting = self.statements.get(BY_INDEX) or self._prepare(BY_INDEX)
-            sent = [(setting, [])]
+            setting, text = self._statement(first)
+            sent = [(first, setting, bound, text)]
             for sql, params in calls:
-                statement = self.statements.get(sql) or self._prepare(sql)
-                sent.append((statement, [_text(params[key]) for key in statement.params]))
-            results = self._pipeline(sent)
+                statement, text = self._statement(sql)
+                values = [_text(params[key]) for key in statement.params]
+                sent.append((sql, statement, values, text))
+            results, prepared = self._pipeline(sent)
+            # Kept even when a later statement failed: a prepared statement outlives its
+            # transaction.
+            for sql, statement, _, _ in sent:
+                if statement.name in prepared:
+                    self.statements[sql] = statement
             if len(results) == len(sent) and all(
                 result.status == pq.ExecStatus.TUPLES_OK for result in results
             ):
                 return [
                     self._rows(statement, result)
-                    for (statement, _), result in zip(sent[1:], results[1:], strict=True)
+                    for (_, statement, _, _), result in zip(sent[1:], results[1:], strict=True)
                 ]
             # The first error: the setting's, a statement's or the commit's (at the Sync).
             aborted = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.PIPELINE_ABORTED)
@@ -457,31 +489,42 @@ class _Direct:
         rows = self.loader.load_rows(0, result.ntuples, tuple)
         return [dict(zip(statement.columns, row, strict=True)) for row in rows]
 
-    def _pipeline(self, calls) -> list:
-        """Each (statement, values) of `calls` sent in one pipeline, then one Sync: one round
-        trip, one implicit transaction. Their results, in order, and the commit's error if
-        it failed. The waits are on the socket (select, without the GIL); libpq's own would
-        hold it."""
+    def _pipeline(self, calls) -> tuple[list, set]:
+        """Each (sql, statement, values, text) of `calls` sent in one pipeline, prepared first
+        when it has a text, then one Sync: one round trip, one implicit transaction. Their
+        results, in order, and the commit's error if it failed; and the names of the
+        statements prepared. The waits are on the socket (select, without the GIL); libpq's
+        own would hold it."""
         pgconn = self.raw.pgconn
         pgconn.enter_pipeline_mode()
         try:
-            for statement, values in calls:
+            preparing = []
+            for _, statement, values, text in calls:
+                if text is not None:
+                    pgconn.send_prepare(statement.name, text)
+                    preparing.append(statement.name)
+                preparing.append(None)
                 pgconn.send_query_prepared(statement.name, values, result_format=pq.Format.BINARY)
             pgconn.pipeline_sync()
-            # Each statement's result, each followed by None; then, if the commit at the
-            # Sync failed, its error; then the Sync's own.
-            results = []
+            # Each command's result, each followed by None; then, if the commit at the Sync
+            # failed, its error; then the Sync's own.
+            results, prepared = [], set()
             while (result := _result(pgconn)) is None or (
                 result.status != pq.ExecStatus.PIPELINE_SYNC
             ):
-                if result is not None:
+                if result is None:
+                    continue
+                name = preparing.pop(0) if preparing else None
+                if name is not None and result.status == pq.ExecStatus.COMMAND_OK:
+                    prepared.add(name)
+                else:
                     results.append(result)
             pgconn.exit_pipeline_mode()
         except BaseException:
             # Half a pipeline read: the connection's state is unknown, it is not used again.
             self.raw.close()
             raise
-        return results
+        return results, prepared
 
 
 class _JsonbText(Loader):
@@ -541,17 +584,18 @@ def _fetch_direct(db, sql, params) -> dict | None:
         return direct.fetch_one(sql, params)
 
 
-def _fetch_all(db, calls) -> list[list[dict]]:
+def _fetch_all(db, calls, lease=False) -> list[list[dict]]:
     """The rows of each (sql, params) of `calls` (outside a caller's transaction), sent after
-    BY_INDEX in one pipeline: one round trip, one implicit transaction. Through _Direct when
-    it may be used, else on psycopg's cursors (_by_index)."""
+    BY_INDEX in one pipeline: one round trip, one implicit transaction; with `lease`, bounded
+    as lease statements. Through _Direct when it may be used, else on psycopg's cursors
+    (_by_index)."""
     db = connections[db.alias]  # this thread's wrapper itself, not the proxy to it
     if not _direct(db):
-        cursors = _by_index(db, calls)
+        cursors = _by_index(db, calls, lease)
         return [_all(cursor, sql) for cursor, (sql, _) in zip(cursors, calls, strict=True)]
     direct = _kept(_directs, db, _Direct)
     with db.wrap_database_errors:
-        return direct.fetch(calls)
+        return direct.fetch(calls, lease)
 
 
 _lookup = Inbox.objects.lookup  # bound once: it runs on every delivery
@@ -567,6 +611,23 @@ def _inbox_id(ref, value) -> int:
 
 def _lock_timeout(wait) -> str | None:
     return None if wait is None else f"{round(wait * 1000)}ms"
+
+
+def _lease_timeout() -> str:
+    return f"{max(1, round(settings.ALWAYSON_LEASE_STATEMENT_TIMEOUT * 1000))}ms"
+
+
+# Django's connection parameters that are psycopg's Python objects, not libpq's.
+_NOT_LIBPQ = ("context", "cursor_factory", "prepare_threshold")
+
+
+def session_params(alias=DEFAULT_DB_ALIAS) -> dict:
+    """The libpq parameters of Django's connection `alias`, for a session a process opens
+    beside Django's (a LISTEN): the same server, credentials and TLS, and the same liveness
+    (connect_timeout, keepalives, tcp_user_timeout: alwayson/settings/database.py), so that
+    a session whose peer stopped answering fails instead of waiting for ever."""
+    params = connections[alias].get_connection_params()
+    return {k: v for k, v in params.items() if k not in _NOT_LIBPQ and v not in (None, "")}
 
 
 # --- the backend -----------------------------------------------------------------------------
@@ -623,6 +684,20 @@ class PostgreSQL(Backend):
         if sqlstate == "57014":
             return f"its statement was stopped before it was done ({cause.diag.message_primary})"
         return None
+
+    @contextmanager
+    def lease_statements(self):
+        """Each statement of the transaction bounded by statement_timeout; inside a caller's
+        transaction, the caller's bound is put back after them. The setting goes on a cursor
+        of psycopg's own, as bounded()'s do: it is how a statement runs, not a query."""
+        inside = connection.in_atomic_block
+        with transaction.atomic():
+            with _PreparingCursor(connection.connection) as cursor:
+                cursor.execute(STATEMENT_TIMEOUT, {"statement_timeout": _lease_timeout()})
+            yield
+            if inside:
+                with _PreparingCursor(connection.connection) as cursor:
+                    cursor.execute(STATEMENT_TIMEOUT_AS_BEFORE)
 
     @contextmanager
     def locked_write(self, ref, wait, now, then=()):
@@ -726,7 +801,7 @@ class PostgreSQL(Backend):
 
     def acquire(self, ref, holder, now):
         inbox_id = _inbox_id(ref, Inbox.objects.pk_of(ref))
-        with transaction.atomic():
+        with self.lease_statements():
             [cursor] = _by_index(
                 connection, [(ACQUIRE, _lease_params(holder, now, inbox=inbox_id))]
             )
@@ -739,7 +814,7 @@ class PostgreSQL(Backend):
             return row["generation"]
 
     def acquire_next(self, holder, now):
-        with transaction.atomic():
+        with self.lease_statements():
             [cursor] = _by_index(connection, [(ACQUIRE_NEXT, _lease_params(holder, now))])
             row = _one(cursor, ACQUIRE_NEXT)
             if row is None:
@@ -775,15 +850,15 @@ class PostgreSQL(Backend):
         the lease row's lock (_claim_locked)."""
         take = _take(holder, now)
         if connection.in_atomic_block:
-            [cursor] = _by_index(connection, [(take.sql, take.params)])
+            [cursor] = _by_index(connection, [(take.sql, take.params)], lease=True)
             return take.claim(self, _all(cursor, take.sql))
-        [rows] = _fetch_all(connection, [(take.sql, take.params)])
+        [rows] = _fetch_all(connection, [(take.sql, take.params)], lease=True)
         return take.claim(self, rows)
 
     def _claim_locked(self, inbox, holder, generation, now) -> Claim:
         """The claim after take_next's lease when leftovers need settling first: in one
         transaction under the lease row's lock, fenced as a finish is."""
-        with transaction.atomic():
+        with self.lease_statements():
             if self.fence(inbox, inbox.pk, holder, generation, now, release=False) is None:
                 return Claim(inbox, generation, [], None)
             self.settle_leftovers(inbox.pk, generation, now)
@@ -900,7 +975,7 @@ class _Take(NamedTuple):
             # Nothing claimable after all (a retry waiting for its backoff, or events this
             # statement's snapshot predates): give the lease back with the work recounted,
             # in statements that see what committed before the lock.
-            with transaction.atomic():
+            with backend.lease_statements():
                 if backend.fence(inbox, inbox.pk, self.holder, generation, now, True) is not None:
                     backend.recount_work(inbox.pk)
             return Claim(inbox, generation, [], None)

@@ -14,7 +14,7 @@ from django.db import OperationalError, connection
 
 from alwayson.runtime.api import acquire, finish, ingest
 from inbox.backends import postgresql
-from inbox.backends.postgresql import BY_INDEX
+from inbox.backends.postgresql import BY_INDEX, BY_INDEX_LEASE
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease, RunRecord
 from inbox.services import SaveState, finish_and_take, take_next
@@ -43,8 +43,7 @@ def pipelines(monkeypatch):
 
     def counting_direct(self, calls):
         if finishing:
-            texts = {statement.name: sql for sql, statement in self.statements.items()}
-            opened.append([texts[statement.name] for statement, _ in calls])
+            opened.append([sql for sql, *_ in calls])
         return direct(self, calls)
 
     def finish(*args, **kwargs):
@@ -279,10 +278,13 @@ def test_pipelined_runs_prepare_each_statement_once_per_connection(make_inbox, t
         "exclusive AS",
     ):
         assert sum(marker in statement for statement in prepared) == 1, (marker, prepared)
-    # The plan setting sent before each of them (BY_INDEX): once by libpq's (the try, the
-    # take and the finish), once by psycopg's cursors (the first delivery's lock).
+    # The plan setting sent before each of them (BY_INDEX): once by libpq's (the try and the
+    # finish), once by psycopg's cursors (the first delivery's lock); the take's bounds it as
+    # a lease statement too (BY_INDEX_LEASE).
     assert prepared.count(BY_INDEX) == 2, prepared
-    assert len(prepared) == 7, prepared
+    lease_setting = BY_INDEX_LEASE.replace("%(statement_timeout)s", "$1")
+    assert prepared.count(lease_setting) == 1, prepared
+    assert len(prepared) == 8, prepared
 
 
 def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):

@@ -98,6 +98,21 @@ def recording_agent(run):
         )
 
 
+def spending_agent(run):
+    """Spend outside the database until stopped: POST after POST to the egress service
+    "outside", each naming the run, paced a little; it never looks at its lease itself
+    (tests/processes/test_blackhole_pg.py: alwayson must stop it)."""
+    spent = 0
+    while True:
+        run.http.post(
+            "outside",
+            "/spend",
+            json={"holder": run.holder, "generation": run.generation, "n": spent},
+        )
+        spent += 1
+        _time.sleep(0.05)
+
+
 # --- in-process agents (tests/runtime/test_worker.py) ---------------------------------------------
 # Named by `runworker --agent` in tests that call the command in-process.
 
