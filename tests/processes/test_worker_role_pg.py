@@ -14,6 +14,7 @@ from axes.models import AccessAttempt
 from django.contrib.admin.models import ADDITION, LogEntry
 from django.contrib.auth.models import Permission
 from django.contrib.sessions.backends.db import SessionStore
+from django.db import connection
 
 from alwayson.claude.models import ModelCall, ToolResult
 from alwayson.demo.models import Refund
@@ -331,3 +332,49 @@ def test_an_agent_under_the_role_cannot_read_sessions_password_hashes_or_egress_
     for value in planted:
         assert not [text for text in written if value in text], value
     assert RunRecord.objects.filter(outcome="error").count() == len(readers)
+
+
+def refusal(deployment, name):
+    """A sealed `runworker --once` that must refuse to start: its last line of output."""
+    worker = deployment.start(name, "runworker", "--once", "--worker-id", name, "--agent", VERBS)
+    assert worker.wait(RUN) == 1, deployment.log(name)
+    return deployment.log(name).strip().splitlines()[-1]
+
+
+def test_a_sealed_worker_whose_role_lacks_a_grant_refuses_to_start_naming_it(
+    deployment, role, people
+):
+    name, _ = role
+    owner, _, _ = people
+    ingest(inbox_with("desk", owner), "chat", "m-1", {"do": "say"})
+    with connection.cursor() as cursor:
+        cursor.execute(f"REVOKE UPDATE ON inbox_lease FROM {name}")
+
+    line = refusal(deployment, "role-1")
+
+    assert line == (
+        f"CommandError: the worker's database role {name} lacks what a run needs (inbox_lease: "
+        f"UPDATE): run `manage.py workerrole {name}` as the tables' owner after migrate "
+        "(docs/how-to/egress.md#the-workers-database-role)"
+    )
+    # Refused before anything ran: no heartbeat, no claim.
+    assert not Process.objects.exists()
+    assert statuses(Inbox.objects.get(slug="desk")) == {"m-1": "pending"}
+
+
+def test_a_sealed_worker_connected_as_the_owner_refuses_to_start(tmp_path, people):
+    """The deployment of before: the sealed worker held the owner's URL, and its agents could
+    read every table."""
+    sealed = SealedDeployment(tmp_path, "http://127.0.0.1:9")
+    try:
+        line = refusal(sealed, "owner-1")
+    finally:
+        sealed.stop()
+    owner = connection.settings_dict["USER"]
+    assert line.startswith(f"CommandError: the worker's database role {owner} ")
+    assert "so it reaches every table an agent must not (sessions, password hashes)" in line
+    assert line.endswith(
+        "give the worker a role of its own, `manage.py workerrole <role>` run as the tables' "
+        "owner after migrate, and name it in ALWAYSON_WORKER_DATABASE_URL "
+        "(docs/how-to/egress.md#the-workers-database-role)"
+    )

@@ -66,6 +66,11 @@ class Command(BaseCommand):
                         f"revoked ({'; '.join(found.excess)}): granted to PUBLIC or to a role "
                         f"it is a member of; revoke them there ({DOCS})"
                     )
+                if found.grave:
+                    raise CommandError(
+                        f"role {role} {'; '.join(found.grave)}: no grant can limit what it "
+                        f"reaches; name a role of the worker's own ({DOCS})"
+                    )
                 if not found.right:
                     raise CommandError(found.problem())
         except DatabaseError as exc:
