@@ -31,9 +31,24 @@ from dataclasses import dataclass, field
 
 from django.apps import apps
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.contrib.contenttypes.models import ContentType
 from django.db import models
 
-from inbox.models import person_fields
+from alwayson.ops.models import DeadAlert, MetricTotal, Process
+from approvals.models import Approval
+from inbox.models import (
+    Event,
+    EventTrace,
+    Inbox,
+    Lease,
+    Membership,
+    RunRecord,
+    Session,
+    person_fields,
+)
+from outbox.models import Notice, OutboxMessage
+from timers.models import Timer
 
 SELECT, INSERT, UPDATE, DELETE = "SELECT", "INSERT", "UPDATE", "DELETE"
 GRANTABLE = (SELECT, INSERT, UPDATE, DELETE)
@@ -127,15 +142,6 @@ def declare_machinery():
     """What a run needs of the tables below the runtime: the inbox's take and finish, what
     the verbs write (outbox messages, approvals and their notices, timers, session state),
     the dead events' alert, and this process's heartbeat and metrics. OpsConfig.ready()."""
-    from django.contrib.auth.models import Group, Permission
-    from django.contrib.contenttypes.models import ContentType
-
-    from alwayson.ops.models import DeadAlert, MetricTotal, Process
-    from approvals.models import Approval
-    from inbox.models import Event, EventTrace, Inbox, Lease, Membership, RunRecord, Session
-    from outbox.models import Notice, OutboxMessage
-    from timers.models import Timer
-
     need(Inbox, SELECT, why="the take reads the inbox a run is for")
     need(Lease, SELECT, UPDATE, why="take, renew, fence and release the lease")
     need(Event, SELECT, UPDATE, why="claim the batch, finish it, park dead events")

@@ -17,13 +17,14 @@ from alwayson.egress.models import EgressCall
 from alwayson.ops.workerrole import (
     INSERT,
     SELECT,
+    UPDATE,
     forbidden_tables,
     need,
     needs,
     scram_verifier,
 )
 from alwayson.runtime.management.commands.runworker import check_reach
-from inbox.models import Inbox, person_fields
+from inbox.models import Event, Inbox, person_fields
 
 
 @pytest.mark.parametrize(
@@ -44,6 +45,19 @@ def test_what_no_worker_may_reach_cannot_be_declared(model, privileges, fields, 
     with pytest.raises(ValueError) as refused:
         need(model, *privileges, fields=fields)
     assert says in str(refused.value)
+
+
+def test_a_table_declared_again_gets_both_declarations_privileges(monkeypatch):
+    from alwayson.ops import workerrole
+
+    monkeypatch.setattr(workerrole, "_needs", dict(workerrole._needs))
+    # A team whose agent also stores events in its own inbox, outside its run.
+    need(Event, INSERT, why="the agent stores follow-ups")
+    [events] = [wanted for wanted in needs() if wanted.model is Event]
+    assert events.privileges == (SELECT, INSERT, UPDATE)
+    assert events.why.endswith("; the agent stores follow-ups")
+    with pytest.raises(ValueError, match="declared once with a column list and once without"):
+        need(Inbox, SELECT, fields=["slug"])
 
 
 def test_nothing_a_run_needs_is_what_an_agent_must_not_reach():
