@@ -4,6 +4,7 @@ roles. The grants themselves: test_workerrole_pg.py; a worker under them:
 tests/processes/test_worker_role_pg.py."""
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -11,13 +12,14 @@ from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session as LoginSession
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
+from django.db import OperationalError, connection
 
 from alwayson.egress.models import EgressCall
 from alwayson.ops.workerrole import (
     INSERT,
     SELECT,
     UPDATE,
+    Reach,
     forbidden_tables,
     need,
     needs,
@@ -99,3 +101,28 @@ def test_a_sealed_worker_on_sqlite_says_it_reaches_every_table(monkeypatch, capl
         check_reach()
     [line] = [r.getMessage() for r in caplog.records if r.name == "alwayson.worker"]
     assert line.startswith("a sealed worker on SQLite reaches every table")
+
+
+def test_a_sealed_worker_waits_for_the_database_before_it_checks_its_role(monkeypatch, caplog):
+    from alwayson.runtime.management.commands import runworker
+
+    answers = [OperationalError("connection refused\nis the server running?"), Reach("worker")]
+
+    def reach(conn):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    slept = []
+    monkeypatch.setattr(connection, "vendor", "postgresql")
+    monkeypatch.setattr(runworker, "reach", reach)
+    monkeypatch.setattr(runworker, "time", SimpleNamespace(sleep=slept.append))
+    with caplog.at_level(logging.INFO, logger="alwayson.worker"):
+        check_reach()
+
+    assert slept == [0.5]
+    assert [r.getMessage() for r in caplog.records if r.name == "alwayson.worker"] == [
+        "could not check the worker's database role (connection refused); again in 0.5s",
+        "database role worker: reaches what a run needs and nothing more",
+    ]
