@@ -24,6 +24,21 @@ def is_person(user) -> bool:
     return bool(getattr(user, "is_authenticated", False) and user.is_active)
 
 
+# What a worker reads of a person, where the user model has it: who they are, their names (a
+# notice greets them), whether they are active staff (an alert goes to operators).
+PERSON_FIELDS = ("first_name", "last_name", "is_active", "is_staff", "is_superuser")
+
+
+def person_fields() -> tuple[str, ...]:
+    """The user fields the worker reads of the people it notifies, and all its database role
+    may read of them (alwayson/ops/workerrole.py): never the password hash. Its queries of
+    users load these only."""
+    users = get_user_model()
+    present = {f.name for f in users._meta.concrete_fields}
+    wanted = (users._meta.pk.name, users.USERNAME_FIELD, *PERSON_FIELDS)
+    return tuple(dict.fromkeys(name for name in wanted if name in present))
+
+
 def granted_role(user, inbox="pk"):
     """The highest role a membership gives `user` in the inbox whose id the outer query's
     field `inbox` holds (its own "pk" in a query of inboxes), as an expression to read along
@@ -204,7 +219,8 @@ class Inbox(models.Model):
         group_ids = granted.filter(group__isnull=False).values_list("group_id", flat=True)
         in_groups = get_user_model().groups.through.objects.filter(group_id__in=group_ids)
         user_ids.update(in_groups.values_list("user_id", flat=True))
-        return get_user_model().objects.filter(pk__in=user_ids, is_active=True)
+        people = get_user_model().objects.filter(pk__in=user_ids, is_active=True)
+        return people.only(*person_fields())
 
 
 class MembershipQuerySet(models.QuerySet):

@@ -55,8 +55,13 @@ CREDENTIAL_VARIABLES = frozenset(
         # egress: the Messages API key, and the token of the gateway's TCP port
         "ANTHROPIC_API_KEY",
         "ALWAYSON_EGRESS_TOKEN",
+        # compose: the database owner's password (deploy/compose.yaml reads it from the same
+        # file); the sealed worker connects as a role of its own (below)
+        "POSTGRES_PASSWORD",
     }
 )
+# Its own database URL, which becomes its DATABASE_URL: the owner's URL is not handed on.
+WORKER_DATABASE_URL = "ALWAYSON_WORKER_DATABASE_URL"
 
 
 def withheld_names(environ) -> set[str]:
@@ -71,11 +76,16 @@ def withheld_names(environ) -> set[str]:
 
 def sealed_environment(environ) -> dict:
     """`environ` as the sealed worker gets it: no credential, a SECRET_KEY of its own (Django
-    needs one; the worker signs nothing anybody checks), and the mark that it is sealed."""
+    needs one; the worker signs nothing anybody checks), the mark that it is sealed, and,
+    with ALWAYSON_WORKER_DATABASE_URL set, that as its DATABASE_URL: the owner's is withheld,
+    and the worker reaches only what its own role may (alwayson/ops/workerrole.py)."""
     withheld = withheld_names(environ)
     sealed = {name: value for name, value in environ.items() if name not in withheld}
     sealed["SECRET_KEY"] = secrets.token_urlsafe(50)
     sealed[SEALED] = "1"
+    own = sealed.pop(WORKER_DATABASE_URL, "") or settings.ALWAYSON_WORKER_DATABASE_URL
+    if own:
+        sealed["DATABASE_URL"] = own
     return sealed
 
 

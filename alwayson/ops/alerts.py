@@ -35,7 +35,7 @@ from django.urls import NoReverseMatch, reverse
 from alwayson.ops.logs import bind_run
 from alwayson.ops.models import DeadAlert
 from inbox import clock
-from inbox.models import Inbox
+from inbox.models import Inbox, person_fields
 from inbox.services import lock_inbox
 from outbox.services import queue_notice
 
@@ -125,14 +125,15 @@ def interval():
 def operators():
     """Who can open the alert's link: active staff who may view events, superusers too."""
     people = get_user_model().objects.with_perm(SEES_EVENTS, backend=PERMISSIONS_BACKEND)
-    return people.filter(is_staff=True).order_by("pk")
+    return people.filter(is_staff=True).only(*person_fields()).order_by("pk")
 
 
 def queue_alert(state: DeadAlert, now) -> int:
     """The alert for what `state` counts, as one notice to each operator (the owner if
     there is none); the number queued. `state` is reset (the caller saves it in the same
     transaction)."""
-    inbox = Inbox.objects.select_related("owner").get(pk=state.inbox_id)
+    owner = [f"owner__{name}" for name in person_fields()]
+    inbox = Inbox.objects.select_related("owner").only("slug", *owner).get(pk=state.inbox_id)
     people = [(person, "you may view events in the admin") for person in operators()] or [
         (
             inbox.owner,

@@ -16,6 +16,7 @@ class OpsConfig(AppConfig):
         from .alerts import events_going_dead
         from .announce import announce_approval
         from .sentry import init_sentry
+        from .workerrole import declare_machinery
 
         # Here, not in the settings: every process that sets Django up (runserver, gunicorn,
         # the loops, any command) reports to Sentry, and importing the settings starts nothing.
@@ -26,3 +27,5 @@ class OpsConfig(AppConfig):
         approval_requested.connect(announce_approval, dispatch_uid="alwayson.announce_approval")
         events_dead.connect(events_going_dead, dispatch_uid="alwayson.events_going_dead")
         metrics.connect_signals()
+        # What a run needs of the machinery's tables: the sealed worker's database role.
+        declare_machinery()

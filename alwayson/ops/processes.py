@@ -11,9 +11,12 @@ import shutil
 import sys
 from pathlib import Path
 
-# Once per release, before the processes start: one host, one at a time.
+# Once per release, before the processes start: one host, one at a time. `workerrole`, as the
+# tables' owner after migrate, gives the sealed worker's own role (ALWAYSON_WORKER_DATABASE_URL)
+# what this release's runs need, and nothing more (docs/how-to/egress.md).
 RELEASE = {
     "migrate": ("python", "manage.py", "migrate", "--noinput"),
+    "workerrole": ("python", "manage.py", "workerrole"),
     "collectstatic": ("python", "manage.py", "collectstatic", "--noinput"),
 }
 

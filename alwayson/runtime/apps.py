@@ -9,6 +9,7 @@ class RuntimeConfig(AppConfig):
     verbose_name = "alwayson runtime"
 
     def ready(self):
+        from alwayson.ops.workerrole import SELECT, need
         from inbox.services import CLAIM_EXTRAS
 
         from .models import AgentConfig
@@ -17,3 +18,4 @@ class RuntimeConfig(AppConfig):
         CLAIM_EXTRAS["agent"] = (
             f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = t.inbox_id"
         )
+        need(AgentConfig, SELECT, why="which agent runs the inbox, and its configuration")

@@ -118,3 +118,21 @@ def _database(url):
 DATABASES = {
     "default": _database(env.string("DATABASE_URL", f"sqlite:///{BASE_DIR / 'alwayson.sqlite3'}"))
 }
+
+# The sealed worker's own database URL: a role that reaches only what a run needs, made by
+# `manage.py workerrole` (docs/how-to/egress.md#the-workers-database-role). The sealed
+# worker re-executes itself with it as its DATABASE_URL, so agent code never holds the
+# owner's; `workerrole` without a role name makes this URL's user, with its password.
+ALWAYSON_WORKER_DATABASE_URL = env.string("ALWAYSON_WORKER_DATABASE_URL")
+if ALWAYSON_WORKER_DATABASE_URL:
+    _worker = env.database_config("ALWAYSON_WORKER_DATABASE_URL", ALWAYSON_WORKER_DATABASE_URL)
+    if not _worker.get("ENGINE", "").endswith("postgresql") or not _worker.get("USER"):
+        raise ImproperlyConfigured(
+            "ALWAYSON_WORKER_DATABASE_URL must be a postgres:// URL with a user (the worker's "
+            "role); SQLite has no roles"
+        )
+    if not DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        raise ImproperlyConfigured(
+            "ALWAYSON_WORKER_DATABASE_URL is for PostgreSQL: DATABASE_URL is not (SQLite has "
+            "no roles; unset it)"
+        )

@@ -93,6 +93,17 @@ def test_the_sealed_environment_holds_no_credential(planted):
     assert sealed[SEALED] == "1"
 
 
+def test_the_sealed_worker_connects_with_its_own_database_url_not_the_owners(planted):
+    own = "postgres://alwayson_worker:its-own@db/alwayson"
+    sealed = sealed_environment(
+        {**planted, "ALWAYSON_WORKER_DATABASE_URL": own, "POSTGRES_PASSWORD": "planted-owner"}
+    )
+    assert sealed["DATABASE_URL"] == own
+    assert "ALWAYSON_WORKER_DATABASE_URL" not in sealed
+    assert planted["DATABASE_URL"] not in sealed.values()
+    assert "POSTGRES_PASSWORD" not in sealed
+
+
 def test_the_sealed_worker_gets_a_secret_key_of_its_own_each_time(planted):
     first, second = sealed_environment(planted), sealed_environment(planted)
     assert first["SECRET_KEY"] != planted["SECRET_KEY"]

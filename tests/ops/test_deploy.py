@@ -34,7 +34,7 @@ def compose():
     return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
 
 
-def test_compose_has_the_database_the_migrate_step_and_the_processes(compose):
+def test_compose_has_the_database_the_release_steps_and_the_processes(compose):
     assert set(compose["services"]) == {"db", *RELEASE.keys() - {"collectstatic"}, *PROCESSES}
     assert compose["services"]["db"]["image"].startswith("postgres:")
 
@@ -43,6 +43,19 @@ def test_compose_runs_the_production_commands(compose):
     services = compose["services"]
     assert {name: tuple(services[name]["command"]) for name in PROCESSES} == PROCESSES
     assert tuple(services["migrate"]["command"]) == RELEASE["migrate"]
+    assert tuple(services["workerrole"]["command"]) == RELEASE["workerrole"]
+
+
+def test_compose_makes_the_workers_role_after_migrate_and_before_the_worker(compose):
+    """As the tables' owner (the app's DATABASE_URL), once migrate has made this release's
+    tables; the worker starts only once its role reaches them."""
+    services = compose["services"]
+    step = services["workerrole"]
+    assert step["restart"] == "no"
+    assert step["depends_on"] == {"migrate": {"condition": "service_completed_successfully"}}
+    assert services["worker"]["depends_on"]["workerrole"] == {
+        "condition": "service_completed_successfully"
+    }
 
 
 def test_compose_migrates_once_before_the_processes_and_after_the_database(compose):
@@ -155,11 +168,17 @@ def test_compose_with_the_env_file_gets_the_database_password():
     text = interpolate((DEPLOY / "compose.yaml").read_text(), values)
     services = yaml.safe_load(text)["services"]
     password = values["POSTGRES_PASSWORD"]
+    worker_password = values["POSTGRES_WORKER_PASSWORD"]
 
     assert services["db"]["environment"]["POSTGRES_PASSWORD"] == password
-    for name in PROCESSES:
-        url = services[name]["environment"]["DATABASE_URL"]
-        assert url == f"postgres://alwayson:{password}@db:5432/alwayson"
+    assert worker_password != password
+    for name in [*PROCESSES, "workerrole"]:
+        environment = services[name]["environment"]
+        assert environment["DATABASE_URL"] == f"postgres://alwayson:{password}@db:5432/alwayson"
+        # The sealed worker swaps this one in; the workerrole step makes its role.
+        assert environment["ALWAYSON_WORKER_DATABASE_URL"] == (
+            f"postgres://alwayson_worker:{worker_password}@db:5432/alwayson"
+        )
 
 
 def test_compose_without_the_env_file_says_to_pass_it():

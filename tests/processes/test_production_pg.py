@@ -30,18 +30,23 @@ from tests.support.outbox import WebhookServer
 from tests.support.paths import ROOT as BASE_DIR
 from tests.support.processes import child_pids, command_of, free_port
 from tests.support.runall import START_TIMEOUT, Browser, Runall, assert_all_stop
+from tests.support.workerrole import drop_role
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
 DB_PASSWORD = "db-pw-" + secrets.token_hex(8)  # trust authentication ignores it
+WORKER_PASSWORD = "worker-pw-" + secrets.token_hex(8)  # the worker role's: ignored the same
+# The sealed worker's own role (roles are the cluster's: a name of this test run alone),
+# made by the release step `workerrole` from ALWAYSON_WORKER_DATABASE_URL.
+WORKER_ROLE = f"alwayson_worker_p{os.getpid()}_{secrets.token_hex(4)}"
 MAIL_PASSWORD = "mail-pw-" + secrets.token_hex(8)
 OWNER_PASSWORD = "owner-pw-" + secrets.token_hex(8)
 
 
-def database_url(connection):
+def database_url(connection, user=None, password=DB_PASSWORD):
     db = connection.settings_dict
     return (
-        f"postgres://{db['USER'] or 'postgres'}:{DB_PASSWORD}@{db['HOST'] or '127.0.0.1'}"
+        f"postgres://{user or db['USER'] or 'postgres'}:{password}@{db['HOST'] or '127.0.0.1'}"
         f":{db['PORT'] or 5432}/{db['NAME']}"
     )
 
@@ -55,13 +60,14 @@ def receiver(monkeypatch):
 
 
 @pytest.fixture
-def production_env(receiver):
+def production_env(receiver, transactional_db):
     from django.db import connection
 
-    return {
+    yield {
         "DEBUG": "false",
         "SECRET_KEY": strong_key(),
         "DATABASE_URL": database_url(connection),
+        "ALWAYSON_WORKER_DATABASE_URL": database_url(connection, WORKER_ROLE, WORKER_PASSWORD),
         # Never used (the channel is a webhook); its password must still never be printed.
         "EMAIL_URL": f"smtp+tls://mailer:{MAIL_PASSWORD}@127.0.0.1:{free_port()}",
         "ALLOWED_HOSTS": "127.0.0.1",
@@ -71,6 +77,7 @@ def production_env(receiver):
         "no_proxy": "127.0.0.1,localhost",
         "NO_PROXY": "127.0.0.1,localhost",
     }
+    drop_role(WORKER_ROLE)
 
 
 @pytest.fixture
@@ -195,9 +202,14 @@ def test_the_production_set_serves_one_event_end_to_end_and_stops_cleanly(
     # The production set seals its worker (docs/how-to/egress.md#the-sealed-worker): what the
     # other processes hold, the worker's environment does not.
     worker_environ = Path(f"/proc/{Process.objects.get(kind='worker').pid}/environ").read_bytes()
-    for secret in (MAIL_PASSWORD, production_env["SECRET_KEY"]):
+    for secret in (MAIL_PASSWORD, DB_PASSWORD, production_env["SECRET_KEY"]):
         assert secret.encode() not in worker_environ
     assert b"ALWAYSON_SEALED_WORKER=1" in worker_environ
+    # ... and it connects as its own role, which the release step made: the owner's URL is
+    # not in its reach either.
+    own_url = f"DATABASE_URL={production_env['ALWAYSON_WORKER_DATABASE_URL']}"
+    assert own_url.encode() in worker_environ.split(b"\0")
+    assert f"checked: {WORKER_ROLE} reaches what a run needs" in runall.output
     runall.wait_for(
         "the worker's two runs on its row",
         lambda: Process.objects.get(kind="worker").runs >= 2,
@@ -215,5 +227,5 @@ def test_the_production_set_serves_one_event_end_to_end_and_stops_cleanly(
     assert done.returncode == 1
     assert "unhealthy: worker, scheduler, dispatcher failing" in done.stderr
 
-    for secret in (DB_PASSWORD, MAIL_PASSWORD, production_env["SECRET_KEY"]):
+    for secret in (DB_PASSWORD, WORKER_PASSWORD, MAIL_PASSWORD, production_env["SECRET_KEY"]):
         assert secret not in runall.output

@@ -18,6 +18,7 @@ from tests.support.egress import SECRET
 from tests.support.loopback import Loopback
 from tests.support.processes import wait_for
 from tests.support.sealed import PLANTED, SealedDeployment, findings
+from tests.support.workerrole import worker_role
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
 
@@ -39,16 +40,20 @@ def service():
 
 @pytest.fixture
 def deployment(tmp_path, service):
+    """Sealed deployments whose worker connects as a role of its own (a sealed worker refuses
+    to start as the tables' owner: tests/processes/test_worker_role_pg.py)."""
     made = []
+    with worker_role() as (_, url):
 
-    def make(**env):
-        deployment = SealedDeployment(tmp_path, service.url(), **env)
-        made.append(deployment)
-        return deployment
+        def make(**env):
+            env = {"ALWAYSON_WORKER_DATABASE_URL": url, **env}
+            deployment = SealedDeployment(tmp_path, service.url(), **env)
+            made.append(deployment)
+            return deployment
 
-    yield make
-    for deployment in made:
-        deployment.stop()
+        yield make
+        for deployment in made:
+            deployment.stop()
 
 
 def start_sealed(deployment, agent):

@@ -37,6 +37,11 @@ def test_a_missing_secret_key_with_debug_off_is_one_line_saying_what_to_set():
             "1000000",
             "ALWAYSON_RETAIN_EVENT_KEYS must be from 7 to 3650 days, not 1000000",
         ),
+        (
+            "ALWAYSON_WORKER_DATABASE_URL",
+            "sqlite:////tmp/worker.sqlite3",
+            "ALWAYSON_WORKER_DATABASE_URL must be a postgres:// URL with a user",
+        ),
         # Checked by the egress app's ready(), past the settings import.
         ("ALWAYSON_EGRESS_SERVICES", '{"payments": 1}', "ALWAYSON_EGRESS_SERVICES"),
     ],
@@ -47,6 +52,20 @@ def test_a_bad_setting_is_one_line_naming_it(name, value, says):
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("ImproperlyConfigured: ") and says in line, line
+
+
+def test_the_workers_own_database_url_is_refused_beside_sqlite(tmp_path):
+    env = environment(
+        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        ALWAYSON_WORKER_DATABASE_URL="postgres://worker@127.0.0.1:5432/alwayson",
+    )
+    done = manage("check", env=env)
+
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "ImproperlyConfigured: ALWAYSON_WORKER_DATABASE_URL is for PostgreSQL: DATABASE_URL "
+        "is not (SQLite has no roles; unset it)"
+    )
 
 
 def test_traceback_shows_where_a_bad_setting_was_raised():
