@@ -332,3 +332,25 @@ def test_an_answer_run_that_ran_out_of_approvals_is_run_again_with_more(tmp_path
     assert len(runs) == 2 and runs[0] != runs[1]  # each run answers approvals of its own
     assert made[1] > made[0]
     assert result.exhausted == 0 and result.statuses == {302: 2000}
+
+
+def test_a_warm_up_that_ended_before_a_cold_servers_first_answer_does_not_stop_the_bench(
+    tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from bench import web
+
+    def run(base, script, connections, seconds, args):
+        return load.Result(0, seconds, 0, 0, 0, 0, {}, {}, 0)
+
+    monkeypatch.setattr(load, "run", run)
+    session = SimpleNamespace(cookie=lambda: "sessionid=x", token="t")
+    server = SimpleNamespace(base="http://127.0.0.1:1", name="production", log="-")
+    rows = web.Rows({"slugs": ["web-0"], "waiting": None}, server, server, session, "m", tmp_path)
+
+    rows.warming = True
+    assert rows.webhook("production")(1, 4).requests == 0
+    rows.warming = False
+    with pytest.raises(RuntimeError, match="no requests"):
+        rows.webhook("production")(1, 4)
