@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection, transaction
 from psycopg import errors, sql
 
+import alwayson
 from alwayson.ops.workerrole import DOCS, ROLE_NAME, grants, reach, scram_verifier
 
 
@@ -19,6 +20,9 @@ class Command(BaseCommand):
         "columns and sequences a run needs, revoking the rest; then check it. Idempotent; run "
         "it as the tables' owner after migrate."
     )
+
+    def get_version(self):
+        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(
