@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 
 from alwayson import tracing
 from alwayson.claude import client, transcript
@@ -52,7 +53,7 @@ from alwayson.runtime.tools import (
 )
 from approvals.models import APPROVAL_SOURCE, Approval, approval_url, is_operator
 from inbox import clock
-from inbox.models import Event
+from inbox.models import Event, person_fields
 from inbox.services import retry_delay
 
 # The agent's part of the inbox's session state (Run.state).
@@ -75,6 +76,17 @@ Nothing you write reaches the owner unless you call send_message. Stay quiet unl
 something worth telling; mark a message urgent only when the owner must see it now. Use \
 schedule to wake yourself up later. Some tool calls wait for the owner's approval: the run \
 then ends, and you get the call's result, or the reason it was not run, when they answer."""
+
+
+def _not_person_fields(relation):
+    """The related user's columns the worker's database role may not read (person_fields)."""
+    users = get_user_model()
+    kept = set(person_fields())
+    return [
+        f"{relation}__{field.name}"
+        for field in users._meta.concrete_fields
+        if field.name not in kept and not field.primary_key
+    ]
 
 
 @dataclass(frozen=True)
@@ -431,8 +443,10 @@ class ClaudeRun:
         journal = {
             "decision": ASK,
             "decision_reason": self.ask_reasons.get(tool_use_id, ""),
+            # The person's fields only: a sealed worker's role may not read the rest.
             "approval": Approval.objects.filter(inbox_id=self.run.inbox.pk, request_id=request_id)
             .select_related("answered_by")
+            .defer(*_not_person_fields("answered_by"))
             .first(),
         }
         if word in ("yes", "replied") and tool is None:

@@ -168,7 +168,7 @@ def test_a_silent_network_loses_the_run_within_the_ttl_and_no_spend_follows(
     # deadline: not during the silence, not after it.
     wait_for(lambda: ended(worker, generation), 20, "the lost run to end")
     [(_, end)] = ended(worker, generation)
-    assert "outcome=fenced" in end, end
+    assert "outcome=refused (fenced off mid-run" in end, end
     late = [at for at, _ in outside.of(generation) if at > lost_at + SLACK]
     assert late == [], f"{len(late)} spend(s) after the deadline"
     assert max(at for at, _ in outside.of(generation)) < silent_at + TTL + SLACK
@@ -208,7 +208,7 @@ def test_a_claude_agent_on_a_silent_network_makes_no_model_or_tool_call_after_it
         assert silent_at + TTL / 2 - SLACK <= lost_at <= silent_at + TTL + BOUND
         wait_for(lambda: ended(worker, generation), 20, "the lost run to end")
         [(ended_at, end)] = ended(worker, generation)
-        assert "outcome=fenced" in end, end
+        assert "outcome=refused (fenced off mid-run" in end, end
         # No tool call of the lost run after its deadline, and no model call from the
         # deadline until it ended (the next run's may follow).
         assert [at for at, _ in outside.of(generation) if at > lost_at + SLACK] == []

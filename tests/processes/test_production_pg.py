@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import alwayson
 from alwayson.ops.models import Process
 from alwayson.ops.processes import PROCESSES
 from outbox.models import Channel
@@ -147,7 +148,9 @@ def test_the_production_set_serves_one_event_end_to_end_and_stops_cleanly(
     assert status == 200
     assert json.loads(body) == {
         "status": "ok",
+        "version": alwayson.__version__,
         "checks": {"database": "ok", "worker": "ok", "scheduler": "ok", "dispatcher": "ok"},
+        "durability": "ok",
     }
 
     # Straight over http, a page redirects to https; through the proxy it is served, with HSTS.

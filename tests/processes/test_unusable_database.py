@@ -59,7 +59,7 @@ def test_a_loop_command_on_a_database_never_migrated_exits_saying_to_migrate(
 @pytest.mark.postgres_only  # a server to ask for a database it does not have
 @pytest.mark.parametrize(
     "command",
-    [("migrate",), ("runall", "--no-demo"), *LOOPS],
+    [("migrate",), ("runall",), *LOOPS],
     ids=" ".join,
 )
 def test_a_postgres_database_that_does_not_exist_is_one_line_saying_how_to_create_it(db, command):
