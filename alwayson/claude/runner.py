@@ -480,18 +480,27 @@ class ClaudeRun:
         who = " and ".join(_who(person, names) for person in people if isinstance(person, str))
         who = _capital(who or _who(None, names))
         approved = f"{who} approved this call (approval {request_id})"
-        problem = tool.check_input(arguments)
-        if problem:
-            text = f"{approved}, but {name} refuses its arguments now ({problem}): it was not run."
-            return self._not_run(call, error_result(tool_use_id, text), journal)
-        decision = verdict(self.config, tool, arguments)
-        if decision.verdict == DENY:
+        refused = self._refused_now(tool, arguments)
+        if refused:
+            kind, why = refused
             text = (
-                f"{approved}, but the policy now denies it ({decision.because}):"
-                f" {name} was not run."
+                f"{approved}, but {name} refuses its arguments now ({why}): it was not run."
+                if kind == "tool"
+                else f"{approved}, but the policy now denies it ({why}): {name} was not run."
             )
             return self._not_run(call, error_result(tool_use_id, text), journal)
         return self._execute(tool, call, approved=True, journal=journal)
+
+    def _refused_now(self, tool, arguments) -> tuple[str, str] | None:
+        """Why an approved call may not run after all, checked at the answer: ("tool", its
+        input check's reason) or ("policy", the policy's denial); None when it may."""
+        problem = tool.check_input(arguments)
+        if problem:
+            return "tool", problem
+        decision = verdict(self.config, tool, arguments)
+        if decision.verdict == DENY:
+            return "policy", decision.because
+        return None
 
     def _denied_by(self, username, names, approval) -> str:
         """Who denied a call, as the model reads it before "denied": the person and their
@@ -511,14 +520,13 @@ class ClaudeRun:
         name, tool_use_id, arguments = call["name"], call["id"], edit["arguments"]
         who = _who(edit.get("by"), names)
         changed = f"{who} changed the arguments before approving (approval {request_id})"
-        problem = tool.check_input(arguments)
-        if problem:
-            text = f"{changed}, but {name} refuses them ({problem}): it was not run."
-            return self._not_run(call, error_result(tool_use_id, text), journal)
-        decision = verdict(self.config, tool, arguments)
-        if decision.verdict == DENY:
+        refused = self._refused_now(tool, arguments)
+        if refused:
+            kind, why = refused
             text = (
-                f"{changed}, but the policy denies them ({decision.because}): {name} was not run."
+                f"{changed}, but {name} refuses them ({why}): it was not run."
+                if kind == "tool"
+                else f"{changed}, but the policy denies them ({why}): {name} was not run."
             )
             return self._not_run(call, error_result(tool_use_id, text), journal)
         # Journaled with the arguments it ran with; the approval keeps those asked.
