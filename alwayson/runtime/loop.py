@@ -7,10 +7,10 @@ import signal
 import socket
 import threading
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DatabaseError, close_old_connections, connection, connections
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.ops.database import DatabaseUnusable, check_database, unusable
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.models import Process
@@ -23,7 +23,7 @@ MAX_INTERVAL = 24 * 3600
 WORKER_ID_MAX = Process._meta.get_field("worker_id").max_length
 
 
-class LoopCommand(BaseCommand):
+class LoopCommand(AlwaysonCommand):
     """Base for runworker, runscheduler and rundispatcher.
 
     A single-threaded loop command implements `step()`: one unit of work, returning whether
@@ -39,9 +39,6 @@ class LoopCommand(BaseCommand):
     #: its Process.kind
     kind = None
     default_interval = 1.0
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="drain what is due, then exit")

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.shortcuts import resolve_url
 from django.urls import reverse
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.demo import refund_desk
 from alwayson.demo.login import demo_password
 from inbox.models import Inbox
@@ -20,14 +20,11 @@ DEMO_USER = "demo"
 DEMO_INBOX = "demo-desk"
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "Create the demo login and the refund desk's inbox (development only); the password "
         "stays the same from one run to the next."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

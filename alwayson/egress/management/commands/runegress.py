@@ -5,9 +5,9 @@ import threading
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.egress.gateway import Egress, EgressFailed
 from alwayson.egress.sealing import hide_from_same_user
 from alwayson.egress.server import MODEL_SERVICE, model_service, socket_gateway, tcp_gateway
@@ -17,15 +17,12 @@ from inbox.models import Inbox
 log = logging.getLogger("alwayson.egress")
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "Serve the egress gateway, the process that holds the credentials: on the Unix socket "
         "ALWAYSON_EGRESS_SOCKET for sealed workers, and on 127.0.0.1:PORT for agents that run "
         "out of process (with ALWAYSON_EGRESS_TOKEN)."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -1,6 +1,6 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from inbox.models import Event, Inbox
 from inbox.services import requeue as requeue_events
 from inbox.validation import require_ids
@@ -9,15 +9,12 @@ from outbox.services import resend as resend_messages
 from outbox.services import resend_notices as resend_parked_notices
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "List dead events, and outbox messages and notices parked after failed sends; "
         "--requeue puts events back to pending, --resend puts parked sends back to held, "
         "each whole and under its key, --resend-notices puts parked notices back."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("--inbox", help="only this inbox (slug)")

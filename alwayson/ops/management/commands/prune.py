@@ -1,18 +1,15 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.ops.retention import DEFAULT_BATCH_SIZE, prune, would_prune
 from inbox import clock
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "Delete finished rows past their retention (ALWAYSON_RETAIN_*), in batches of their own "
         "short transactions; safe while workers run. One pass, then exit: run it daily."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -30,10 +30,10 @@ from pathlib import Path
 from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.urls import reverse
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.egress.sealing import hide_from_same_user
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 
@@ -41,14 +41,11 @@ DEFAULT_ADDR = "127.0.0.1:8000"
 STOP_GRACE = 15
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "Migrate and run the web server, worker, scheduler and dispatcher; --demo makes the demo "
         "login and inbox first."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -1,21 +1,18 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db.models import Count
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.ops import durability
 from alwayson.ops.health import check
 from alwayson.ops.models import Process, live_window
 from inbox import clock
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "The health check /healthz answers, then the loop processes, live and lost; "
         "exits non-zero when unhealthy."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("--all", action="store_true", help="list cleanly stopped processes too")

@@ -6,23 +6,20 @@ import os
 
 import environ
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import DatabaseError, connection, transaction
 from psycopg import errors, sql
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.ops.workerrole import DOCS, ROLE_NAME, grants, reach, scram_verifier
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "Make (if missing) the sealed worker's PostgreSQL role and grant it exactly the tables, "
         "columns and sequences a run needs, revoking the rest; then check it. Idempotent; run "
         "it as the tables' owner after migrate."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

@@ -10,10 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
 from django.db import transaction
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 from alwayson.runtime.api import (
     Say,
     acquire,
@@ -36,11 +35,8 @@ MINUTE = timedelta(minutes=1)
 SECOND = timedelta(seconds=1)
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = "Replay the article's eight failure scenarios in a scratch inbox and print the results."
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument(

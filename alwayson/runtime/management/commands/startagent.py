@@ -12,9 +12,9 @@ import keyword
 from pathlib import Path
 from string import Template
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-import alwayson
+from alwayson.command import AlwaysonCommand
 
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "agent_templates"
 
@@ -22,14 +22,11 @@ TEMPLATES = Path(__file__).resolve().parent.parent.parent / "agent_templates"
 CLAUDE_POLICY = {"refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}]}
 
 
-class Command(BaseCommand):
+class Command(AlwaysonCommand):
     help = (
         "Write an agent module NAME (rule-based, or --claude: a tool and a policy for the Claude"
         " agent) and a test file built on alwayson.testing, and print the setting that runs it."
     )
-
-    def get_version(self):
-        return alwayson.__version__  # --version: alwayson's, not Django's
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="the module's name, e.g. support or acme.agents.support")
