@@ -169,8 +169,10 @@ def check(now=None) -> Health:
     try:
         now = clock.resolve(now)
         live = set(Process.objects.live(now).values_list("kind", flat=True).distinct())
-    except DatabaseError:
-        log.warning("health check: the database is unavailable", exc_info=True)
+    except DatabaseError as exc:
+        # One line: a load balancer polls this every few seconds through an outage.
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.warning("health check: the database is unavailable: %s", reason)
         return Health({"database": FAILING} | dict.fromkeys(required, UNKNOWN))
     return Health({"database": OK} | {kind: OK if kind in live else FAILING for kind in required})
 

@@ -272,11 +272,12 @@ def test_one_live_process_of_a_kind_is_enough(t0, beat_every):
 
 
 @pytest.mark.django_db
-def test_an_unreachable_database_fails_and_leaves_the_rest_unknown(monkeypatch):
+def test_an_unreachable_database_fails_and_leaves_the_rest_unknown(monkeypatch, caplog):
     def unreachable():
-        raise OperationalError("connection refused")
+        raise OperationalError("connection refused\nIs the server running on that host?")
 
     monkeypatch.setattr(clock, "database_now", unreachable)
+    caplog.set_level(logging.WARNING, logger="alwayson.health")
 
     assert check().checks == {
         "database": "failing",
@@ -284,6 +285,10 @@ def test_an_unreachable_database_fails_and_leaves_the_rest_unknown(monkeypatch):
         "scheduler": "unknown",
         "dispatcher": "unknown",
     }
+    # One line per poll through an outage, no traceback.
+    [record] = caplog.records
+    assert record.getMessage() == "health check: the database is unavailable: connection refused"
+    assert record.exc_info is None
 
 
 # --- GET /healthz ----------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """A database a process cannot use stops it with one line saying what to do, and exit 1.
 
 On a database that was never migrated, the loop commands (with or without --once) exit at
-start-up naming `migrate`. On a PostgreSQL database that does not exist, `migrate`, `runall`
-(what `make run` runs) and the loops exit saying how to create it. A server that does not
+start-up naming `migrate`, and so does `status`. On a PostgreSQL database that does not exist, `migrate`, `runall`
+(what `make run` runs), `status` and the loops exit saying how to create it. A server that does not
 answer is an outage, still waited out: test_production_settings.py runs the loops against a
 closed port, and test_worker.py's outage tests count the retries.
 
@@ -44,7 +44,7 @@ def unmigrated_url(db, tmp_path):
             session.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.mark.parametrize("command", LOOPS, ids=" ".join)
+@pytest.mark.parametrize("command", [*LOOPS, ("status",)], ids=" ".join)
 def test_a_loop_command_on_a_database_never_migrated_exits_saying_to_migrate(
     unmigrated_url, command
 ):
@@ -59,7 +59,7 @@ def test_a_loop_command_on_a_database_never_migrated_exits_saying_to_migrate(
 @pytest.mark.postgres_only  # a server to ask for a database it does not have
 @pytest.mark.parametrize(
     "command",
-    [("migrate",), ("runall",), *LOOPS],
+    [("migrate",), ("runall",), ("status",), *LOOPS],
     ids=" ".join,
 )
 def test_a_postgres_database_that_does_not_exist_is_one_line_saying_how_to_create_it(db, command):

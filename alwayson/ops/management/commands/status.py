@@ -3,6 +3,7 @@ from django.db.models import Count
 
 from alwayson.command import AlwaysonCommand
 from alwayson.ops import durability
+from alwayson.ops.database import DatabaseUnusable, check_database
 from alwayson.ops.health import check
 from alwayson.ops.models import Process, live_window
 from inbox import clock
@@ -18,6 +19,10 @@ class Command(AlwaysonCommand):
         parser.add_argument("--all", action="store_true", help="list cleanly stopped processes too")
 
     def handle(self, *args, all=False, **options):
+        try:
+            check_database()
+        except DatabaseUnusable as exc:
+            raise CommandError(str(exc)) from None
         health = check()
         for name, outcome in health.checks.items():
             self.stdout.write(f"{name}\t{outcome}")
