@@ -1,10 +1,11 @@
 """A database a process cannot use stops it with one line saying what to do, and exit 1.
 
 On a database that was never migrated, the loop commands (with or without --once) exit at
-start-up naming `migrate`, and so does `status`. On a PostgreSQL database that does not exist, `migrate`, `runall`
-(what `make run` runs), `status` and the loops exit saying how to create it. A server that does not
-answer is an outage, still waited out: test_production_settings.py runs the loops against a
-closed port, and test_worker.py's outage tests count the retries.
+start-up naming `migrate`, and so does `status`. On a PostgreSQL database that does not
+exist, `migrate`, `runall` (what `make run` runs), `status` and the loops exit saying how to
+create it. A server that does not answer is an outage, still waited out:
+test_production_settings.py runs the loops against a closed port, and test_worker.py's
+outage tests count the retries.
 
 Each case is a `manage.py` process of its own, as a person starts it.
 """
