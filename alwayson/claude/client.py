@@ -31,7 +31,7 @@ from django.db import IntegrityError, transaction
 from alwayson import tracing
 from alwayson.claude.models import ModelCall
 from alwayson.egress.client import run_headers
-from alwayson.egress.gateway import scrub
+from alwayson.egress.scrub import scrub
 from alwayson.egress.server import MODEL_SERVICE, SOCKET_HOST
 from inbox import clock
 from inbox.clock import day_start

@@ -11,8 +11,8 @@ from inbox import clock
 from inbox.admin import InboxAdmin, ViewOnlyAdmin
 from inbox.models import Inbox
 
-from .gateway import configured_services
 from .models import EgressCall
+from .services import configured_services
 
 
 @admin.register(EgressCall)

@@ -4,12 +4,11 @@ from django.apps import AppConfig
 
 from inbox.validation import alwayson_setting, checked_setting
 
+from .services import check_services
+
 
 def checked_services(name, config):
     """The services of setting `name` as {name: Service}."""
-    # Not at the top: the gateway imports the models, which load after this module.
-    from .gateway import check_services
-
     return checked_setting(name, check_services, config)
 
 

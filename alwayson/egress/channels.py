@@ -10,7 +10,9 @@ from django.utils.html import escape
 
 from outbox.channels import SendFailed
 
-from .gateway import Egress, EgressFailed, EgressRefused, Service
+from .exceptions import EgressFailed, EgressRefused
+from .gateway import Egress
+from .services import Service
 
 URL = re.compile(r"https?://[^\s<>]+[^\s<>.,;:!?)\]'\"]")
 

@@ -13,14 +13,10 @@ import threading
 import httpx
 from django.conf import settings
 
-from alwayson.egress.gateway import (
-    Egress,
-    EgressFailed,
-    EgressRefused,
-    EgressResponse,
-    configured_services,
-)
+from alwayson.egress.exceptions import EgressFailed, EgressRefused
+from alwayson.egress.gateway import Egress, EgressResponse
 from alwayson.egress.server import GENERATION, HOLDER, INBOX, OUTCOME, SOCKET_HOST
+from alwayson.egress.services import configured_services
 
 # Beyond a service's own timeout: the gateway's lease check and the two local hops.
 HOP_MARGIN = 5.0

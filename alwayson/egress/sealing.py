@@ -25,6 +25,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
+from alwayson.egress.services import configured_services
+
 log = logging.getLogger("alwayson.egress")
 
 # Set in the sealed worker's environment: it has been sealed (do not exec again) and must not
@@ -67,8 +69,6 @@ WORKER_DATABASE_URL = "ALWAYSON_WORKER_DATABASE_URL"
 def withheld_names(environ) -> set[str]:
     """The names of `environ` the sealed worker must not hold: the known credentials, each
     egress service's `secret_env`, and ALWAYSON_WORKER_WITHHOLD."""
-    from alwayson.egress.gateway import configured_services  # the gateway imports the models
-
     names = set(CREDENTIAL_VARIABLES) | set(settings.ALWAYSON_WORKER_WITHHOLD)
     names |= {s.secret_env for s in configured_services().values() if s.secret_env}
     return names & set(environ)

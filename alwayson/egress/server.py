@@ -30,14 +30,9 @@ from urllib.parse import parse_qsl, urlsplit
 from django.conf import settings
 from django.db import close_old_connections, connection
 
-from alwayson.egress.gateway import (
-    RESERVED_HEADERS,
-    Egress,
-    EgressFailed,
-    EgressRefused,
-    Service,
-    configured_services,
-)
+from alwayson.egress.exceptions import EgressFailed, EgressRefused
+from alwayson.egress.gateway import RESERVED_HEADERS, Egress
+from alwayson.egress.services import Service, configured_services
 from inbox.models import Lease
 
 # The prefix of the gateway's own headers: read here, never forwarded, never passed back.

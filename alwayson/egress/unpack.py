@@ -1,5 +1,5 @@
 """Compressed bytes in a service's answer, opened as an agent could open them, so that the
-scrub (gateway.scrub) sees what is inside.
+scrub (alwayson/egress/scrub.py) sees what is inside.
 
 Two places hold them:
 
@@ -292,7 +292,7 @@ def declared(content_type: str, content_disposition: str) -> str | None:
 
 @dataclass(frozen=True)
 class Credential:
-    """The credential as the scrub finds it (gateway._secret_pattern), and what replaces it."""
+    """The credential as the scrub finds it (scrub.secret_pattern), and what replaces it."""
 
     pattern: re.Pattern
     redacted: bytes

@@ -17,7 +17,7 @@ import re
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from alwayson.egress.gateway import configured_services
+from alwayson.egress.services import configured_services
 from alwayson.ops.error_reports import _URL_PASSWORD, CredentialFilter
 
 INSTALL_HINT = "pip install 'alwayson[sentry]' (or sentry-sdk>=2)"

@@ -9,7 +9,7 @@ from . import env
 # The credential itself stays in the variable `secret_env` names, read at each call; it is
 # never in settings, the database or the agent's reach. Read here as JSON; the egress app's
 # ready() checks each service (alwayson/egress/apps.py) and the gateway reads them as
-# Service objects (alwayson.egress.gateway.services()).
+# Service objects (alwayson.egress.services.configured_services()).
 ALWAYSON_EGRESS_SERVICES = env.json_value("ALWAYSON_EGRESS_SERVICES", {})
 # The sealed worker (docs/how-to/egress.md#the-sealed-worker): the Unix socket `runegress`
 # listens on. When set, `runworker` re-executes itself without any credential in its

@@ -14,7 +14,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from alwayson.egress.gateway import Egress, EgressRefused, check_services
+from alwayson.egress.exceptions import EgressRefused
+from alwayson.egress.gateway import Egress
+from alwayson.egress.services import check_services
 from alwayson.ops.models import Process
 from approvals.models import Approval, AuditEntry
 from approvals.services import answer_approval, answer_group, request_approval

@@ -10,14 +10,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
 from alwayson.egress.apps import checked_services
-from alwayson.egress.gateway import (
-    REDACTED,
-    Egress,
-    EgressFailed,
-    EgressRefused,
-    check_services,
-)
+from alwayson.egress.exceptions import EgressFailed, EgressRefused
+from alwayson.egress.gateway import Egress
 from alwayson.egress.models import EgressCall
+from alwayson.egress.scrub import REDACTED
+from alwayson.egress.services import check_services
 from alwayson.settings import env
 from tests.support.egress import QUERY_SECRET, SECRET
 from tests.support.loopback import Loopback

@@ -17,8 +17,11 @@ import zlib
 import pytest
 
 from alwayson.egress import unpack
-from alwayson.egress.gateway import REDACTED, Egress, EgressFailed, check_services
+from alwayson.egress.exceptions import EgressFailed
+from alwayson.egress.gateway import Egress
 from alwayson.egress.models import EgressCall
+from alwayson.egress.scrub import REDACTED
+from alwayson.egress.services import check_services
 from tests.support.egress import every_stored_value
 from tests.support.loopback import Loopback
 

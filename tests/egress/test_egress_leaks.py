@@ -11,7 +11,7 @@ import zipfile
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from alwayson.egress.gateway import EgressRefused
+from alwayson.egress.exceptions import EgressRefused
 from alwayson.runtime.worker import Worker
 from alwayson.settings import env
 from inbox.clock import database_now

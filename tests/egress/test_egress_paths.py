@@ -8,9 +8,11 @@ from http.client import HTTPConnection
 
 import pytest
 
-from alwayson.egress.gateway import Egress, EgressRefused, check_services
+from alwayson.egress.exceptions import EgressRefused
+from alwayson.egress.gateway import Egress
 from alwayson.egress.models import EgressCall
 from alwayson.egress.server import TOKEN, tcp_gateway
+from alwayson.egress.services import check_services
 from tests.support.egress import SECRET
 from tests.support.loopback import Loopback
 

@@ -13,8 +13,10 @@ from urllib.parse import quote, quote_plus, unquote, unquote_plus
 
 import pytest
 
-from alwayson.egress.gateway import REDACTED, Egress, check_services, scrub
+from alwayson.egress.gateway import Egress
 from alwayson.egress.models import EgressCall
+from alwayson.egress.scrub import REDACTED, scrub
+from alwayson.egress.services import check_services
 from tests.support.egress import every_stored_value
 from tests.support.loopback import Loopback
 

@@ -20,8 +20,10 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from alwayson.egress.client import GatewayClient, close_socket_clients, http_for
-from alwayson.egress.gateway import REDACTED, Egress, EgressFailed, EgressRefused
+from alwayson.egress.exceptions import EgressFailed, EgressRefused
+from alwayson.egress.gateway import Egress
 from alwayson.egress.models import EgressCall
+from alwayson.egress.scrub import REDACTED
 from alwayson.egress.server import OUTCOME, TOKEN, socket_gateway, tcp_gateway
 from inbox.models import Lease
 from tests.support.egress import SECRET

@@ -20,7 +20,7 @@ from django.test import Client
 from django.urls import path
 
 from alwayson import urls as project_urls
-from alwayson.egress.gateway import check_services
+from alwayson.egress.services import check_services
 from alwayson.ops.sentry import FILTERED, init_sentry
 from tests.support.events import claim, out_of_attempts
 from tests.support.loopback import Loopback

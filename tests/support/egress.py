@@ -9,7 +9,7 @@ import zipfile
 
 from django.apps import apps
 
-from alwayson.egress.gateway import check_services
+from alwayson.egress.services import check_services
 
 SECRET = "sk_live_PLANTED-7c1f9e3a5b"  # distinctive: searched for everywhere afterwards
 QUERY_SECRET = "qk_PLANTED-44d0b2"

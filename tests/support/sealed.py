@@ -53,7 +53,8 @@ def findings(text, where):
 def snooping_agent(run):
     """Everything an agent in the worker can read, searched for the credentials; then one call
     through the gateway, whose answer is searched too. The findings are what it says."""
-    from alwayson.egress.gateway import EgressFailed, configured_services
+    from alwayson.egress.exceptions import EgressFailed
+    from alwayson.egress.services import configured_services
 
     found = findings(repr(dict(os.environ)), "os.environ")
     for entry in Path("/proc").iterdir():
@@ -79,7 +80,7 @@ def snooping_agent(run):
 def two_calls_agent(run):
     """One call, then a pause until the test says go on (having taken the lease over), then
     another; what the second got is written beside the socket for the test to read."""
-    from alwayson.egress.gateway import EgressRefused
+    from alwayson.egress.exceptions import EgressRefused
 
     run.http.post("payments", "/v1/echo")
     here = Path(settings.ALWAYSON_EGRESS_SOCKET).parent

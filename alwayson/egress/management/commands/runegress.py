@@ -8,7 +8,8 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from alwayson.command import AlwaysonCommand
-from alwayson.egress.gateway import Egress, EgressFailed
+from alwayson.egress.exceptions import EgressFailed
+from alwayson.egress.gateway import Egress
 from alwayson.egress.sealing import hide_from_same_user
 from alwayson.egress.server import MODEL_SERVICE, model_service, socket_gateway, tcp_gateway
 from inbox.exceptions import UnknownInbox
