@@ -32,7 +32,8 @@ Pure Python: the Claude app's ready() checks ALWAYSON_CLAUDE_POLICY with it at s
 
 from dataclasses import dataclass
 
-from .conditions import check_against, check_when, judge
+from .conditions import check_when, judge
+from .schemas import check_against
 
 ALLOW, ASK, DENY = "allow", "ask", "deny"
 DECISIONS = (ALLOW, ASK, DENY)
@@ -95,7 +96,7 @@ def _check_rule(where, rule):
 
 def check_policy(policy, offered: dict) -> dict:
     """Syntax, that every tool it names exists, and that every condition can match its tool's
-    JSON Schema input (conditions.check_against). `offered` maps tool names to those schemas
+    JSON Schema input (schemas.check_against). `offered` maps tool names to those schemas
     (built-ins included)."""
     check_policy_syntax(policy)
     for tool, entry in policy.items():

@@ -10,8 +10,8 @@ import re
 import pytest
 from django.core.exceptions import ValidationError
 
-from alwayson.runtime.conditions import MAX_MATCHED, MAX_PATTERN, compiled
 from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.patterns import MAX_MATCHED, MAX_PATTERN, compiled
 from alwayson.runtime.policy import check_policy, check_policy_syntax, decide
 from alwayson.runtime.tools import BUILTINS
 from tests.support.paths import ROOT
