@@ -16,7 +16,7 @@ from . import clock
 from .backends import current
 from .models import Event, Inbox, Session
 from .records import record_values, write_refused
-from .rules import Claim, Effect, given_now, per_row, require_run, retry_delay
+from .rules import Claim, Effect, per_row, require_run, retry_delay
 from .validation import require_duration, require_ids, require_json, require_text
 
 
@@ -172,7 +172,12 @@ def _checked_run(
     require_run(holder, generation)
     event_ids = sorted(set(require_ids("event_ids", event_ids)))
     effects = _require_effects(effects)
-    run = {"holder": holder, "generation": generation, "ids": event_ids, "now": given_now(now)}
+    run = {
+        "holder": holder,
+        "generation": generation,
+        "ids": event_ids,
+        "now": clock.in_statement(now),
+    }
     return {
         **run,
         "inbox": Inbox.objects.pk_of(inbox),

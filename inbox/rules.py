@@ -12,8 +12,7 @@ from django.conf import settings
 from django.db.models import Case, Value, When
 
 from .models import Event, Inbox, Lease
-from .pinned_clock import pinned_now
-from .validation import require_int, require_key, require_now
+from .validation import require_int, require_key
 
 # Something a run produced that must commit with its finish: called with `now` inside the
 # fenced transaction, after the fence check. Apps above inbox/ build these (outbox rows,
@@ -44,12 +43,6 @@ def require_run(holder, generation):
     require_key("holder", holder, HOLDER_MAX)
     if generation is not None:
         require_int("generation", generation)
-
-
-def given_now(now):
-    """`now` checked; None stays None, so the database reads its clock inside the statement,
-    unless a test pinned the clock (inbox/pinned_clock.py): then the statement gets that."""
-    return pinned_now() if now is None else require_now(now)
 
 
 _jitter = random.Random()

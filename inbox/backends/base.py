@@ -16,12 +16,11 @@ from django.utils import timezone
 
 from ..exceptions import InboxBusy, UnknownInbox
 from ..models import Event, EventTrace, Inbox, Lease, RunRecord, Session
-from ..pinned_clock import pinned_now
 from ..records import claimed_times, write_finished, write_lost
 from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
 from ..signals import events_dead
 from ..store import Stored
-from ..validation import require_key, require_now
+from ..validation import require_key
 
 
 class Backend:
@@ -31,13 +30,10 @@ class Backend:
         """The clock every operation compares against (inbox/clock.py)."""
         return timezone.now()
 
-    def resolve(self, now):
-        """`now` as given, checked; when None, the instant a test pinned, or else the
-        database's clock."""
-        if now is None:
-            now = pinned_now()
-            return self.database_now() if now is None else now
-        return require_now(now)
+    def at(self, now):
+        """`now` as the operation handed it (inbox/clock.py `in_statement`: checked, the
+        pin applied), or else this database's clock."""
+        return self.database_now() if now is None else now
 
     def cursor(self):
         """A cursor for statements that run on every worker cycle."""
@@ -91,7 +87,7 @@ class Backend:
                 self.lock(inbox_id)
             except Lease.DoesNotExist:
                 raise UnknownInbox(ref) from None
-            yield inbox_id, self.resolve(now), [self.read(statement) for statement in then]
+            yield inbox_id, self.at(now), [self.read(statement) for statement in then]
 
     def read(self, statement) -> list:
         """The rows one statement (sql, params) answers."""
@@ -130,12 +126,12 @@ class Backend:
     def acquire(self, ref, holder, now) -> int | None:
         inbox = Inbox.objects.resolve(ref)
         with self.lease_statements():
-            now = self.resolve(now)
+            now = self.at(now)
             return self.lock(inbox.pk).take(holder, now, lease_ttl())
 
     def acquire_next(self, holder, now) -> tuple[int, int] | None:
         with self.lease_statements():
-            now = self.resolve(now)
+            now = self.at(now)
             lease = (
                 Lease.objects.with_work(now)
                 .select_for_update(skip_locked=True)
@@ -148,7 +144,7 @@ class Backend:
 
     def renew(self, inbox_id, holder, generation, now) -> bool:
         with self.lease_statements():
-            now = self.resolve(now)
+            now = self.at(now)
             renewed = Lease.objects.filter(
                 inbox_id=inbox_id, holder=holder, generation=generation, until__gte=now
             ).update(until=now + lease_ttl())
@@ -165,7 +161,7 @@ class Backend:
         """Lock the lease row and check, under that lock, that (holder, generation) holds it;
         with `release`, give the lease up in the same transaction. The fence's `now`, or
         None if refused."""
-        now = self.resolve(now)
+        now = self.at(now)
         lease = self.lock(inbox_id)
         if lease.is_held_by(holder, generation, now):
             if release:
