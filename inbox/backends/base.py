@@ -15,7 +15,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..exceptions import InboxBusy, UnknownInbox
-from ..models import Event, EventTrace, Inbox, Lease, RunRecord, Session
+from ..models import Event, EventTrace, Inbox, Lease, Session
+from ..outcomes import DONE
 from ..records import claimed_times, write_finished, write_lost
 from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
 from ..signals import events_dead
@@ -268,7 +269,8 @@ class Backend:
     # --- finishing a run ---------------------------------------------------------------------
 
     def finish(self, ref, run, effects, release, outcome) -> bool:
-        """A run's end in one fenced transaction: `outcome(claimed, now)` writes the run's
+        """A run's end in one fenced transaction: `outcome(claimed, now)` (Done, Failed or
+        Defer, inbox/outcomes.py) writes the run's
         events (a queryset of them, still running under the run's generation) and answers
         how many it wrote; anything but all of them refuses the whole run. Then the work is
         recounted and the effects run."""
@@ -286,7 +288,7 @@ class Backend:
                 # generation: refuse the whole run rather than commit its effects twice.
                 transaction.set_rollback(True)
                 return False
-            write_finished(run, claim_times, *_recorded_as(outcome), now)
+            write_finished(run, claim_times, outcome.outcome, outcome.error, now)
             self.recount_work(inbox_id)
             for effect in effects:
                 effect(now)
@@ -294,25 +296,12 @@ class Backend:
 
     def finish_done(self, ref, run, effects, release) -> bool:
         """finish of a run that ended well: its events done."""
-        return self.finish(ref, run, effects, release, _mark_done)
+        return self.finish(ref, run, effects, release, DONE)
 
     def finish_and_take(self, ref, run, effects) -> tuple[bool, Claim | None]:
         """finish_done with release, then take_next for the same holder."""
         finished = self.finish_done(ref, run, effects, release=True)
         return finished, self.take_next(run["holder"], run["now"]) if finished else None
-
-
-def _recorded_as(outcome) -> tuple[str, str]:
-    """The record's outcome and error of a finish's outcome."""
-    if outcome is _mark_done:
-        return RunRecord.Outcome.DONE, ""
-    if hasattr(outcome, "defer"):
-        return RunRecord.Outcome.DEFERRED, outcome.defer.reason
-    return RunRecord.Outcome.ERROR, outcome.error
-
-
-def _mark_done(claimed, now) -> int:
-    return claimed.update(status=Event.Status.DONE, error="", updated=now)
 
 
 def _dead_reason(last_error, max_attempts):

@@ -7,7 +7,7 @@ import pytest
 
 from inbox import clock
 from inbox.models import Event, Lease, Session
-from inbox.services import SaveState, finish, ingest, renew, take_next
+from inbox.services import Held, SaveState, finish, ingest, renew, take_next
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ def test_operations_without_now_read_the_pinned_instant(inbox, pinned, ttl):
     clock.pin(later)
     assert renew(inbox, "W", claim.generation)
     assert Lease.objects.get(inbox=inbox).until == later + ttl
-    assert finish(inbox, "W", claim.generation, [event.pk], [SaveState(inbox.pk, {"n": 1})])
+    assert finish(Held(inbox, "W", claim.generation, [event.pk]), [SaveState(inbox.pk, {"n": 1})])
     event.refresh_from_db()
     assert (event.status, event.updated) == ("done", later)
     assert Session.objects.get(inbox=inbox).updated == later
