@@ -163,11 +163,11 @@ def take_lease(inbox) -> int:
 def finish_with_reply(inbox, generation, body) -> None:
     """The second: the run's fenced finish, its `Say` effect and the lease released in one
     transaction (what a worker commits)."""
-    from inbox.services import finish
+    from inbox.services import Held, finish
     from outbox.services import Say
 
     effects = [Say(inbox.pk, body, generation=generation)]
-    if not finish(inbox.pk, HOLDER, generation, [], effects, release=True):
+    if not finish(Held(inbox.pk, HOLDER, generation, []), effects, release=True):
         raise RuntimeError("the fenced finish was refused")
 
 

@@ -6,10 +6,10 @@ from django.conf import settings
 
 from alwayson import tracing
 
-from . import store
+from . import clock, store
 from .backends import current
 from .models import Event, EventTrace, Inbox
-from .rules import RESERVED_SOURCES, SOURCE_ID_MAX, SOURCE_MAX, given_now, require_unreserved_source
+from .rules import RESERVED_SOURCES, SOURCE_ID_MAX, SOURCE_MAX, require_unreserved_source
 from .signals import event_stored, reserved_event_stored
 from .validation import mapping_text, require_key
 
@@ -23,7 +23,7 @@ def ingest(inbox, source, source_id, payload=None, now=None) -> bool:
     stored, the sender is told to retry.
     """
     row, text = _checked("", source, source_id, payload)
-    stored = _store(inbox, [row], given_now(now), settings.ALWAYSON_INGEST_LOCK_WAIT, text)
+    stored = _store(inbox, [row], clock.in_statement(now), settings.ALWAYSON_INGEST_LOCK_WAIT, text)
     return bool(stored)
 
 
@@ -45,7 +45,7 @@ def ingest_many(inbox, events, now=None) -> list[bool]:
                 f"events[{n}] must be a (source, source_id, payload) tuple, not {item!r}"
             )
         checked.append(_checked(f"events[{n}].", *item, *([None] * (3 - len(item))))[0])
-    now = given_now(now)
+    now = clock.in_statement(now)
     if not checked:
         Inbox.objects.pk_of(inbox)
         return []

@@ -3,16 +3,17 @@ work a run takes under it (claim_batch, or take_next for both at once). Checked 
 by the database's backend (inbox/backends/).
 """
 
+from . import clock
 from .backends import current
 from .models import Event, Inbox
-from .rules import HOLDER_MAX, Claim, given_now, require_run
+from .rules import HOLDER_MAX, Claim, require_run
 from .validation import require_key
 
 
 def acquire(inbox, holder, now=None) -> int | None:
     """Take or renew the inbox's lease: the generation, or None while another holds it."""
     require_key("holder", holder, HOLDER_MAX)
-    return current().acquire(inbox, holder, given_now(now))
+    return current().acquire(inbox, holder, clock.in_statement(now))
 
 
 def acquire_next(holder, now=None) -> tuple[int, int] | None:
@@ -22,13 +23,13 @@ def acquire_next(holder, now=None) -> tuple[int, int] | None:
     other; the row each one locks is an inbox nobody else can take in the meantime.
     """
     require_key("holder", holder, HOLDER_MAX)
-    return current().acquire_next(holder, given_now(now))
+    return current().acquire_next(holder, clock.in_statement(now))
 
 
 def renew(inbox, holder, generation, now=None) -> bool:
     """Extend a live lease by one TTL; False if (holder, generation) no longer holds it."""
     require_run(holder, generation)
-    return current().renew(Inbox.objects.pk_of(inbox), holder, generation, now)
+    return current().renew(Inbox.objects.pk_of(inbox), holder, generation, clock.in_statement(now))
 
 
 def release(inbox, holder, generation) -> bool:
@@ -46,7 +47,7 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
     healthy events are claimed while a retry waits for its backoff.
     """
     require_run(holder, generation)
-    now = given_now(now)
+    now = clock.in_statement(now)
     return current().claim_batch(Inbox.objects.resolve(inbox), holder, generation, now)
 
 
@@ -58,4 +59,4 @@ def take_next(holder, now=None) -> Claim | None:
     On PostgreSQL, in the common case, it is one statement and one commit (take.sql).
     """
     require_key("holder", holder)
-    return current().take_next(holder, given_now(now))
+    return current().take_next(holder, clock.in_statement(now))

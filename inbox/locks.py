@@ -8,6 +8,7 @@ writers on one inbox can never deadlock.
 
 from contextlib import contextmanager
 
+from . import clock
 from .backends import current
 from .models import Lease
 
@@ -48,5 +49,5 @@ def locked_write(inbox, wait: float | None, now=None, then=()):
     the next one (backends/postgresql.py). UnknownInbox for no such inbox; InboxBusy past
     `wait`.
     """
-    with current().locked_write(inbox, wait, now, then) as locked:
+    with current().locked_write(inbox, wait, clock.in_statement(now), then) as locked:
         yield locked

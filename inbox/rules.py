@@ -12,8 +12,7 @@ from django.conf import settings
 from django.db.models import Case, Value, When
 
 from .models import Event, Inbox, Lease
-from .pinned_clock import pinned_now
-from .validation import require_int, require_key, require_now
+from .validation import require_ids, require_int, require_key
 
 # Something a run produced that must commit with its finish: called with `now` inside the
 # fenced transaction, after the fence check. Apps above inbox/ build these (outbox rows,
@@ -44,12 +43,6 @@ def require_run(holder, generation):
     require_key("holder", holder, HOLDER_MAX)
     if generation is not None:
         require_int("generation", generation)
-
-
-def given_now(now):
-    """`now` checked; None stays None, so the database reads its clock inside the statement,
-    unless a test pinned the clock (inbox/pinned_clock.py): then the statement gets that."""
-    return pinned_now() if now is None else require_now(now)
 
 
 _jitter = random.Random()
@@ -88,6 +81,35 @@ class Claim:
     state: dict | None
     # What CLAIM_EXTRAS read with the take, by name; empty where the take could not.
     extras: dict = field(default_factory=dict)
+
+    def held_by(self, holder) -> "Held":
+        """What the run of this claim holds, run by `holder`."""
+        return Held(
+            self.inbox.pk,
+            holder,
+            self.generation,
+            [event.pk for event in self.events],
+            min((event.updated for event in self.events), default=None),
+        )
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a run holds: the lease of `inbox` (an Inbox, its id or its slug) as (holder,
+    generation), the events it claimed under it, sorted, and when it claimed them (their
+    `updated` at the claim; None when not known). Checked when made: a mistyped holder or
+    generation would only ever be fenced off, silently."""
+
+    inbox: object
+    holder: str
+    generation: int | None
+    event_ids: tuple[int, ...]
+    claimed_at: datetime | None = None
+
+    def __post_init__(self):
+        require_run(self.holder, self.generation)
+        ids = tuple(sorted(set(require_ids("event_ids", self.event_ids))))
+        object.__setattr__(self, "event_ids", ids)
 
 
 # Values an app above inbox/ reads with the claim, by name: a scalar SQL expression over the

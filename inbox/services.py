@@ -10,16 +10,18 @@ transaction already holds the database's write lock), so the rows beneath it are
 locked in the same order and two writers on one inbox can never deadlock.
 
 The bodies live by operation: ingest.py (storing events), leases.py (the lease and the
-claim), finish.py (a run's end), operator.py (an operator's actions), locks.py (the lock and
-its bounded wait), rules.py (what they share); the statements that differ between
+claim), finish.py (a run's end; outcomes.py, how it ends: Done, Failed or Defer),
+operator.py (an operator's actions), locks.py (the lock and its bounded wait), rules.py
+(what they share, what a run holds among it: Held); the statements that differ between
 PostgreSQL and SQLite in backends/.
 """
 
-from .finish import Defer, SaveState, finish, finish_and_take, record_refused
+from .finish import SaveState, finish, finish_and_take, record_refused
 from .ingest import event_traces, ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
 from .locks import bounded_write, lock_inbox, locked_write
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
+from .outcomes import DONE, Defer, Done, Ending, Failed
 from .rules import (
     CLAIM_EXTRAS,
     HOLDER_MAX,
@@ -28,6 +30,7 @@ from .rules import (
     SOURCE_MAX,
     Claim,
     Effect,
+    Held,
     lease_ttl,
     require_unreserved_source,
     retry_delay,
@@ -40,10 +43,15 @@ __all__ = [
     "RESERVED_SOURCES",
     "SOURCE_ID_MAX",
     "SOURCE_MAX",
+    "DONE",
     "WORK_CHANNEL",
     "Claim",
     "Defer",
+    "Done",
     "Effect",
+    "Ending",
+    "Failed",
+    "Held",
     "SaveState",
     "acquire",
     "acquire_next",

@@ -108,7 +108,8 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     first transaction, then sent outside any lock; a crash in between loses them.
     """
     _require_send(send)
-    clock.resolve(now)
+    # Checked before the channel row is written; the clock itself is read under its lock.
+    now = clock.in_statement(now)
     inbox_id = Inbox.objects.resolve(inbox).pk
     Channel.objects.get_or_create(inbox_id=inbox_id)
     with transaction.atomic():

@@ -38,7 +38,7 @@ from alwayson.ops import durability
 from alwayson.ops.models import MetricTotal, Process
 from approvals.models import APPROVAL_SOURCE, Approval
 from inbox import clock
-from inbox.models import Event, Inbox, Lease
+from inbox.models import Event, Inbox, Lease, RunRecord
 from inbox.signals import lease_taken_over, reserved_event_stored
 from outbox.models import Notice, OutboxMessage
 from outbox.signals import messages_sent
@@ -48,7 +48,7 @@ from timers.signals import timer_fired
 log = logging.getLogger("alwayson.metrics")
 
 INF = math.inf
-RUN_OUTCOMES = ("done", "error", "deferred", "refused", "lost")
+RUN_OUTCOMES = tuple(RunRecord.Outcome.values)
 
 
 # --- what processes count ----------------------------------------------------------------
@@ -302,26 +302,15 @@ PERSISTED = (
 )
 
 
-def run_outcome(outcome: str) -> str:
-    """A worker StepResult's outcome in one word of RUN_OUTCOMES."""
-    if outcome == "fenced":
-        return "lost"
-    if outcome == "refused":
-        return "refused"
-    for word in ("error", "deferred"):
-        if outcome.startswith(word):
-            return word
-    return "done"
-
-
 def record_run(result):
-    """Count one worker step (alwayson/runtime/worker.py); a claim that found nothing is no run."""
-    if not result.events:
+    """Count one worker step (alwayson/runtime/worker.py); a claim that found nothing is no run.
+    A run fenced off mid-run is counted as lost: no finish of it was refused."""
+    if not result.ran:
         return
-    outcome = run_outcome(result.outcome)
-    RUN_DURATION.observe(result.seconds, outcome=outcome)
-    RUN_EVENTS.inc(result.events, outcome=outcome)
-    if outcome == "refused":
+    outcome = RunRecord.Outcome.LOST if result.fenced else result.recorded
+    RUN_DURATION.observe(result.seconds, outcome=outcome.value)
+    RUN_EVENTS.inc(result.events, outcome=outcome.value)
+    if outcome == RunRecord.Outcome.REFUSED:
         FINISHES_REFUSED.inc()
 
 

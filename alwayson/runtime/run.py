@@ -283,12 +283,11 @@ class Run:
         self.lose("the lease is no longer this run's (taken over or lapsed)")
 
     @property
-    def outcome(self) -> str:
-        if self.deferred is not None:
-            return f"deferred: {self.deferred.reason.splitlines()[0]}"
+    def summary(self) -> str:
+        """What the run said and asked, in short ("asked 1, said 1"); "" when nothing."""
         if self.asked:
             return f"asked {self.asked}" + (f", said {self.said}" if self.said else "")
-        return f"said {self.said}" if self.said else "quiet"
+        return f"said {self.said}" if self.said else ""
 
     def produced(self) -> dict:
         """What the run produced, for its record: counts, and the size of the state it saves

@@ -33,8 +33,11 @@ from alwayson.tracing import enabled, span, traceparent
 from inbox.backends.postgresql import session_params
 from inbox.models import RunRecord
 from inbox.services import (
+    DONE,
     WORK_CHANNEL,
     Claim,
+    Defer,
+    Failed,
     event_traces,
     finish,
     finish_and_take,
@@ -46,6 +49,8 @@ from inbox.services import (
 )
 
 log = logging.getLogger("alwayson.worker")
+
+REFUSED = RunRecord.Outcome.REFUSED
 
 
 def agent_name(agent) -> str:
@@ -205,17 +210,28 @@ class Heartbeat:
                     self._tracked.wait(max(soonest, 0.001))
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepResult:
-    """One worker step. `outcome` says what the run did in short, as tests read it: "said 1",
-    "asked 1, said 1", "quiet" (nothing said), "deferred: <reason>", "error: <last line>",
-    "refused" (the fence refused the finish), "fenced" (LeaseLost mid-run)."""
+    """One worker step: how its run ended, in the word of its record, the pages, the log
+    line, its span and the metrics (`recorded`, RunRecord.Outcome; None for a lease taken
+    whose claim found nothing, which is no run), and what more there is to say (`detail`:
+    what a done run said or asked, the error's last line, the deferral's reason, why it was
+    refused). `fenced`: the run lost its lease mid-run (LeaseLost, or a deadline passed) and
+    sent no finish; its record says refused, the metrics count it as lost."""
 
     inbox: str
     generation: int
     events: int
-    outcome: str
+    recorded: RunRecord.Outcome | None
+    detail: str
     seconds: float
+    fenced: bool = False
+
+    def __post_init__(self):
+        if self.fenced and self.recorded != RunRecord.Outcome.REFUSED:
+            raise ValueError(f"a fenced run is recorded as refused, not {self.recorded}")
+        if (self.recorded is None) != (self.events == 0):
+            raise ValueError("a step whose claim found no events is no run, and only that")
 
     @property
     def ran(self) -> bool:
@@ -223,29 +239,23 @@ class StepResult:
         return self.events > 0
 
     @property
-    def recorded(self) -> str:
-        """The outcome in the words of the run's record and the pages (RunRecord.Outcome):
-        done, error, deferred or refused; "none" for a claim that found nothing (no run)."""
-        return _recorded(self.outcome)[0]
+    def outcome(self) -> str:
+        """The run in short, as tests read it: "said 1", "asked 1, said 1", "quiet" (said
+        nothing), "deferred: <reason>", "error: <last line>", "refused" (the fence refused
+        the finish), "fenced" (lost mid-run), "nothing claimable". Shown, never parsed."""
+        words = RunRecord.Outcome
+        if self.fenced:
+            return "fenced"
+        if self.recorded is None:
+            return "nothing claimable"
+        if self.recorded == words.DONE:
+            return "quiet" if self.detail == SAID_NOTHING else self.detail
+        if self.recorded == words.REFUSED:
+            return "refused"
+        return f"{self.recorded}: {self.detail}"
 
-    @property
-    def detail(self) -> str:
-        """What more `outcome` says: what a done run said or asked, the error, the reason."""
-        return _recorded(self.outcome)[1]
 
-
-def _recorded(outcome: str) -> tuple[str, str]:
-    words = RunRecord.Outcome
-    if outcome == "nothing claimable":
-        return "none", outcome
-    if outcome == "fenced":
-        return words.REFUSED.value, "fenced off mid-run"
-    if outcome == "refused":
-        return words.REFUSED.value, "the fence refused the finish"
-    for word in (words.ERROR.value, words.DEFERRED.value):
-        if outcome.startswith(f"{word}: "):
-            return word, outcome.removeprefix(f"{word}: ")
-    return words.DONE.value, "said nothing" if outcome == "quiet" else outcome
+SAID_NOTHING = "said nothing"
 
 
 class Worker:
@@ -291,7 +301,7 @@ class Worker:
             bind_run(claim.inbox.pk, claim.generation)
             if not claim.events:
                 # take_next gave the lease back already.
-                return self._result(claim.inbox, claim.generation, 0, "nothing claimable", started)
+                return self._result(claim, None, "nothing claimable", started)
             released = False
             try:
                 result, released = self._run(claim, started, taken_at)
@@ -329,25 +339,25 @@ class Worker:
         ) as current:
             result, finished = self._run_agent(agent, claim, started, taken_at)
             if current is not None:
-                current.set_attribute("alwayson.outcome", result.recorded)
+                current.set_attribute("alwayson.outcome", str(result.recorded))
                 current.set_attribute("alwayson.outcome.detail", result.detail)
             return result, finished
 
     def _run_agent(self, agent, claim: Claim, started, taken_at) -> tuple[StepResult, bool]:
-        holder, inbox, generation = self.worker_id, claim.inbox, claim.generation
+        held = claim.held_by(self.worker_id)
         renewer = self.heartbeat.renew_now if self.heartbeat else None
         run = Run(
-            inbox,
-            holder,
-            generation,
+            claim.inbox,
+            held.holder,
+            held.generation,
             claim.events,
             claim.state,
             taken_at=taken_at,
             renewer=renewer,
             clock=self.clock,
         )
-        ids = [event.pk for event in claim.events]
-        error = None
+        where = f"inbox={claim.inbox.slug} gen={held.generation}"
+        ending = None
         if self.heartbeat:
             self.heartbeat.track(run)
         try:
@@ -355,8 +365,8 @@ class Worker:
         except LeaseLost as exc:
             run.lose(f"the agent raised LeaseLost: {exc}")  # no-op when the run raised it
         except Exception as exc:
-            error = _describe(exc)
-            log.warning("agent failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
+            ending = Failed(_describe(exc))
+            log.warning("agent failed: %s\n%s", where, ending.error)
         finally:
             if self.heartbeat:
                 self.heartbeat.untrack(run)
@@ -364,32 +374,22 @@ class Worker:
             # Lost before the agent ended (LeaseLost, or a deadline it did not notice): no
             # finish, which another worker's run may have made wrong, and no round trip for
             # one the fence would refuse. The events go back to pending at the next claim.
-            reason = f"fenced off mid-run: {run.lost_because}"
-            record_refused(inbox.pk, generation, holder, claim.events, reason)
-            return self._result(inbox, generation, len(ids), "fenced", started), False
+            record_refused(held, f"fenced off mid-run: {run.lost_because}")
+            return self._result(claim, REFUSED, "fenced off mid-run", started, fenced=True), False
+        ending = ending or run.deferred or DONE
         try:
-            if error is None and run.deferred is None and self.may_chain():
+            if ending is DONE and self.may_chain():
                 # Before the statement is sent, as for a take of its own (step).
                 taken_at = self.clock()
                 finished, carried = finish_and_take(
-                    inbox.pk,
-                    holder,
-                    generation,
-                    ids,
-                    run.effects(),
-                    produced=run.produced(),
-                    trace=traceparent(),
+                    held, run.effects(), produced=run.produced(), trace=traceparent()
                 )
                 self._carried.claim = None if carried is None else (carried, taken_at)
             else:
                 finished = finish(
-                    inbox.pk,
-                    holder,
-                    generation,
-                    ids,
+                    held,
                     run.effects(),
-                    error=error,
-                    defer=None if error else run.deferred,
+                    ending,
                     release=True,
                     produced=run.produced(),
                     trace=traceparent(),
@@ -401,20 +401,31 @@ class Worker:
         except Exception as exc:
             # What the run produced could not be committed (a bad effect): record why on the
             # events instead, so the failure counts toward their attempts and shows in admin.
-            error = f"finish failed: {_describe(exc)}"
-            log.warning("finish failed: inbox=%s gen=%s\n%s", inbox.slug, generation, error)
-            finished = finish(inbox.pk, holder, generation, ids, error=error, release=True)
+            ending = Failed(f"finish failed: {_describe(exc)}")
+            log.warning("finish failed: %s\n%s", where, ending.error)
+            finished = finish(held, (), ending, release=True)
         if not finished:
-            outcome = "refused"
-            record_refused(inbox.pk, generation, holder, claim.events, error or "", run.produced())
-        elif error:
-            outcome = f"error: {error.splitlines()[-1]}"
+            error = ending.error if isinstance(ending, Failed) else ""
+            record_refused(held, error, run.produced())
+            result = self._result(claim, REFUSED, "the fence refused the finish", started)
+        elif isinstance(ending, Failed):
+            result = self._result(claim, ending.outcome, ending.error.splitlines()[-1], started)
+        elif isinstance(ending, Defer):
+            result = self._result(claim, ending.outcome, ending.reason.splitlines()[0], started)
         else:
-            outcome = run.outcome
-        return self._result(inbox, generation, len(ids), outcome, started), finished
+            result = self._result(claim, ending.outcome, run.summary or SAID_NOTHING, started)
+        return result, finished
 
-    def _result(self, inbox, generation, count, outcome, started):
-        result = StepResult(inbox.slug, generation, count, outcome, time.monotonic() - started)
+    def _result(self, claim, recorded, detail, started, fenced=False):
+        result = StepResult(
+            claim.inbox.slug,
+            claim.generation,
+            len(claim.events),
+            recorded,
+            detail,
+            time.monotonic() - started,
+            fenced,
+        )
         metrics.record_run(result)
         # The outcome in the pages' words (a run page's "Done" is outcome=done), then what
         # the run did.
@@ -423,7 +434,7 @@ class Worker:
             result.inbox,
             result.generation,
             result.events,
-            result.recorded,
+            result.recorded or "none",
             result.detail,
             result.seconds,
         )

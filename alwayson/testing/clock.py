@@ -1,7 +1,7 @@
 """The clock of a test: one instant that every operation reads, moved only by the test.
 
 Every operation takes `now`, and the loop commands' steps and the pages pass none: they read
-the database's clock. A `Clock` pins that reading (inbox/pinned_clock.py) for as long as it
+the database's clock. A `Clock` pins that reading (inbox/clock.py `pin`) for as long as it
 runs, so the worker, the scheduler, the dispatcher, an answer's deadline check and a
 webhook's timestamp check all see the test's instant, on SQLite and PostgreSQL alike.
 """
@@ -9,7 +9,6 @@ webhook's timestamp check all see the test's instant, on SQLite and PostgreSQL a
 from datetime import datetime, timedelta
 
 from inbox import clock as inbox_clock
-from inbox import pinned_clock
 
 
 def duration(delta=None, /, **units) -> timedelta:
@@ -37,7 +36,7 @@ class Clock:
         self.now: datetime | None = None
 
     def start(self) -> "Clock":
-        if pinned_clock.pinned_now() is not None:
+        if inbox_clock.pinned() is not None:
             raise RuntimeError("the clock is pinned already: one Clock (one harness) at a time")
         moment = self._start or inbox_clock.database_now().replace(microsecond=0)
         self._set(moment)
@@ -45,7 +44,7 @@ class Clock:
 
     def stop(self):
         """Let the clock go; `now` keeps the last instant."""
-        pinned_clock.pin(None)
+        inbox_clock.pin(None)
 
     def jump(self, delta=None, /, **units) -> datetime:
         """Move the clock forward and run nothing: an outage, a stopped scheduler. Use the
@@ -59,7 +58,7 @@ class Clock:
         return moment
 
     def _set(self, moment):
-        pinned_clock.pin(moment)
+        inbox_clock.pin(moment)
         self.now = moment
 
     def __repr__(self):

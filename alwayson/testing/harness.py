@@ -38,7 +38,7 @@ from alwayson.web.chat import post_chat
 from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox import webhooks
-from inbox.models import Event, Inbox, Lease, Membership, Role, Session
+from inbox.models import Event, Inbox, Lease, Membership, Role, RunRecord, Session
 from inbox.services import ingest
 from outbox.models import Channel, Notice, OutboxMessage
 from timers.models import RESERVED_KEY_PREFIX, Timer
@@ -204,7 +204,7 @@ class Harness:
                     continue  # a lease taken whose claim found nothing (its events parked)
                 self.runs.append(result)
                 runs.append(result)
-                if raise_errors and result.outcome.startswith("error"):
+                if raise_errors and result.recorded == RunRecord.Outcome.ERROR:
                     raise AgentError(_failure(result))
             for loop in (self.scheduler, self.dispatcher):
                 if loop.step():
@@ -503,7 +503,7 @@ def _failure(result: StepResult) -> str:
     failed = (
         Event.objects.filter(inbox__slug=result.inbox).exclude(error="").order_by("-updated", "-id")
     )
-    error = failed.values_list("error", flat=True).first() or result.outcome
+    error = failed.values_list("error", flat=True).first() or result.detail
     return f"the agent of {result.inbox} failed (run {result.generation}):\n{error}"
 
 

@@ -11,6 +11,8 @@ import math
 from datetime import datetime, timedelta
 from html import escape
 
+from inbox.models import RunRecord
+
 # done, failed, deferred: distinct in hue and in lightness, so they part without colour too.
 PALETTE = ("#417690", "#ba2121", "#c9a227")
 
@@ -112,7 +114,8 @@ def table(caption: str, labels: list[str], series: dict[str, list[float | None]]
     )
 
 
-FAILED = ("error", "refused", "lost")
+Outcome = RunRecord.Outcome
+FAILED = (Outcome.ERROR, Outcome.REFUSED, Outcome.LOST)
 
 
 def run_series(rows, starts: list[datetime], width: timedelta) -> dict:
@@ -127,7 +130,7 @@ def run_series(rows, starts: list[datetime], width: timedelta) -> dict:
         if i is None:
             continue
         outcome = row["outcome"]
-        (done if outcome == "done" else failed if outcome in FAILED else deferred)[i] += 1
+        (done if outcome == Outcome.DONE else failed if outcome in FAILED else deferred)[i] += 1
         durations[i].append((row["ended"] - row["started"]).total_seconds())
         if row["waiting_since"] is not None:
             ages[i].append((row["started"] - row["waiting_since"]).total_seconds())

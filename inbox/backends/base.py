@@ -15,13 +15,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from ..exceptions import InboxBusy, UnknownInbox
-from ..models import Event, EventTrace, Inbox, Lease, RunRecord, Session
-from ..pinned_clock import pinned_now
+from ..models import Event, EventTrace, Inbox, Lease, Session
+from ..outcomes import DONE
 from ..records import claimed_times, write_finished, write_lost
 from ..rules import HOLDER_MAX, Claim, lease_ttl, per_row, retry_delay
 from ..signals import events_dead
 from ..store import Stored
-from ..validation import require_key, require_now
+from ..validation import require_key
 
 
 class Backend:
@@ -31,13 +31,10 @@ class Backend:
         """The clock every operation compares against (inbox/clock.py)."""
         return timezone.now()
 
-    def resolve(self, now):
-        """`now` as given, checked; when None, the instant a test pinned, or else the
-        database's clock."""
-        if now is None:
-            now = pinned_now()
-            return self.database_now() if now is None else now
-        return require_now(now)
+    def at(self, now):
+        """`now` as the operation handed it (inbox/clock.py `in_statement`: checked, the
+        pin applied), or else this database's clock."""
+        return self.database_now() if now is None else now
 
     def cursor(self):
         """A cursor for statements that run on every worker cycle."""
@@ -91,7 +88,7 @@ class Backend:
                 self.lock(inbox_id)
             except Lease.DoesNotExist:
                 raise UnknownInbox(ref) from None
-            yield inbox_id, self.resolve(now), [self.read(statement) for statement in then]
+            yield inbox_id, self.at(now), [self.read(statement) for statement in then]
 
     def read(self, statement) -> list:
         """The rows one statement (sql, params) answers."""
@@ -130,12 +127,12 @@ class Backend:
     def acquire(self, ref, holder, now) -> int | None:
         inbox = Inbox.objects.resolve(ref)
         with self.lease_statements():
-            now = self.resolve(now)
+            now = self.at(now)
             return self.lock(inbox.pk).take(holder, now, lease_ttl())
 
     def acquire_next(self, holder, now) -> tuple[int, int] | None:
         with self.lease_statements():
-            now = self.resolve(now)
+            now = self.at(now)
             lease = (
                 Lease.objects.with_work(now)
                 .select_for_update(skip_locked=True)
@@ -148,7 +145,7 @@ class Backend:
 
     def renew(self, inbox_id, holder, generation, now) -> bool:
         with self.lease_statements():
-            now = self.resolve(now)
+            now = self.at(now)
             renewed = Lease.objects.filter(
                 inbox_id=inbox_id, holder=holder, generation=generation, until__gte=now
             ).update(until=now + lease_ttl())
@@ -165,7 +162,7 @@ class Backend:
         """Lock the lease row and check, under that lock, that (holder, generation) holds it;
         with `release`, give the lease up in the same transaction. The fence's `now`, or
         None if refused."""
-        now = self.resolve(now)
+        now = self.at(now)
         lease = self.lock(inbox_id)
         if lease.is_held_by(holder, generation, now):
             if release:
@@ -272,7 +269,8 @@ class Backend:
     # --- finishing a run ---------------------------------------------------------------------
 
     def finish(self, ref, run, effects, release, outcome) -> bool:
-        """A run's end in one fenced transaction: `outcome(claimed, now)` writes the run's
+        """A run's end in one fenced transaction: `outcome(claimed, now)` (Done, Failed or
+        Defer, inbox/outcomes.py) writes the run's
         events (a queryset of them, still running under the run's generation) and answers
         how many it wrote; anything but all of them refuses the whole run. Then the work is
         recounted and the effects run."""
@@ -290,7 +288,7 @@ class Backend:
                 # generation: refuse the whole run rather than commit its effects twice.
                 transaction.set_rollback(True)
                 return False
-            write_finished(run, claim_times, *_recorded_as(outcome), now)
+            write_finished(run, claim_times, outcome.outcome, outcome.error, now)
             self.recount_work(inbox_id)
             for effect in effects:
                 effect(now)
@@ -298,25 +296,12 @@ class Backend:
 
     def finish_done(self, ref, run, effects, release) -> bool:
         """finish of a run that ended well: its events done."""
-        return self.finish(ref, run, effects, release, _mark_done)
+        return self.finish(ref, run, effects, release, DONE)
 
     def finish_and_take(self, ref, run, effects) -> tuple[bool, Claim | None]:
         """finish_done with release, then take_next for the same holder."""
         finished = self.finish_done(ref, run, effects, release=True)
         return finished, self.take_next(run["holder"], run["now"]) if finished else None
-
-
-def _recorded_as(outcome) -> tuple[str, str]:
-    """The record's outcome and error of a finish's outcome."""
-    if outcome is _mark_done:
-        return RunRecord.Outcome.DONE, ""
-    if hasattr(outcome, "defer"):
-        return RunRecord.Outcome.DEFERRED, outcome.defer.reason
-    return RunRecord.Outcome.ERROR, outcome.error
-
-
-def _mark_done(claimed, now) -> int:
-    return claimed.update(status=Event.Status.DONE, error="", updated=now)
 
 
 def _dead_reason(last_error, max_attempts):

@@ -93,7 +93,6 @@ from psycopg.adapt import AdaptersMap, Loader, Transformer
 
 from ..exceptions import InboxBusy, UnknownInbox
 from ..models import Event, Inbox, Lease, Session
-from ..pinned_clock import pinned_now
 from ..rules import CLAIM_EXTRAS, Claim, lease_ttl
 from ..signals import lease_taken_over
 from ..store import WORK_CHANNEL, Stored
@@ -710,7 +709,6 @@ class PostgreSQL(Backend):
         sees what was committed before the lock was granted. A statement's error is raised
         where its result is read, or at the commit: inside the transaction, rolled back."""
         column, value = _lookup(ref)
-        now = pinned_now() if now is None else now
         params = {
             "inbox_id": _inbox_id(ref, value) if column == "id" else None,
             "slug": value if column == "slug" else None,

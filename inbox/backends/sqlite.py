@@ -65,7 +65,7 @@ class SQLite(Backend):
         # Looked up even for an id: SQLite checks the foreign key only at commit, too late
         # for UnknownInbox.
         inbox_id = Inbox.objects.resolve(ref).pk
-        now = self.resolve(now)
+        now = self.at(now)
         with self.bounded_write(inbox_id, lock_wait):
             stored = _insert(inbox_id, rows, now)
             self.store_traces(stored, trace)

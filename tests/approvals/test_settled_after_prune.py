@@ -21,6 +21,7 @@ from alwayson.runtime.api import (
 from approvals.models import Approval, AuditEntry
 from inbox import clock
 from inbox.models import Event, Lease
+from inbox.services import Held
 from tests.support.pages import detail_url, text_of
 from timers.models import Timer
 
@@ -35,7 +36,7 @@ def run_done(inbox, now):
     """Claim and finish every due event, as a worker would: the answer reached the agent."""
     generation = acquire(inbox, "w", now=now)
     ids = [event.pk for event in claim_batch(inbox, "w", generation, now=now)]
-    assert finish(inbox, "w", generation, ids, [], now=now)
+    assert finish(Held(inbox, "w", generation, ids), [], now=now)
 
 
 def settle_and_prune(inbox, start, answer, by=None):

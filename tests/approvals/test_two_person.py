@@ -17,7 +17,7 @@ from alwayson.runtime.run import Run
 from approvals.models import Approval, AuditEntry
 from approvals.services import WAITING, Ask
 from inbox.models import Event, Membership, Role
-from inbox.services import acquire, claim_batch, ingest
+from inbox.services import Held, acquire, claim_batch, ingest
 from tests.support.pages import detail_url, text_of
 from timers.models import Timer
 
@@ -223,7 +223,7 @@ def test_run_ask_with_two_approvers_commits_with_the_finish(people, t0):
     run.ask("refund-881", ACTION, WINDOW, approvers=2)
     assert not Approval.objects.exists()
 
-    assert finish(people.desk, "W", gen, [e.pk for e in events], run.effects(), now=t0)
+    assert finish(Held(people.desk, "W", gen, [e.pk for e in events]), run.effects(), now=t0)
 
     approval = Approval.objects.get()
     assert (approval.approvers_needed, approval.expires_at) == (2, t0 + WINDOW)

@@ -37,7 +37,7 @@ from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox import clock
 from inbox.models import Event, Lease, Session
-from inbox.services import SaveState, acquire, claim_batch, finish, ingest, ingest_many
+from inbox.services import Held, SaveState, acquire, claim_batch, finish, ingest, ingest_many
 from outbox.models import OutboxMessage
 from tests.support import claude_tools
 from tests.support.claude_tools import Crash
@@ -1157,7 +1157,7 @@ def test_a_reset_leaves_an_inbox_alone_while_a_run_may_work_from_its_state(
     assert Worker("w2").step().outcome == "nothing claimable"
     assert reset(inbox).reset == ["support"]
     ids = [e.pk for e in claimed]
-    assert not finish(inbox, "w-other", generation, ids, [SaveState(inbox.pk, before)])
+    assert not finish(Held(inbox, "w-other", generation, ids), [SaveState(inbox.pk, before)])
     assert Session.objects.get(inbox=inbox).state == {}
 
 

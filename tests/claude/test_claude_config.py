@@ -23,7 +23,7 @@ from alwayson.runtime.run import Run
 from alwayson.settings import env
 from approvals.services import request_approval
 from inbox.models import Event, Lease, Session
-from inbox.services import Defer, acquire, claim_batch, finish, ingest
+from inbox.services import Defer, Failed, Held, acquire, claim_batch, finish, ingest
 from outbox.models import OutboxMessage
 from outbox.services import Say
 from tests.support.wording import in_html, limit_error
@@ -439,7 +439,7 @@ def test_a_deferred_run_gives_its_events_back_with_their_attempt_and_commits_its
         until = now + timedelta(hours=3)
         notice = Say(inbox.pk, f"waiting ({n})")
         defer = Defer("budget spent", until=until)
-        assert finish(inbox, f"w{n}", gen, [claimed.pk], [notice], defer=defer, now=now)
+        assert finish(Held(inbox, f"w{n}", gen, [claimed.pk]), [notice], outcome=defer, now=now)
         event = Event.objects.get(pk=claimed.pk)
         assert (event.status, event.attempts, event.error) == ("pending", 0, "budget spent")
         assert event.available_at == until
@@ -457,7 +457,9 @@ def test_a_deferral_is_fenced_like_any_finish(inbox, t0, ttl):
     late = t0 + ttl + timedelta(seconds=1)
     acquire(inbox, "B", now=late)
     defer = Defer("later", delay=60)
-    assert not finish(inbox, "A", gen, [claimed.pk], [Say(inbox.pk, "x")], defer=defer, now=late)
+    assert not finish(
+        Held(inbox, "A", gen, [claimed.pk]), [Say(inbox.pk, "x")], outcome=defer, now=late
+    )
     assert not OutboxMessage.objects.exists()
     assert Event.objects.get(pk=claimed.pk).status == "running"
 
@@ -471,8 +473,9 @@ def test_a_deferral_is_checked_when_made():
         Defer("x", until=timezone.now().replace(tzinfo=None))
     with pytest.raises(ValueError, match="reason must be a non-empty string"):
         Defer("", delay=5)
-    with pytest.raises(ValueError, match="an error or a deferral"):
-        finish("nowhere", "A", 1, [], error="boom", defer=Defer("x", delay=1))
+    # One outcome per run: an error and a deferral together is no outcome at all.
+    with pytest.raises(ValueError, match="a run ends Done, Failed or Defer, not tuple"):
+        finish(Held("nowhere", "A", 1, []), outcome=(Failed("boom"), Defer("x", delay=1)))
 
 
 @pytest.mark.django_db
@@ -486,7 +489,7 @@ def test_run_defer_drops_what_was_recorded_before_it(inbox, t0):
     # The state is as the run found it: nothing to save with the deferral.
     assert [type(e).__name__ for e in effects] == ["Say"]
     assert effects[0].body == "the notice"
-    assert run.outcome == "deferred: later"
+    assert run.deferred.reason == "later"
 
 
 # --- the dashboard -------------------------------------------------------------------------------

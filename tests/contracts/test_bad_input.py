@@ -19,6 +19,7 @@ from alwayson.runtime.api import (
 )
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event
+from inbox.services import Held
 from outbox.models import OutboxMessage
 from tests.support.tables import snapshot
 
@@ -103,7 +104,7 @@ NAIVE_NOW_CALLS = {
     "ingest": lambda inbox: ingest(inbox, "chat", "m1", {}, now=NAIVE),
     "acquire": lambda inbox: acquire(inbox, "A", now=NAIVE),
     "claim_batch": lambda inbox: claim_batch(inbox, "A", 1, now=NAIVE),
-    "finish": lambda inbox: finish(inbox, "A", 1, [], now=NAIVE),
+    "finish": lambda inbox: finish(Held(inbox, "A", 1, []), now=NAIVE),
     "run_scheduler": lambda inbox: run_scheduler(now=NAIVE),
     "request_approval": lambda inbox: request_approval(inbox, "r1", "refund", HOUR, now=NAIVE),
     "answer_approval": lambda inbox: answer_approval(inbox, "r1", "yes", now=NAIVE),

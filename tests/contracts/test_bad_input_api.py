@@ -24,6 +24,8 @@ from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease, Session
 from inbox.services import (
     Defer,
+    Failed,
+    Held,
     acquire,
     acquire_next,
     claim_batch,
@@ -107,8 +109,10 @@ def ingest_with(**kwargs):
 
 def finish_with(**kwargs):
     def call(w):
-        args = {"inbox": w.inbox, "holder": "A", "generation": w.gen, "event_ids": w.ids}
-        return finish(**{**args, "now": w.t0, **kwargs})
+        held = {"inbox": w.inbox, "holder": "A", "generation": w.gen, "event_ids": w.ids}
+        rest = {"now": w.t0, **kwargs}
+        held.update((name, rest.pop(name)) for name in kwargs if name in held)
+        return finish(Held(**held), **rest)
 
     return call
 
@@ -222,15 +226,17 @@ CASES = [
     ("finish-effects-none", finish_with(effects=None), ValueError, "effects must be"),
     ("finish-effects-str", finish_with(effects=["say hi"]), ValueError, r"effects\[0\] is not"),
     ("finish-effects-one", finish_with(effects=lambda now: None), ValueError, "effects must be"),
-    ("finish-error-int", finish_with(error=500), ValueError, "error must be a string"),
-    ("finish-error-nul", finish_with(error="bo\x00om"), ValueError, "error contains a NUL"),
-    ("finish-defer-str", finish_with(defer="later"), ValueError, "defer must be a Defer"),
+    ("finish-error-int", lambda w: Failed(500), ValueError, "error must be a string"),
+    ("finish-error-nul", lambda w: Failed("bo\x00om"), ValueError, "error contains a NUL"),
+    ("finish-error-empty", lambda w: Failed(""), ValueError, "error must be a non-empty"),
+    ("finish-outcome-str", finish_with(outcome="later"), ValueError, "Done, Failed or Defer"),
     (
         "finish-error-and-defer",
-        finish_with(error="x", defer=Defer("wait", delay=60)),
+        finish_with(outcome=(Failed("x"), Defer("wait", delay=60))),
         ValueError,
-        "an error or a deferral, not both",
+        "a run ends Done, Failed or Defer, not tuple",
     ),
+    ("finish-held-tuple", lambda w: finish(("A", w.gen)), ValueError, "what the run holds"),
     ("finish-naive", finish_with(now=NAIVE), ValueError, "now must be"),
     ("defer-empty", lambda w: Defer(""), ValueError, "reason must be a non-empty string"),
     ("defer-nul", lambda w: Defer("a\x00", delay=1), ValueError, "reason contains a NUL"),
@@ -391,7 +397,7 @@ def test_the_run_in_progress_still_finishes_after_the_refusals(world, t0):
     for _name, call, exc, match in CASES:
         with pytest.raises(exc, match=match):
             call(world)
-    assert finish(world.inbox, "A", world.gen, world.ids, [Say(world.inbox.pk, "ok")], now=t0)
+    assert finish(Held(world.inbox, "A", world.gen, world.ids), [Say(world.inbox.pk, "ok")], now=t0)
     assert OutboxMessage.objects.filter(body="ok").count() == 1
 
 
@@ -447,7 +453,7 @@ def test_a_generation_of_none_is_acquires_not_yours_and_is_fenced_off(world, t0)
     before = snapshot()
     assert acquire(world.inbox, "B", now=t0) is None
     assert claim_batch(world.inbox, "B", None, now=t0) == []
-    assert finish(world.inbox, "B", None, [], now=t0) is False
+    assert finish(Held(world.inbox, "B", None, []), now=t0) is False
     assert renew(world.inbox, "B", None, now=t0) is False
     assert release(world.inbox, "B", None) is False
     assert snapshot() == before

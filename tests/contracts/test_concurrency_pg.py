@@ -38,7 +38,7 @@ from alwayson.runtime.api import (
 from approvals.models import Approval
 from inbox.clock import occurrence_label
 from inbox.models import Event, Inbox, Lease
-from inbox.services import acquire_next, release
+from inbox.services import Held, acquire_next, release
 from inbox.signals import event_stored
 from outbox.models import OutboxMessage
 from tests.support import postgres
@@ -514,7 +514,7 @@ def test_ingests_and_finishes_racing_on_one_inbox_never_lose_a_marker(inbox, t0)
         generation = acquire(inbox, "W", now=now + 2 * SECOND)
         batch = [event.pk for event in claim_batch(inbox, "W", generation, now=now + 2 * SECOND)]
         assert len(batch) == 4
-        assert finish(inbox, "W", generation, batch, now=now + 2 * SECOND)
+        assert finish(Held(inbox, "W", generation, batch), now=now + 2 * SECOND)
         release(inbox, "W", generation)
         assert Lease.objects.get(inbox=inbox).work_at is None
 
@@ -679,7 +679,7 @@ def test_dispatcher_mid_send_excludes_others_without_blocking_the_inbox(
     def run_finishes():
         # A run's finish writes an outbox row for this inbox while the send is under way.
         say = Say(inbox.pk, "written during the send")
-        return finish(inbox, "A", generation, [e.pk for e in batch], [say], now=now)
+        return finish(Held(inbox, "A", generation, [e.pk for e in batch]), [say], now=now)
 
     hold = Hold()
     sends = Sends(hold=hold)
@@ -830,7 +830,7 @@ def test_late_finish_racing_the_new_holders_claim_is_refused(make_inbox, t0, ttl
         assert finished is False
         assert [e.pk for e in batch] == ids[:1]
         _assert_taken_over(inbox, ids, old, new)
-        assert finish(inbox, "B", new, ids[:1], now=later)
+        assert finish(Held(inbox, "B", new, ids[:1]), now=later)
         assert Event.objects.get(pk=ids[0]).status == "done"
 
 

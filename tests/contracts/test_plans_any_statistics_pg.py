@@ -32,7 +32,7 @@ from django.test import Client
 
 from alwayson.runtime.api import answer_approval, finish, ingest, request_approval
 from inbox.models import Event, Inbox, Lease, Membership, Role, Session
-from inbox.services import take_next
+from inbox.services import Held, take_next
 from tests.support.webhooks import BODY, GITHUB_SECRET, post, signed
 
 pytestmark = [
@@ -294,7 +294,7 @@ def test_finish_plans_by_index(desk, capture, t0):
     ingest(desk, "chat", "m-1", {}, now=t0)
     claim = take_next("W", now=t0)
     ids = [event.pk for event in claim.events]
-    sent = capture(lambda: finish(desk, "W", claim.generation, ids, now=t0, release=True))
+    sent = capture(lambda: finish(Held(desk, "W", claim.generation, ids), now=t0, release=True))
     assert Event.objects.get(pk=ids[0]).status == Event.Status.DONE
     assert_by_index(sent, least=2)
 

@@ -33,7 +33,7 @@ from alwayson.runtime.api import (
 from approvals.models import Approval, AuditEntry
 from approvals.services import Ask
 from inbox.models import Event, Lease, Membership
-from inbox.services import acquire_next, release, renew, take_next
+from inbox.services import Held, acquire_next, release, renew, take_next
 from outbox.models import Notice, OutboxMessage
 from outbox.services import dispatch_notices
 from tests.support.plans import analyze, assert_uses, explain, plan_of, sql_of
@@ -131,7 +131,9 @@ def test_finish_with_release_locks_the_lease_and_finds_its_rows_by_index(world, 
     assert claim.inbox == world and claim.events
     analyze()
     ids = [e.pk for e in claim.events]
-    statements = sql_of(lambda: finish(world, "W", claim.generation, ids, now=t0, release=True))
+    statements = sql_of(
+        lambda: finish(Held(world, "W", claim.generation, ids), now=t0, release=True)
+    )
     fence, done = [s for s in statements if not savepoint(s)]
     assert "FOR UPDATE" in fence and "inbox_lease_pkey" in explain(fence), fence
     plan = explain(done)
@@ -358,13 +360,15 @@ def test_no_statement_of_a_worker_cycle_needs_a_table_scan(world, t0, ttl):
         batch = claim_batch(world, "W", gen, now=t0)
         # The run asks: an approval, its expiry timer and a notice to each approver.
         effects = [Say(world.pk, "hi"), Ask(world.pk, "r2", "refund order 43", HOUR)]
-        finish(world, "W", gen, [e.pk for e in batch], effects, now=t0)
+        finish(Held(world, "W", gen, [e.pk for e in batch]), effects, now=t0)
         release(world, "W", gen)
         # The worker's fast path: take_next, then finish and release together.
         ingest(world, "chat", "cycle-0", {}, now=t0)
         claim = take_next("W", now=t0)
         assert claim.inbox == world
-        finish(world, "W", claim.generation, [e.pk for e in claim.events], now=t0, release=True)
+        finish(
+            Held(world, "W", claim.generation, [e.pk for e in claim.events]), now=t0, release=True
+        )
         run_scheduler(now=t0)
         dispatch(lambda *args: None, now=t0)
         dispatch_notices(lambda notice: "", now=t0)

@@ -17,7 +17,7 @@ from alwayson.runtime.worker import Worker
 from approvals.models import Approval
 from inbox.clock import database_now, whole_seconds
 from inbox.models import Event, Lease, Session
-from inbox.services import acquire_next, claim_batch, mark_dead
+from inbox.services import Held, acquire_next, claim_batch, mark_dead
 from outbox.models import OutboxMessage
 from timers.models import Timer
 
@@ -198,7 +198,7 @@ def test_run_retried_after_a_crash_mid_run_refunds_once(inbox):
     event = approval_event(inbox)
     assert (event.status, event.attempts, event.claim_gen) == ("done", 2, gen_a + 1)
     # A wakes up and tries to finish: refused, nothing written twice.
-    assert finish(inbox, "A", gen_a, ids_a, crashed.effects()) is False
+    assert finish(Held(inbox, "A", gen_a, ids_a), crashed.effects()) is False
     assert [body for body, _ in messages(inbox)].count("Refunded order 881") == 1
     assert Refund.objects.count() == 1
 

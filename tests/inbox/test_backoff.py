@@ -12,7 +12,16 @@ import pytest
 from alwayson.runtime.api import acquire, claim_batch, finish, ingest
 from inbox import rules
 from inbox.models import Event, Lease
-from inbox.services import acquire_next, mark_dead, release, renew, requeue, retry_delay
+from inbox.services import (
+    Failed,
+    Held,
+    acquire_next,
+    mark_dead,
+    release,
+    renew,
+    requeue,
+    retry_delay,
+)
 
 SECOND = timedelta(seconds=1)
 
@@ -61,7 +70,7 @@ def fail_once(inbox, holder, now, error="tool timed out"):
     """Acquire, claim and finish with an error at `now`: the claimed ids."""
     gen = acquire(inbox, holder, now=now)
     ids = [e.pk for e in claim_batch(inbox, holder, gen, now=now)]
-    assert finish(inbox, holder, gen, ids, error=error, now=now) is True
+    assert finish(Held(inbox, holder, gen, ids), outcome=Failed(error), now=now) is True
     return gen, ids
 
 
@@ -108,7 +117,9 @@ def test_finish_with_error_sets_available_at_to_now_plus_backoff(inbox, t0, top_
     gen = acquire(inbox, "A", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "A", gen, now=t0)]
 
-    assert finish(inbox, "A", gen, ids, error="tool timed out", now=failed_at) is True
+    assert (
+        finish(Held(inbox, "A", gen, ids), outcome=Failed("tool timed out"), now=failed_at) is True
+    )
 
     row = event("m1")
     assert (row.status, row.attempts, row.error) == ("pending", 1, "tool timed out")
@@ -147,7 +158,7 @@ def test_second_failure_waits_twice_as_long(inbox, t0, top_jitter):
     retry_at = t0 + 10 * SECOND
     assert [e.pk for e in claim_batch(inbox, "A", gen, now=retry_at)] == ids
 
-    assert finish(inbox, "A", gen, ids, error="again", now=retry_at) is True
+    assert finish(Held(inbox, "A", gen, ids), outcome=Failed("again"), now=retry_at) is True
 
     row = event("m1")
     assert (row.status, row.attempts, row.error) == ("pending", 2, "again")
@@ -179,7 +190,7 @@ def test_retry_waiting_for_its_backoff_does_not_block_healthy_events(inbox, t0, 
 
     batch = claim_batch(inbox, "A", gen, now=t0 + 3 * SECOND)
     assert [e.source_id for e in batch] == ["healthy-1", "healthy-2"]
-    assert finish(inbox, "A", gen, [e.pk for e in batch], now=t0 + 4 * SECOND) is True
+    assert finish(Held(inbox, "A", gen, [e.pk for e in batch]), now=t0 + 4 * SECOND) is True
 
     assert states(inbox) == [
         ("flaky", "pending", 1),
@@ -199,11 +210,11 @@ def test_due_retry_is_claimed_alone_and_the_healthy_events_next(inbox, t0, top_j
     alone = claim_batch(inbox, "A", gen, now=due)
     assert [e.source_id for e in alone] == ["flaky"]
     assert states(inbox) == [("flaky", "running", 2), ("healthy", "pending", 0)]
-    assert finish(inbox, "A", gen, [e.pk for e in alone], now=due) is True
+    assert finish(Held(inbox, "A", gen, [e.pk for e in alone]), now=due) is True
 
     rest = claim_batch(inbox, "A", gen, now=due)
     assert [e.source_id for e in rest] == ["healthy"]
-    assert finish(inbox, "A", gen, [e.pk for e in rest], now=due) is True
+    assert finish(Held(inbox, "A", gen, [e.pk for e in rest]), now=due) is True
     assert states(inbox) == [("flaky", "done", 2), ("healthy", "done", 1)]
     assert lease(inbox).work_at is None
 
@@ -245,7 +256,9 @@ def test_event_failing_its_last_attempt_is_parked_dead_at_the_next_claim(inbox, 
         gen = acquire(inbox, "A", now=now)
         batch = claim_batch(inbox, "A", gen, now=now)
         assert [(e.source_id, e.attempts) for e in batch] == [("m1", attempt)]
-        assert finish(inbox, "A", gen, [e.pk for e in batch], error=f"fail {attempt}", now=now)
+        assert finish(
+            Held(inbox, "A", gen, [e.pk for e in batch]), outcome=Failed(f"fail {attempt}"), now=now
+        )
         now = event("m1").available_at
 
     assert claim_batch(inbox, "A", acquire(inbox, "A", now=now), now=now) == []
@@ -284,7 +297,7 @@ def test_finish_clears_work_at_when_nothing_is_pending(inbox, t0):
     ingest(inbox, "chat", "m1", {}, now=t0)
     gen = acquire(inbox, "A", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "A", gen, now=t0)]
-    assert finish(inbox, "A", gen, ids, now=t0 + SECOND) is True
+    assert finish(Held(inbox, "A", gen, ids), now=t0 + SECOND) is True
 
     assert lease(inbox).work_at is None
 
@@ -295,7 +308,7 @@ def test_finish_recounts_work_at_from_events_that_arrived_during_the_run(inbox, 
     gen = acquire(inbox, "A", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "A", gen, now=t0)]
     ingest(inbox, "chat", "m2", {}, now=t0 + 2 * SECOND)  # arrives mid-run
-    assert finish(inbox, "A", gen, ids, now=t0 + 3 * SECOND) is True
+    assert finish(Held(inbox, "A", gen, ids), now=t0 + 3 * SECOND) is True
 
     assert lease(inbox).work_at == t0 + 2 * SECOND
 

@@ -17,7 +17,7 @@ from inbox.backends import postgresql
 from inbox.backends.postgresql import BY_INDEX, BY_INDEX_LEASE
 from inbox.exceptions import UnknownInbox
 from inbox.models import Event, Inbox, Lease, RunRecord
-from inbox.services import SaveState, finish_and_take, take_next
+from inbox.services import Held, SaveState, finish_and_take, take_next
 from tests.support.postgres import other_session
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -78,7 +78,7 @@ def test_a_good_finish_commits_in_one_pipeline(inbox, t0, pipelines):
     ids = [e.pk for e in claim.events]
     ingest(inbox, "chat", "m-3", {}, now=t0 + SECOND)  # arrived during the run
 
-    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is True
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0 + SECOND, release=True) is True
     assert pipelines == [[BY_INDEX, postgresql.LOCK, postgresql.FINISH_DONE]]
     assert no_transaction_open()
     assert lease_row(inbox) == ("W", claim.generation, None)
@@ -96,7 +96,7 @@ def test_a_finish_after_the_lease_was_taken_over_writes_nothing(inbox, t0, ttl, 
     new = acquire(inbox, "B", now=later)
     ids = [e.pk for e in old.events]
 
-    assert finish(inbox, "A", old.generation, ids, now=later, release=True) is False
+    assert finish(Held(inbox, "A", old.generation, ids), now=later, release=True) is False
     assert len(pipelines) == 1
     assert no_transaction_open()
     assert lease_row(inbox) == ("B", new, later + ttl)
@@ -109,11 +109,11 @@ def test_a_second_finish_of_one_claim_is_refused(inbox, t0, pipelines):
     claim = take_next("W", now=t0)
     ids = [e.pk for e in claim.events]
     # Without release, so the lease is still held by the same generation the second time.
-    assert finish(inbox, "W", claim.generation, ids, now=t0) is True
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0) is True
     ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
     held = lease_row(inbox)
 
-    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is False
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0 + SECOND, release=True) is False
     assert len(pipelines) == 2
     assert no_transaction_open()
     assert lease_row(inbox) == held  # not released by the refusal
@@ -129,7 +129,7 @@ def test_a_finish_naming_an_event_it_did_not_claim_writes_nothing(inbox, t0, pip
     ids = [e.pk for e in claim.events] + [stranger]
     held = lease_row(inbox)
 
-    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True) is False
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0 + SECOND, release=True) is False
     assert no_transaction_open()
     assert lease_row(inbox) == held  # still held: a refused finish gives nothing back
     assert states(inbox) == [("pending", None), ("running", claim.generation)]
@@ -143,7 +143,7 @@ def test_a_finish_for_an_inbox_that_is_gone_raises_unknown_inbox(inbox, t0, pipe
     Inbox.objects.filter(pk=inbox_id).delete()
 
     with pytest.raises(UnknownInbox):
-        finish(inbox_id, "W", claim.generation, ids, now=t0, release=True)
+        finish(Held(inbox_id, "W", claim.generation, ids), now=t0, release=True)
     assert no_transaction_open()
     assert not Event.objects.exists()
 
@@ -159,7 +159,7 @@ def test_a_lock_timeout_mid_pipeline_rolls_back_and_leaves_the_connection_usable
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '100ms'")
         with pytest.raises(OperationalError):
-            finish(inbox, "W", claim.generation, ids, now=t0, release=True)
+            finish(Held(inbox, "W", claim.generation, ids), now=t0, release=True)
         assert no_transaction_open()
     finally:
         other.rollback()
@@ -167,7 +167,7 @@ def test_a_lock_timeout_mid_pipeline_rolls_back_and_leaves_the_connection_usable
         with connection.cursor() as cursor:
             cursor.execute("RESET lock_timeout")
     assert states(inbox) == [("running", claim.generation)]
-    assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0, release=True) is True
     assert states(inbox) == [("done", claim.generation)]
 
 
@@ -182,10 +182,10 @@ def test_a_finish_on_a_severed_connection_raises_and_writes_nothing(inbox, t0):
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
 
     with pytest.raises(OperationalError):
-        finish(inbox, "W", claim.generation, ids, now=t0, release=True)
+        finish(Held(inbox, "W", claim.generation, ids), now=t0, release=True)
     connection.close()  # as the worker's slot does after a database error
     assert states(inbox) == [("running", claim.generation)]
-    assert finish(inbox, "W", claim.generation, ids, now=t0, release=True) is True
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0, release=True) is True
 
 
 def test_a_finish_and_the_next_take_commit_in_one_pipeline(make_inbox, t0, pipelines):
@@ -195,7 +195,7 @@ def test_a_finish_and_the_next_take_commit_in_one_pipeline(make_inbox, t0, pipel
     claim = take_next("W", now=t0 + SECOND)
 
     finished, following = finish_and_take(
-        first, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+        Held(first, "W", claim.generation, [e.pk for e in claim.events]), now=t0 + SECOND
     )
     assert finished is True
     [[setting, lock, finished_done, take]] = pipelines
@@ -224,7 +224,7 @@ def test_a_watched_finish_and_take_go_through_psycopgs_cursors_in_one_pipeline(
 
     with connection.execute_wrapper(watch):
         finished, following = finish_and_take(
-            first, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+            Held(first, "W", claim.generation, [e.pk for e in claim.events]), now=t0 + SECOND
         )
     assert finished is True and pipelines == [None]
     assert seen[:2] == [postgresql.LOCK, postgresql.FINISH_DONE] and len(seen) == 3
@@ -243,7 +243,7 @@ def test_a_refused_finish_still_hands_over_the_claim_its_take_committed(make_inb
     ingest(other, "chat", "o-1", {}, now=later)
 
     finished, following = finish_and_take(
-        mine, "A", old.generation, [e.pk for e in old.events], now=later
+        Held(mine, "A", old.generation, [e.pk for e in old.events]), now=later
     )
     assert finished is False
     assert following.inbox == other
@@ -265,7 +265,7 @@ def test_pipelined_runs_prepare_each_statement_once_per_connection(make_inbox, t
     claim = take_next("W", now=t0)
     while claim is not None:
         ids = [e.pk for e in claim.events]
-        finished, claim = finish_and_take(claim.inbox, "W", claim.generation, ids, now=t0)
+        finished, claim = finish_and_take(Held(claim.inbox, "W", claim.generation, ids), now=t0)
         assert finished
     prepared = prepared_statements()
     # The take, the finish's lock and the finish; an ingest's first try and, for an inbox
@@ -292,7 +292,7 @@ def test_with_prepared_statements_off_nothing_is_prepared(inbox, t0, settings):
     connection.close()
     ingest(inbox, "chat", "m-1", {}, now=t0)
     claim = take_next("W", now=t0)
-    finished, _ = finish_and_take(inbox, "W", claim.generation, [claim.events[0].pk], now=t0)
+    finished, _ = finish_and_take(Held(inbox, "W", claim.generation, [claim.events[0].pk]), now=t0)
     assert finished
     assert prepared_statements() == []
 

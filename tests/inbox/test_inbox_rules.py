@@ -10,6 +10,7 @@ from django.db import connection
 
 from alwayson.runtime.api import Say, acquire, claim_batch, finish, ingest
 from inbox.models import Event, Lease
+from inbox.services import Failed, Held
 from outbox.models import OutboxMessage
 
 SECOND = timedelta(seconds=1)
@@ -127,12 +128,12 @@ def test_late_finish_is_refused(inbox, t0, ttl):
     gen_b = acquire(inbox, "B", now=t2)
     batch_b = claim_batch(inbox, "B", gen_b, now=t2)
     assert [e.source_id for e in batch_b] == ["msg-3"]
-    assert finish(inbox, "B", gen_b, [e.pk for e in batch_b], [Say(inbox.pk, "sent")], now=t2)
+    assert finish(Held(inbox, "B", gen_b, [e.pk for e in batch_b]), [Say(inbox.pk, "sent")], now=t2)
     after_b = row("msg-3")
 
     t3 = t2 + ttl + SECOND
     assert acquire(inbox, "A", now=t3) == 3
-    late = finish(inbox, "A", gen_a, [e.pk for e in batch_a], [Say(inbox.pk, "sent")], now=t3)
+    late = finish(Held(inbox, "A", gen_a, [e.pk for e in batch_a]), [Say(inbox.pk, "sent")], now=t3)
 
     assert late is False
     assert row("msg-3") == after_b
@@ -148,11 +149,11 @@ def test_finish_after_the_lease_lapsed_is_refused(inbox, t0, ttl):
     claimed = row("m1")
 
     lapsed = t0 + ttl + SECOND
-    assert finish(inbox, "A", gen, ids, [Say(inbox.pk, "x")], now=lapsed) is False
+    assert finish(Held(inbox, "A", gen, ids), [Say(inbox.pk, "x")], now=lapsed) is False
     # Taking the lease again starts a new generation: the old claim still can't finish,
     # although nobody else touched its event.
     assert acquire(inbox, "A", now=lapsed) == gen + 1
-    assert finish(inbox, "A", gen, ids, [Say(inbox.pk, "x")], now=lapsed) is False
+    assert finish(Held(inbox, "A", gen, ids), [Say(inbox.pk, "x")], now=lapsed) is False
 
     assert row("m1") == claimed
     assert (claimed["status"], claimed["claim_gen"]) == ("running", gen)
@@ -164,10 +165,10 @@ def test_second_finish_of_the_same_claim_is_refused(inbox, t0):
     ingest(inbox, "chat", "m1", {}, now=t0)
     gen = acquire(inbox, "A", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "A", gen, now=t0)]
-    assert finish(inbox, "A", gen, ids, [Say(inbox.pk, "reply")], now=t0) is True
+    assert finish(Held(inbox, "A", gen, ids), [Say(inbox.pk, "reply")], now=t0) is True
     first = row("m1")
 
-    assert finish(inbox, "A", gen, ids, [Say(inbox.pk, "reply")], now=t0 + SECOND) is False
+    assert finish(Held(inbox, "A", gen, ids), [Say(inbox.pk, "reply")], now=t0 + SECOND) is False
 
     assert row("m1") == first
     assert first["status"] == "done"
@@ -232,7 +233,7 @@ def test_poison_event_is_dead_after_three_claims_and_the_healthy_one_finishes(in
         batch = claim_batch(inbox, worker, gen, now=now)
         claims.append([e.source_id for e in batch])
         if "poison" not in claims[-1]:
-            assert finish(inbox, worker, gen, [e.pk for e in batch], now=now)  # else: crash
+            assert finish(Held(inbox, worker, gen, [e.pk for e in batch]), now=now)  # else: crash
         now += ttl + SECOND
 
     assert claims == [["poison", "healthy"], ["poison"], ["poison"], ["healthy"], []]
@@ -252,7 +253,12 @@ def test_finish_with_error_returns_events_to_pending_and_drops_the_effects(inbox
     gen = acquire(inbox, "A", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "A", gen, now=t0)]
 
-    done = finish(inbox, "A", gen, ids, [Say(inbox.pk, "reply")], error="tool timed out", now=t0)
+    done = finish(
+        Held(inbox, "A", gen, ids),
+        [Say(inbox.pk, "reply")],
+        outcome=Failed("tool timed out"),
+        now=t0,
+    )
 
     assert done is True
     assert list(Event.objects.values_list("source_id", "status", "attempts", "error")) == [
@@ -275,7 +281,7 @@ def test_finish_runs_each_effect_with_now_inside_its_transaction(inbox, t0):
 
     finished_at = t0 + 5 * SECOND
     effects = [Say(inbox.pk, "one"), observe, Say(inbox.pk, "two")]
-    assert finish(inbox, "A", gen, ids, effects, now=finished_at) is True
+    assert finish(Held(inbox, "A", gen, ids), effects, now=finished_at) is True
 
     assert seen == [(finished_at, True, "done")]
     assert list(OutboxMessage.objects.values_list("body", "created")) == [
@@ -296,7 +302,7 @@ def test_effect_that_raises_commits_nothing_of_the_finish(inbox, t0):
         raise RuntimeError("effect failed")
 
     with pytest.raises(RuntimeError, match="effect failed"):
-        finish(inbox, "A", gen, ids, [Say(inbox.pk, "before"), broken], now=t0 + SECOND)
+        finish(Held(inbox, "A", gen, ids), [Say(inbox.pk, "before"), broken], now=t0 + SECOND)
 
     assert row("m1") == claimed
     assert claimed["status"] == "running"

@@ -11,7 +11,7 @@ from alwayson.runtime.api import acquire, claim_batch, finish, ingest, ingest_ma
 from inbox.backends.postgresql import BY_INDEX
 from inbox.exceptions import InboxBusy
 from inbox.models import Event, Lease
-from inbox.services import WORK_CHANNEL, release
+from inbox.services import WORK_CHANNEL, Held, release
 from tests.support import postgres
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -43,7 +43,9 @@ def test_a_notify_goes_out_when_the_marker_moves_and_not_while_it_stands(inbox, 
     # Drained: the finish clears the marker, so the next delivery announces the inbox again.
     generation = acquire(inbox, "w", now=t0 + timedelta(seconds=3))
     batch = claim_batch(inbox, "w", generation, now=t0 + timedelta(seconds=3))
-    assert finish(inbox, "w", generation, [e.pk for e in batch], now=t0 + timedelta(seconds=3))
+    assert finish(
+        Held(inbox, "w", generation, [e.pk for e in batch]), now=t0 + timedelta(seconds=3)
+    )
     assert release(inbox, "w", generation)
     assert Lease.objects.get(inbox=inbox).work_at is None
     assert listener() == []

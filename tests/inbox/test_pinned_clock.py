@@ -1,13 +1,13 @@
-"""A pinned clock (inbox/pinned_clock.py) is what every operation reads when it is given no
+"""A pinned clock (inbox/clock.py `pin`) is what every operation reads when it is given no
 `now`: on PostgreSQL the statements' own clock gives way to it, on SQLite the host's."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from inbox import clock, pinned_clock
+from inbox import clock
 from inbox.models import Event, Lease, Session
-from inbox.services import SaveState, finish, ingest, renew, take_next
+from inbox.services import Held, SaveState, finish, ingest, renew, take_next
 
 pytestmark = pytest.mark.django_db
 
@@ -16,9 +16,9 @@ PINNED = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
 
 @pytest.fixture
 def pinned():
-    pinned_clock.pin(PINNED)
+    clock.pin(PINNED)
     yield PINNED
-    pinned_clock.pin(None)
+    clock.pin(None)
 
 
 def test_operations_without_now_read_the_pinned_instant(inbox, pinned, ttl):
@@ -31,10 +31,10 @@ def test_operations_without_now_read_the_pinned_instant(inbox, pinned, ttl):
     assert Lease.objects.get(inbox=inbox).until == pinned + ttl
 
     later = pinned + timedelta(seconds=30)
-    pinned_clock.pin(later)
+    clock.pin(later)
     assert renew(inbox, "W", claim.generation)
     assert Lease.objects.get(inbox=inbox).until == later + ttl
-    assert finish(inbox, "W", claim.generation, [event.pk], [SaveState(inbox.pk, {"n": 1})])
+    assert finish(Held(inbox, "W", claim.generation, [event.pk]), [SaveState(inbox.pk, {"n": 1})])
     event.refresh_from_db()
     assert (event.status, event.updated) == ("done", later)
     assert Session.objects.get(inbox=inbox).updated == later
@@ -47,7 +47,7 @@ def test_a_given_now_still_wins_over_the_pin(inbox, pinned):
 
 
 def test_unpinned_the_database_clock_decides(inbox):
-    assert pinned_clock.pinned_now() is None
+    assert clock.pinned() is None
     ingest(inbox, "chat", "m1", {})
     created = Event.objects.get(inbox=inbox).created
     assert abs(created - clock.database_now()) < timedelta(minutes=1)
@@ -56,5 +56,5 @@ def test_unpinned_the_database_clock_decides(inbox):
 
 def test_a_pin_must_be_an_aware_datetime():
     with pytest.raises(ValueError, match="aware datetime"):
-        pinned_clock.pin(datetime(2031, 1, 1))
-    assert pinned_clock.pinned_now() is None
+        clock.pin(datetime(2031, 1, 1))
+    assert clock.pinned() is None

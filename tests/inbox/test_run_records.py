@@ -7,7 +7,7 @@ import pytest
 
 from alwayson.runtime.api import acquire, finish, ingest
 from inbox.models import Event, RunRecord
-from inbox.services import Defer, finish_and_take, record_refused, take_next
+from inbox.services import Defer, Failed, Held, finish_and_take, record_refused, take_next
 from outbox.services import Say
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,10 +31,7 @@ def test_a_done_run_is_recorded_with_what_it_produced_in_its_finish(inbox, t0):
     said = Say(inbox.pk, "hello", generation=claim.generation)
 
     assert finish(
-        inbox,
-        "W",
-        claim.generation,
-        ids,
+        Held(inbox, "W", claim.generation, ids),
         [said],
         now=t0 + 5 * SECOND,
         release=True,
@@ -57,7 +54,9 @@ def test_a_run_that_failed_is_recorded_with_its_error(inbox, t0):
     ingest(inbox, "chat", "m-1", {}, now=t0)
     claim = take_next("W", now=t0)
 
-    assert finish(inbox, "W", claim.generation, [claim.events[0].pk], error="boom", now=t0)
+    assert finish(
+        Held(inbox, "W", claim.generation, [claim.events[0].pk]), outcome=Failed("boom"), now=t0
+    )
 
     assert records(inbox) == [(claim.generation, "W", "error", [claim.events[0].pk])]
     assert RunRecord.objects.get().error == "boom"
@@ -68,7 +67,7 @@ def test_a_deferred_run_is_recorded_with_its_reason(inbox, t0):
     claim = take_next("W", now=t0)
     defer = Defer("budget spent", delay=timedelta(hours=1))
 
-    assert finish(inbox, "W", claim.generation, [claim.events[0].pk], defer=defer, now=t0)
+    assert finish(Held(inbox, "W", claim.generation, [claim.events[0].pk]), outcome=defer, now=t0)
 
     record = RunRecord.objects.get()
     assert (record.outcome, record.error) == ("deferred", "budget spent")
@@ -79,8 +78,8 @@ def test_a_second_finish_of_one_claim_writes_no_second_record(inbox, t0):
     claim = take_next("W", now=t0)
     ids = [claim.events[0].pk]
 
-    assert finish(inbox, "W", claim.generation, ids, now=t0) is True
-    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND) is False
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0) is True
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0 + SECOND) is False
 
     assert records(inbox) == [(claim.generation, "W", "done", ids)]
 
@@ -93,9 +92,9 @@ def test_a_refused_finish_commits_no_record_and_is_recorded_apart(inbox, t0, ttl
     ids = [e.pk for e in old.events]
     said = Say(inbox.pk, "late", generation=old.generation)
 
-    assert finish(inbox, "A", old.generation, ids, [said], now=later, release=True) is False
+    assert finish(Held(inbox, "A", old.generation, ids), [said], now=later, release=True) is False
     assert records(inbox) == []
-    record_refused(inbox.pk, old.generation, "A", old.events, produced={"said": 1}, now=later)
+    record_refused(old.held_by("A"), produced={"said": 1}, now=later)
 
     record = RunRecord.objects.get()
     assert (record.outcome, record.worker, record.events) == ("refused", "A", ids)
@@ -116,7 +115,7 @@ def test_a_crashed_run_is_found_lost_by_the_next_take_and_its_late_finish_says_r
     assert (lost.outcome, lost.events, lost.started) == ("lost", [crashed.events[0].pk], t0)
     assert lost.ended == later
 
-    record_refused(inbox.pk, crashed.generation, "A", crashed.events, "too late", now=later)
+    record_refused(crashed.held_by("A"), "too late", now=later)
     refused = RunRecord.objects.get(generation=crashed.generation)
     assert (refused.outcome, refused.worker, refused.error) == ("refused", "A", "too late")
     assert RunRecord.objects.count() == 1
@@ -125,9 +124,9 @@ def test_a_crashed_run_is_found_lost_by_the_next_take_and_its_late_finish_says_r
 def test_a_refusal_never_overwrites_a_record_that_says_the_run_ended(inbox, t0):
     ingest(inbox, "chat", "m-1", {}, now=t0)
     claim = take_next("W", now=t0)
-    assert finish(inbox, "W", claim.generation, [claim.events[0].pk], now=t0, release=True)
+    assert finish(Held(inbox, "W", claim.generation, [claim.events[0].pk]), now=t0, release=True)
 
-    record_refused(inbox.pk, claim.generation, "W", claim.events, now=t0 + SECOND)
+    record_refused(claim.held_by("W"), now=t0 + SECOND)
 
     assert records(inbox) == [(claim.generation, "W", "done", [claim.events[0].pk])]
 
@@ -137,7 +136,7 @@ def test_finish_and_take_records_the_finished_run(inbox, t0):
     claim = take_next("W", now=t0)
 
     finished, _ = finish_and_take(
-        inbox, "W", claim.generation, [claim.events[0].pk], now=t0, produced={"said": 0}
+        Held(inbox, "W", claim.generation, [claim.events[0].pk]), now=t0, produced={"said": 0}
     )
 
     assert finished
@@ -149,11 +148,13 @@ def test_with_records_off_nothing_is_recorded(inbox, t0, ttl, settings):
     ingest(inbox, "chat", "m-1", {}, now=t0)
     ingest(inbox, "chat", "m-2", {}, now=t0)
     claim = take_next("W", now=t0)
-    assert finish(inbox, "W", claim.generation, [e.pk for e in claim.events], now=t0, release=True)
+    assert finish(
+        Held(inbox, "W", claim.generation, [e.pk for e in claim.events]), now=t0, release=True
+    )
     ingest(inbox, "chat", "m-3", {}, now=t0)
     crashed = take_next("A", now=t0)
     take_next("B", now=t0 + ttl + SECOND)
-    record_refused(inbox.pk, crashed.generation, "A", crashed.events, now=t0 + ttl)
+    record_refused(crashed.held_by("A"), now=t0 + ttl)
 
     assert not RunRecord.objects.exists()
     assert Event.objects.filter(status="done").count() == 2
@@ -175,10 +176,7 @@ def test_a_bad_record_value_is_refused_before_anything_is_written(
 
     with pytest.raises(ValueError, match=message):
         finish(
-            inbox,
-            "W",
-            claim.generation,
-            [claim.events[0].pk],
+            Held(inbox, "W", claim.generation, [claim.events[0].pk]),
             now=t0,
             produced=produced,
             trace=trace,

@@ -13,7 +13,7 @@ from alwayson.runtime.api import Say, acquire, claim_batch, finish, ingest
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.worker import Worker
 from inbox.models import Event, Lease, Session
-from inbox.services import SaveState, finish_and_take, take_next
+from inbox.services import Failed, Held, SaveState, finish_and_take, take_next
 from outbox.models import OutboxMessage
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,9 @@ def test_take_next_finds_nothing_without_work_or_while_the_lease_is_held(inbox, 
 def test_take_next_claims_a_due_retry_alone(inbox, t0):
     ingest(inbox, "chat", "poison", {}, now=t0)
     claim = take_next("W", now=t0)
-    assert finish(inbox, "W", claim.generation, [claim.events[0].pk], error="boom", now=t0)
+    assert finish(
+        Held(inbox, "W", claim.generation, [claim.events[0].pk]), outcome=Failed("boom"), now=t0
+    )
     ingest(inbox, "chat", "healthy", {}, now=t0 + SECOND)
     later = t0 + timedelta(hours=2)
     Lease.objects.filter(inbox=inbox).update(until=None)
@@ -85,7 +87,9 @@ def test_take_next_with_nothing_due_gives_the_lease_back_with_the_work_recounted
     ingest(inbox, "chat", "m-1", {}, now=t0)
     first = take_next("W", now=t0)
     ids = [first.events[0].pk]
-    assert finish(inbox, "W", first.generation, ids, error="boom", now=t0, release=True)
+    assert finish(
+        Held(inbox, "W", first.generation, ids), outcome=Failed("boom"), now=t0, release=True
+    )
     retry_at = Event.objects.get().available_at
     # A marker earlier than the work (as a take whose snapshot predates a change finds it):
     # the take claims nothing, and must not leave the inbox held or the marker wrong.
@@ -105,7 +109,7 @@ def test_the_workers_statements_are_prepared_once_per_connection(inbox, t0):
         ingest(inbox, "chat", f"m-{n}", {}, now=now)
         claim = take_next("W", now=now)
         ids = [e.pk for e in claim.events]
-        assert finish(inbox, "W", claim.generation, ids, now=now, release=True)
+        assert finish(Held(inbox, "W", claim.generation, ids), now=now, release=True)
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
         prepared = [row[0] for row in cursor.fetchall()]
@@ -151,7 +155,7 @@ def test_finish_with_release_commits_the_run_and_gives_the_lease_back(inbox, t0)
     claim = take_next("W", now=t0)
     ids = [e.pk for e in claim.events]
     effects = [Say(inbox.pk, "hello"), SaveState(inbox.pk, {"seen": 1})]
-    assert finish(inbox.pk, "W", claim.generation, ids, effects, now=t0, release=True)
+    assert finish(Held(inbox.pk, "W", claim.generation, ids), effects, now=t0, release=True)
     lease = Lease.objects.get(inbox=inbox)
     assert lease.until is None and lease.work_at is None
     assert lease.generation == claim.generation
@@ -165,7 +169,7 @@ def test_finish_recounts_work_that_arrived_during_the_run(inbox, t0):
     claim = take_next("W", now=t0)
     ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
     ids = [e.pk for e in claim.events]
-    assert finish(inbox, "W", claim.generation, ids, now=t0 + SECOND, release=True)
+    assert finish(Held(inbox, "W", claim.generation, ids), now=t0 + SECOND, release=True)
     assert Lease.objects.get(inbox=inbox).work_at == t0 + SECOND
     assert [e.source_id for e in take_next("W", now=t0 + 2 * SECOND).events] == ["m-2"]
 
@@ -177,7 +181,7 @@ def test_a_refused_finish_does_not_release_the_new_holders_lease(inbox, t0, ttl)
     new = acquire(inbox, "B", now=later)
     ids = [e.pk for e in old.events]
     assert not finish(
-        inbox, "A", old.generation, ids, [Say(inbox.pk, "x")], now=later, release=True
+        Held(inbox, "A", old.generation, ids), [Say(inbox.pk, "x")], now=later, release=True
     )
     lease = Lease.objects.get(inbox=inbox)
     assert (lease.holder, lease.generation, lease.until) == ("B", new, later + ttl)
@@ -191,7 +195,7 @@ def test_finish_with_an_error_backs_each_event_off_in_one_update(inbox, t0, sett
     gen = acquire(inbox, "W", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "W", gen, now=t0)]
     with CaptureQueriesContext(connection) as captured:
-        assert finish(inbox, "W", gen, ids, error="boom", now=t0)
+        assert finish(Held(inbox, "W", gen, ids), outcome=Failed("boom"), now=t0)
     updates = [q["sql"] for q in captured if q["sql"].startswith('UPDATE "inbox_event"')]
     assert len(updates) == 1, updates
     step = settings.ALWAYSON_RETRY_BASE
@@ -212,7 +216,7 @@ def test_finish_and_take_finishes_the_run_and_claims_the_next_inbox(make_inbox, 
     ids = [e.pk for e in claim.events]
 
     finished, following = finish_and_take(
-        first, "W", claim.generation, ids, [Say(first.pk, "done")], now=t0 + SECOND
+        Held(first, "W", claim.generation, ids), [Say(first.pk, "done")], now=t0 + SECOND
     )
     assert finished is True
     assert following.inbox == second
@@ -230,7 +234,7 @@ def test_finish_and_take_continues_with_the_same_inbox_when_work_arrived_meanwhi
     ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
 
     finished, following = finish_and_take(
-        inbox, "W", claim.generation, [e.pk for e in claim.events], now=t0 + SECOND
+        Held(inbox, "W", claim.generation, [e.pk for e in claim.events]), now=t0 + SECOND
     )
     assert finished is True
     assert (following.inbox, following.generation) == (inbox, claim.generation + 1)
@@ -241,7 +245,7 @@ def test_finish_and_take_with_no_work_left_takes_nothing(inbox, t0):
     ingest(inbox, "chat", "m-1", {}, now=t0)
     claim = take_next("W", now=t0)
     finished, following = finish_and_take(
-        inbox, "W", claim.generation, [e.pk for e in claim.events], now=t0
+        Held(inbox, "W", claim.generation, [e.pk for e in claim.events]), now=t0
     )
     assert (finished, following) == (True, None)
     lease = Lease.objects.get(inbox=inbox)
@@ -257,7 +261,7 @@ def test_a_refused_finish_and_take_writes_nothing_of_the_run(make_inbox, t0, ttl
     ingest(other, "chat", "o-1", {}, now=later)
 
     finished, following = finish_and_take(
-        mine, "A", old.generation, [e.pk for e in old.events], [Say(mine.pk, "x")], now=later
+        Held(mine, "A", old.generation, [e.pk for e in old.events]), [Say(mine.pk, "x")], now=later
     )
     assert finished is False
     assert not OutboxMessage.objects.exists()

@@ -23,7 +23,7 @@ from alwayson.ops.models import MetricTotal, Process
 from alwayson.runtime.worker import Worker
 from approvals.services import answer_approval, request_approval
 from inbox import clock
-from inbox.services import acquire, claim_batch, finish, ingest
+from inbox.services import Failed, Held, acquire, claim_batch, finish, ingest
 from outbox.channels import SendFailed
 from outbox.models import Channel
 from outbox.services import Say, dispatch
@@ -210,7 +210,7 @@ def test_a_dead_event_is_counted_by_inbox_and_in_the_last_day_only(inbox, t0, se
     ingest(inbox, "chat", "poison", now=t0)
     gen = acquire(inbox, "w", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "w", gen, now=t0)]
-    finish(inbox, "w", gen, ids, error="boom", now=t0)
+    finish(Held(inbox, "w", gen, ids), outcome=Failed("boom"), now=t0)
     gen = acquire(inbox, "w", now=t0 + HOUR)
     assert claim_batch(inbox, "w", gen, now=t0 + HOUR) == []  # out of attempts: parked as dead
 
@@ -351,7 +351,7 @@ def test_held_and_failed_messages_and_the_send_latency_from_queued_to_sent(
         ingest(inbox, "chat", "1", now=t0)
         gen = acquire(inbox, "w", now=t0)
         ids = [e.pk for e in claim_batch(inbox, "w", gen, now=t0)]
-        finish(inbox, "w", gen, ids, [Say(inbox.pk, "one"), Say(inbox.pk, "two")], now=t0)
+        finish(Held(inbox, "w", gen, ids), [Say(inbox.pk, "one"), Say(inbox.pk, "two")], now=t0)
     held = scrape(now=t0)
 
     def send(delivery):
@@ -380,7 +380,7 @@ def test_an_at_most_once_send_is_counted_once_it_went_out(
     ingest(inbox, "chat", "1", now=t0)
     gen = acquire(inbox, "w", now=t0)
     ids = [e.pk for e in claim_batch(inbox, "w", gen, now=t0)]
-    finish(inbox, "w", gen, ids, [Say(inbox.pk, "hi")], now=t0)
+    finish(Held(inbox, "w", gen, ids), [Say(inbox.pk, "hi")], now=t0)
 
     with django_capture_on_commit_callbacks(execute=True):
         dispatch(send=lambda delivery: None, now=t0 + 4 * SECOND)

@@ -31,6 +31,7 @@ from alwayson.runtime.api import (
 from alwayson.web.models import PasswordResetRequest
 from approvals.models import Approval, AuditEntry
 from inbox.models import Event, EventTrace, RunRecord, Session
+from inbox.services import Held
 from outbox.models import Notice, OutboxMessage
 from tests.support.env import environment, manage
 from timers.models import Timer
@@ -45,7 +46,7 @@ def run_done(inbox, now, holder="w"):
     """Claim and finish every due event of `inbox` at `now`, as a worker would."""
     generation = acquire(inbox, holder, now=now)
     ids = [event.pk for event in claim_batch(inbox, holder, generation, now=now)]
-    assert finish(inbox, holder, generation, ids, [], now=now)
+    assert finish(Held(inbox, holder, generation, ids), [], now=now)
     return ids
 
 

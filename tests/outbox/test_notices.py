@@ -15,7 +15,7 @@ from django.urls import reverse
 from alwayson.runtime.api import dispatch, dispatch_notices, finish, request_approval
 from alwayson.runtime.run import Run
 from inbox.models import Membership, Role
-from inbox.services import acquire, claim_batch, ingest
+from inbox.services import Held, acquire, claim_batch, ingest
 from outbox.channels import SendFailed
 from outbox.models import Notice, OutboxMessage
 from outbox.services import resend_notices
@@ -100,8 +100,8 @@ def test_the_announcement_commits_with_the_runs_finish_or_not_at_all(team, t0, t
     # A stalls past its lease; B takes over and finishes; A's late finish is refused.
     later = t0 + ttl + timedelta(seconds=1)
     gen_b, events_b, run_b = run_asking("B", later)
-    assert finish(team.desk, "B", gen_b, [e.pk for e in events_b], run_b.effects(), now=later)
-    assert not finish(team.desk, "A", gen, [e.pk for e in events], run.effects(), now=later)
+    assert finish(Held(team.desk, "B", gen_b, [e.pk for e in events_b]), run_b.effects(), now=later)
+    assert not finish(Held(team.desk, "A", gen, [e.pk for e in events]), run.effects(), now=later)
 
     assert recipients() == ["dana", "lee", "mia"]
     assert set(Notice.objects.values_list("created", flat=True)) == {later}

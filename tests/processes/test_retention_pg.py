@@ -18,7 +18,7 @@ from alwayson.runtime.api import (
 from approvals.models import Approval
 from inbox import clock
 from inbox.models import Event
-from inbox.services import ingest
+from inbox.services import Held, ingest
 from outbox.models import OutboxMessage
 from tests.support.clock import T0
 from tests.support.plans import assert_uses, plan_of
@@ -156,7 +156,7 @@ def test_prune_leaves_an_approval_an_answer_holds_for_the_next_pass(inbox, setti
     run_scheduler(now=T0 + timedelta(hours=1))
     generation = acquire(inbox, "w", now=T0 + timedelta(hours=1))
     ids = [e.pk for e in claim_batch(inbox, "w", generation, now=T0 + timedelta(hours=1))]
-    assert finish(inbox, "w", generation, ids, [], now=T0 + timedelta(hours=1))
+    assert finish(Held(inbox, "w", generation, ids), [], now=T0 + timedelta(hours=1))
     long_after = T0 + timedelta(days=settings.ALWAYSON_RETAIN_EVENT_KEYS + 1)
     # Another session answering it, between its lock of the row and its audit entry.
     answering = connections.create_connection("default")

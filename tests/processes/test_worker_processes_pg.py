@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from alwayson.demo.models import Refund
 from inbox import clock
 from inbox.models import Event, Lease
-from inbox.services import WORK_CHANNEL, acquire, acquire_next, claim_batch, finish, ingest
+from inbox.services import WORK_CHANNEL, Held, acquire, acquire_next, claim_batch, finish, ingest
 from outbox.models import OutboxMessage
 from tests.support.processes import wait_for
 from tests.support.workers import START_TIMEOUT, _exited, effects, listening, make_inboxes, runs
@@ -198,13 +198,13 @@ def test_sigkill_mid_run_is_taken_over_after_ttl_and_its_finish_is_refused(
 
     # The killed run's generation can finish nothing: not as its own holder, not as another,
     # not even after its holder took the lease again under a new generation.
-    assert finish(inbox, "kill-a", gen_a, events) is False
-    assert finish(inbox, "kill-b", gen_a, events) is False
+    assert finish(Held(inbox, "kill-a", gen_a, events)) is False
+    assert finish(Held(inbox, "kill-b", gen_a, events)) is False
     assert claim_batch(inbox, "kill-a", gen_a) == []
     assert rescuer.stop() == 0, rescuer.log()
     again = acquire(inbox, "kill-a")
     assert again is not None and again > gen_a
-    assert finish(inbox, "kill-a", gen_a, events) is False
+    assert finish(Held(inbox, "kill-a", gen_a, events)) is False
     assert {(e.status, e.attempts) for e in rows.all()} == {("done", 2)}
     assert OutboxMessage.objects.filter(inbox=inbox).count() == len(takeovers)
 

@@ -84,7 +84,7 @@ def test_say_becomes_outbox_messages_with_their_urgent_flag(inbox, t0):
         ("digest line", False, finished_at, None),
         ("refund needs approval", True, finished_at, None),
     ]
-    assert run.outcome == "said 2"
+    assert run.summary == "said 2"
     assert Event.objects.get(source_id="m1").status == "done"
 
 
@@ -114,7 +114,7 @@ def test_ask_becomes_an_approval_and_its_expiry_timer(inbox, t0):
     # The expiry fires under the answer's own key, so only one of them is ever stored.
     assert (timer.event_source, timer.event_id) == ("approval", "refund-881")
     assert timer.payload["answer"] == "expired"
-    assert run.outcome == "asked 1"
+    assert run.summary == "asked 1"
 
 
 # A request id names one request for good: asked again while it waits it is the same request
@@ -213,7 +213,7 @@ def test_schedule_with_due_or_delay_counts_delay_from_the_finish(inbox, t0):
         ("follow-up", finished_at + 90 * SECOND, None, {}),
         ("hourly", finished_at + 5 * 60 * SECOND, 3600, {}),
     ]
-    assert run.outcome == "quiet"
+    assert run.summary == ""  # said nothing
 
 
 @pytest.mark.django_db

@@ -34,7 +34,7 @@ from approvals.models import Approval
 from approvals.services import Ask
 from inbox import clock
 from inbox.models import Event, Inbox, Lease, Session
-from inbox.services import Defer
+from inbox.services import Defer, Done, Failed, Held
 from outbox.models import Notice, OutboxMessage
 from timers.models import Timer
 
@@ -386,17 +386,16 @@ class InboxMachine(RuleBasedStateMachine):
         expected = self.leases[i].is_held_by(holder, generation, self.now) and claimed
         before = snapshot()
 
+        ending = {
+            "error": lambda: Failed("it broke"),
+            "defer": lambda: Defer("later", delay=timedelta(seconds=defer_delay)),
+        }.get(outcome, Done)()
+
         def run_finish():
             return finish(
-                self.inboxes[i],
-                holder,
-                generation,
-                ids,
-                effects=run_effects,
-                error="it broke" if outcome == "error" else None,
-                defer=Defer("later", delay=timedelta(seconds=defer_delay))
-                if outcome == "defer"
-                else None,
+                Held(self.inboxes[i], holder, generation, ids),
+                run_effects,
+                ending,
                 now=self.now,
             )
 

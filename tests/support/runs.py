@@ -3,6 +3,7 @@
 from alwayson.runtime.api import acquire, claim_batch, finish
 from alwayson.runtime.run import Run
 from inbox.models import Session
+from inbox.services import DONE, Failed, Held
 
 
 def session_state(inbox):
@@ -19,4 +20,9 @@ def start_run(inbox, holder, now=None) -> Run:
 
 def finish_run(run, now=None, error=None) -> bool:
     ids = [e.pk for e in run.events]
-    return finish(run.inbox, run.holder, run.generation, ids, run.effects(), error=error, now=now)
+    return finish(
+        Held(run.inbox, run.holder, run.generation, ids),
+        run.effects(),
+        outcome=DONE if error is None else Failed(error),
+        now=now,
+    )

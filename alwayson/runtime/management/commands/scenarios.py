@@ -26,6 +26,7 @@ from alwayson.runtime.api import (
     run_scheduler,
 )
 from inbox.models import Event, Inbox
+from inbox.services import Held
 from outbox.models import OutboxMessage
 
 T0 = datetime.fromtimestamp(1_000_000, UTC)
@@ -77,7 +78,7 @@ class Scenarios:
         generation = acquire(self.inbox, holder, now)
         batch = claim_batch(self.inbox, holder, generation, now)
         effects = [Say(self.inbox.pk, body) for body in messages]
-        finish(self.inbox, holder, generation, [e.pk for e in batch], effects, now=now)
+        finish(Held(self.inbox, holder, generation, [e.pk for e in batch]), effects, now=now)
         return batch
 
     def run_all(self):
@@ -107,11 +108,13 @@ class Scenarios:
         gen_b = acquire(inbox, "B", t2)
         batch_b = claim_batch(inbox, "B", gen_b, t2)
         self.say("   B after expiry: gen", gen_b, " re-claims", [e.source_id for e in batch_b])
-        finish(inbox, "B", gen_b, [e.pk for e in batch_b], [Say(inbox.pk, "report sent")], now=t2)
+        finish(
+            Held(inbox, "B", gen_b, [e.pk for e in batch_b]), [Say(inbox.pk, "report sent")], now=t2
+        )
         t3 = t2 + self.ttl + SECOND  # B's lease lapses too
         self.say("   A renews after both leases lapsed: gen", acquire(inbox, "A", t3))
         late = finish(
-            inbox, "A", gen_a, [e.pk for e in batch_a], [Say(inbox.pk, "report sent")], now=t3
+            Held(inbox, "A", gen_a, [e.pk for e in batch_a]), [Say(inbox.pk, "report sent")], now=t3
         )
         self.say("   A finishes its old claim (gen", gen_a, "):", late)
         outbox_rows = OutboxMessage.objects.filter(inbox=inbox).count()
@@ -129,7 +132,7 @@ class Scenarios:
             if "poison" in ids:
                 self.say(f"   {worker} claimed {ids} and crashed")  # no finish()
             else:
-                finish(inbox, worker, generation, [e.pk for e in got], now=now)
+                finish(Held(inbox, worker, generation, [e.pk for e in got]), now=now)
                 self.say(f"   {worker} claimed {ids} and finished")
             now += self.ttl + SECOND
         self.say("   poison:", self.status("poison"), " healthy:", self.status("healthy"))
