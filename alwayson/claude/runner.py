@@ -39,7 +39,7 @@ from django.contrib.auth import get_user_model
 
 from alwayson import tracing
 from alwayson.claude import client, transcript
-from alwayson.claude.models import ToolResult
+from alwayson.claude.models import ModelSettings, ToolResult
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.policy import ALLOW, ASK, DENY, Decision, check_policy, decide
 from alwayson.runtime.tools import (
@@ -91,7 +91,8 @@ def _not_person_fields(relation):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """An inbox's Claude configuration: its AgentConfig over the ALWAYSON_CLAUDE_* defaults."""
+    """An inbox's Claude configuration: its AgentConfig and ModelSettings over the
+    ALWAYSON_CLAUDE_* defaults."""
 
     model: str
     # The built-in guidance, then the inbox's own prompt if it has one: one block each.
@@ -107,11 +108,13 @@ class AgentSettings:
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
-        config = AgentConfig.objects.filter(inbox_id=inbox.pk).first() or AgentConfig()
+        configs = AgentConfig.objects.select_related("model_settings")
+        config = configs.filter(inbox_id=inbox.pk).first() or AgentConfig()
+        sent = ModelSettings.of(config)
         tools = offered_tools(config.tools)
         # Saved through the admin, these were checked; a row written otherwise, or a default
         # changed since, fails the run here with the field named rather than the API's 400.
-        problems = config.model_settings_errors(tools)
+        problems = sent.refused(tools)
         if problems:
             raise ValueError(
                 f"the agent configuration of {inbox.slug}: "
@@ -126,10 +129,10 @@ class AgentSettings:
             policy={**settings.ALWAYSON_CLAUDE_POLICY, **(config.policy or {})},
             budget=config.daily_token_budget or settings.ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET,
             approval_window=timedelta(seconds=window),
-            max_tokens=config.max_tokens or settings.ALWAYSON_CLAUDE_MAX_TOKENS,
-            temperature=config.temperature,
-            thinking_budget=config.thinking_budget,
-            tool_choice=config.tool_choice,
+            max_tokens=sent.max_tokens or settings.ALWAYSON_CLAUDE_MAX_TOKENS,
+            temperature=sent.temperature,
+            thinking_budget=sent.thinking_budget,
+            tool_choice=sent.tool_choice,
         )
 
     def tool_choice_for(self, opening: bool) -> dict | None:
