@@ -30,6 +30,7 @@ from django.test import Client
 from django.urls import reverse
 
 from alwayson.claude.models import ModelCall, ModelSettings, ToolResult
+from alwayson.claude.session import STATE_KEY, ClaudeSession
 from alwayson.runtime.loading import load_agent
 from alwayson.runtime.management.commands import rundispatcher, runscheduler
 from alwayson.runtime.models import AgentConfig
@@ -450,9 +451,9 @@ class AgentInbox:
         if self.harness.model is not None:
             requests = self.harness.model.messages_requests
             conversations += [r.body.get("messages") or [] for r in requests if r.body]
-        session = self.state.get("claude") or {}
-        conversations.append([message for run in session.get("runs") or [] for message in run])
-        held_back = (session.get("pending") or {}).get("results") or []
+        session = ClaudeSession.from_state(self.state.get(STATE_KEY))
+        conversations.append([message for run in session.runs for message in run])
+        held_back = session.turn.results if session.turn is not None else []
         conversations.append([{"role": "user", "content": held_back}])
         found = {}
         for messages in conversations:
