@@ -2,7 +2,7 @@ import operator
 from functools import reduce
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
 from django.db.models.functions import Coalesce
@@ -73,7 +73,7 @@ class ModelSettings(models.Model):
         verbose_name_plural = "model settings"
 
     def __str__(self):
-        return f"model settings of {self.config_id}"
+        return f"model settings of inbox {self.config_id}"
 
     @classmethod
     def of(cls, config) -> "ModelSettings":
@@ -87,13 +87,15 @@ class ModelSettings(models.Model):
     def clean(self):
         # The configuration as it will be saved: the admin's inline gives the one edited on
         # the same page, whose tools may not be saved yet.
-        config = self.config
         try:
-            check_tool_names(config.tools)
+            tools = self.config.tools
+            check_tool_names(tools)
+        except ObjectDoesNotExist:
+            offered = None  # no configuration: the field's own check says so
         except ValueError:
             offered = None  # the configuration's own check names the bad tool
         else:
-            offered = offered_tools(config.tools)
+            offered = offered_tools(tools)
         errors = self.refused(offered)
         if errors:
             raise ValidationError(errors)

@@ -413,7 +413,9 @@ class ClaudeRun:
         # The asked calls are journaled when their answers resume them: their keys come from
         # the answer's event, which does not exist yet. Until then the approvals show them.
         reasons = self.ask_reasons | {call["id"]: d.because for call, _, d in asking}
-        turn = WaitingTurn(results, rest, waiting, answers, reasons)
+        turn = WaitingTurn(
+            results=results, remaining=rest, waiting=waiting, answers=answers, reasons=reasons
+        )
         self._save(turn=turn, held=held)
 
     def _resolve(self, call, answered: Answer) -> dict:

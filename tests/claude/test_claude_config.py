@@ -226,6 +226,15 @@ def test_model_settings_the_api_would_refuse_are_refused_naming_the_field(
     assert error in message
 
 
+def test_model_settings_without_a_configuration_are_refused_naming_both():
+    with pytest.raises(ValidationError) as raised:
+        ModelSettings(max_tokens=0).full_clean()
+    assert raised.value.message_dict == {
+        "config": ["This field cannot be null."],
+        "max_tokens": ["must be at least 1, not 0"],
+    }
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("fields", "field", "error"),
