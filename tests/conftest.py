@@ -135,7 +135,10 @@ def messages_api(scripted_model, settings):
 def claude_inbox(make_inbox):
     """An inbox whose own agent is Claude (the default agent stays the refund desk). Refunds
     under 50 run, larger ones ask; delete_account is denied."""
+    from alwayson.claude.models import ModelSettings
     from alwayson.runtime.models import AgentConfig
+
+    sent = ("max_tokens", "temperature", "thinking_budget", "tool_choice")
 
     def make(slug="support", **config):
         inbox = make_inbox(slug)
@@ -147,7 +150,12 @@ def claude_inbox(make_inbox):
                 "delete_account": "deny",
             },
         )
-        AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent", **config)
+        settings = {name: config.pop(name) for name in sent if name in config}
+        agent_config = AgentConfig.objects.create(
+            inbox=inbox, agent="alwayson.claude.agent", **config
+        )
+        if settings:
+            ModelSettings.objects.create(config=agent_config, **settings)
         return inbox
 
     return make

@@ -3,6 +3,7 @@
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import OuterRef, Subquery, Sum
+from django.forms.models import BaseInlineFormSet, InlineForeignKeyField
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -10,16 +11,47 @@ from alwayson.runtime.models import AgentConfig
 from inbox import clock
 from inbox.admin import MachineryAdmin, pretty_json, record_history
 from inbox.clock import day_start
+from inbox.models import Inbox
 
-from .models import TOTAL_TOKENS, ModelCall, ToolResult
+from .conversations import reset_conversations
+from .models import TOTAL_TOKENS, ModelCall, ModelSettings, ToolResult
+
+
+class EditedConfig(InlineForeignKeyField):
+    """The inline's link to its configuration: the one edited on the same page, even before
+    it is saved (Django's gives none to a primary key on the add page), so that the settings
+    are checked against the tools the person is saving."""
+
+    def clean(self, value):
+        super().clean(value)  # refuses a key that is not the page's configuration
+        return self.parent_instance
+
+
+class ModelSettingsFormSet(BaseInlineFormSet):
+    def add_fields(self, form, index):
+        super().add_fields(form, index)
+        form.fields[self.fk.name] = EditedConfig(self.instance, pk_field=True)
+
+
+class ModelSettingsInline(admin.StackedInline):
+    """The Messages API settings, on the configuration's page: checked by
+    ModelSettings.clean() against the tools the page offers."""
+
+    model = ModelSettings
+    formset = ModelSettingsFormSet
+    fields = ("max_tokens", "temperature", "thinking_budget", "tool_choice")
+    extra = 1
+    max_num = 1
+    can_delete = False
 
 
 @admin.register(AgentConfig)
 class AgentConfigAdmin(admin.ModelAdmin):
-    """Which agent each inbox runs and how: edited here, checked by AgentConfig.clean() (an
-    agent that cannot be loaded, an unknown tool, a malformed policy, model settings the API
-    would refuse are refused with the reason). The worker reads it at the start of every run.
-    The "reset the conversation" action clears an inbox's session state, under its lock."""
+    """Which agent each inbox runs and how: edited here, checked by AgentConfig.clean() and,
+    inline, ModelSettings.clean() (an agent that cannot be loaded, an unknown tool, a
+    malformed policy, model settings the API would refuse are refused with the reason). The
+    worker reads it at the start of every run. The "reset the conversation" action clears an
+    inbox's session state, under its lock."""
 
     list_display = ("inbox", "agent_shown", "model_shown", "daily_token_budget", "tokens_today")
     list_select_related = ("inbox",)
@@ -29,15 +61,12 @@ class AgentConfigAdmin(admin.ModelAdmin):
     ordering = ("inbox__slug",)
     readonly_fields = ("updated", "tokens_today")
     actions = ["reset_conversation"]
+    inlines = [ModelSettingsInline]
     fields = (
         "inbox",
         "agent",
         "model",
         "system_prompt",
-        "max_tokens",
-        "temperature",
-        "thinking_budget",
-        "tool_choice",
         "tools",
         "policy",
         "daily_token_budget",
@@ -65,7 +94,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
         description="Reset the conversation of the selected inboxes", permissions=["change"]
     )
     def reset_conversation(self, request, queryset):
-        resets = queryset.reset_conversations()
+        resets = reset_conversations(Inbox.objects.filter(agent_config__in=queryset))
         done = queryset.filter(inbox__slug__in=resets.reset).values_list("pk", flat=True)
         record_history(
             request, AgentConfig, list(done), "Conversation reset: the session state cleared."

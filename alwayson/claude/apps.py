@@ -20,7 +20,7 @@ class ClaudeConfig(AppConfig):
         from approvals.services import register_edit_check
 
         from . import retention as own_tables
-        from .models import ModelCall, ToolResult
+        from .models import ModelCall, ModelSettings, ToolResult
         from .runner import EDIT_CHECK, check_edit
 
         # Here, not in the settings, which import no app: every process stops at start-up on
@@ -30,6 +30,7 @@ class ClaudeConfig(AppConfig):
         # A person's edit of an asked call is checked against this agent's policy, in
         # whichever process takes the answer (the approval page's, the API's).
         register_edit_check(EDIT_CHECK, check_edit)
+        need(ModelSettings, SELECT, why="the inbox's Messages API settings")
         # What its runs write outside the fence, and read again on a retry.
         need(ModelCall, SELECT, INSERT, why="model answers: cached, and the daily budget")
         need(ToolResult, SELECT, INSERT, UPDATE, why="the tool calls' journal and results")

@@ -1,9 +1,18 @@
 import operator
 from functools import reduce
 
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import Sum
 from django.db.models.functions import Coalesce
+
+from alwayson.runtime.tools import check_tool_names, offered_tools
+
+# tool_choice's words; any other value names the one tool the model must call.
+TOOL_CHOICE_WORDS = ("auto", "any", "none")
+# The Messages API's least thinking budget.
+THINKING_MIN_BUDGET = 1024
 
 # Every token counts toward the usage and the budget: input, output, cache reads and writes.
 TOKEN_FIELDS = {
@@ -18,6 +27,121 @@ TOTAL_TOKENS = reduce(operator.add, (models.F(field) for field in TOKEN_FIELDS.v
 def token_sums() -> dict:
     """Sum expressions of each kind of token and of their total, for aggregate or annotate."""
     return {name: Sum(field) for name, field in TOKEN_FIELDS.items()} | {"total": Sum(TOTAL_TOKENS)}
+
+
+class ModelSettings(models.Model):
+    """What an inbox's Claude agent sends the Messages API besides the model and the prompt:
+    max_tokens, temperature, extended thinking, tool_choice. Beside the inbox's AgentConfig
+    (edited on its page in the admin); none, or a blank field, is the default. `clean()`
+    refuses what the API would refuse, checked against the tools the configuration offers."""
+
+    config = models.OneToOneField(
+        "alwayson.AgentConfig",
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="model_settings",
+    )
+    max_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Most tokens the model may write per call, thinking included. "
+        "Blank: ALWAYSON_CLAUDE_MAX_TOKENS.",
+    )
+    temperature = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="0 to 1: lower is more predictable. Not with extended thinking. "
+        "Blank: the API's default.",
+    )
+    thinking_budget = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Extended thinking: tokens the model may think with per call, at least 1024 "
+        "and less than max_tokens. Blank: no extended thinking.",
+    )
+    tool_choice = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="auto (the model decides), any (it must call a tool), a tool's name (it must "
+        "call that one), or none (it may call no tool, not even send_message: nothing goes "
+        "out). any and a tool's name hold for the first call of each run, so the model can "
+        "still end its turn. With extended thinking: auto or none. Blank: auto.",
+    )
+
+    class Meta:
+        verbose_name = "model settings"
+        verbose_name_plural = "model settings"
+
+    def __str__(self):
+        return f"model settings of inbox {self.config_id}"
+
+    @classmethod
+    def of(cls, config) -> "ModelSettings":
+        """The settings of an AgentConfig (read with select_related("model_settings")), or
+        the defaults when it has none."""
+        try:
+            return config.model_settings
+        except cls.DoesNotExist:
+            return cls()
+
+    def clean(self):
+        # The configuration as it will be saved: the admin's inline gives the one edited on
+        # the same page, whose tools may not be saved yet.
+        try:
+            tools = self.config.tools
+            check_tool_names(tools)
+        except ObjectDoesNotExist:
+            offered = None  # no configuration: the field's own check says so
+        except ValueError:
+            offered = None  # the configuration's own check names the bad tool
+        else:
+            offered = offered_tools(tools)
+        errors = self.refused(offered)
+        if errors:
+            raise ValidationError(errors)
+
+    def refused(self, offered) -> dict[str, str]:
+        """What the Messages API would refuse in these settings, by field; `offered`: the
+        names of the tools the inbox offers (None: tool_choice's name is not checked)."""
+        errors = {}
+        max_tokens = self.max_tokens or settings.ALWAYSON_CLAUDE_MAX_TOKENS
+        if self.max_tokens is not None and self.max_tokens < 1:
+            errors["max_tokens"] = f"must be at least 1, not {self.max_tokens}"
+        temperature, budget, choice = self.temperature, self.thinking_budget, self.tool_choice
+        if temperature is not None and not 0 <= temperature <= 1:
+            errors["temperature"] = f"must be between 0 and 1, not {temperature}"
+        if budget is not None:
+            if budget < THINKING_MIN_BUDGET:
+                errors["thinking_budget"] = (
+                    f"must be at least {THINKING_MIN_BUDGET} tokens (the API's least), not {budget}"
+                )
+            elif budget >= max_tokens and "max_tokens" not in errors:
+                whose = "" if self.max_tokens else ", ALWAYSON_CLAUDE_MAX_TOKENS"
+                errors["thinking_budget"] = (
+                    f"must be less than max_tokens ({max_tokens}{whose}), not {budget}: the "
+                    "thinking is written within the call's max_tokens"
+                )
+            if temperature is not None:
+                errors["temperature"] = (
+                    "must be blank with extended thinking: the API refuses a temperature "
+                    "with thinking_budget set"
+                )
+        if (
+            choice
+            and choice not in TOOL_CHOICE_WORDS
+            and offered is not None
+            and choice not in offered
+        ):
+            errors["tool_choice"] = (
+                f"must be auto, any, none or the name of a tool the inbox offers "
+                f"({', '.join(offered)}), not {choice!r}"
+            )
+        elif budget is not None and choice not in ("", "auto", "none"):
+            errors["tool_choice"] = (
+                f"must be auto or none with extended thinking, not {choice!r}: the API "
+                "refuses to force a tool call while the model thinks"
+            )
+        return errors
 
 
 class ModelCallQuerySet(models.QuerySet):

@@ -26,7 +26,6 @@ idempotency key on every retry that repeats it, whatever the batch, for the wind
 a tool's side effect and its result.
 """
 
-import copy
 import hashlib
 import json
 import re
@@ -39,7 +38,8 @@ from django.contrib.auth import get_user_model
 
 from alwayson import tracing
 from alwayson.claude import client, transcript
-from alwayson.claude.models import ToolResult
+from alwayson.claude.models import ModelSettings, ToolResult
+from alwayson.claude.session import STATE_KEY, Answer, ClaudeSession, WaitingTurn
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.policy import ALLOW, ASK, DENY, Decision, check_policy, decide
 from alwayson.runtime.tools import (
@@ -56,8 +56,6 @@ from inbox import clock
 from inbox.models import Event, person_fields
 from inbox.services import retry_delay
 
-# The agent's part of the inbox's session state (Run.state).
-STATE_KEY = "claude"
 # Timers the model sets are namespaced, so they never take an application's timer key.
 TIMER_PREFIX = "claude:"
 # The name its approvals give the check of a person's edit (approvals.register_edit_check).
@@ -91,7 +89,8 @@ def _not_person_fields(relation):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """An inbox's Claude configuration: its AgentConfig over the ALWAYSON_CLAUDE_* defaults."""
+    """An inbox's Claude configuration: its AgentConfig and ModelSettings over the
+    ALWAYSON_CLAUDE_* defaults."""
 
     model: str
     # The built-in guidance, then the inbox's own prompt if it has one: one block each.
@@ -107,11 +106,13 @@ class AgentSettings:
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
-        config = AgentConfig.objects.filter(inbox_id=inbox.pk).first() or AgentConfig()
+        configs = AgentConfig.objects.select_related("model_settings")
+        config = configs.filter(inbox_id=inbox.pk).first() or AgentConfig()
+        sent = ModelSettings.of(config)
         tools = offered_tools(config.tools)
         # Saved through the admin, these were checked; a row written otherwise, or a default
         # changed since, fails the run here with the field named rather than the API's 400.
-        problems = config.model_settings_errors(tools)
+        problems = sent.refused(tools)
         if problems:
             raise ValueError(
                 f"the agent configuration of {inbox.slug}: "
@@ -126,10 +127,10 @@ class AgentSettings:
             policy={**settings.ALWAYSON_CLAUDE_POLICY, **(config.policy or {})},
             budget=config.daily_token_budget or settings.ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET,
             approval_window=timedelta(seconds=window),
-            max_tokens=config.max_tokens or settings.ALWAYSON_CLAUDE_MAX_TOKENS,
-            temperature=config.temperature,
-            thinking_budget=config.thinking_budget,
-            tool_choice=config.tool_choice,
+            max_tokens=sent.max_tokens or settings.ALWAYSON_CLAUDE_MAX_TOKENS,
+            temperature=sent.temperature,
+            thinking_budget=sent.thinking_budget,
+            tool_choice=sent.tool_choice,
         )
 
     def tool_choice_for(self, opening: bool) -> dict | None:
@@ -238,8 +239,8 @@ class ClaudeRun:
         self.run = run
         self.config = config
         # Worked on as a copy: run.state changes only when the run completes, asks or defers.
-        self.session = copy.deepcopy(run.state.get(STATE_KEY) or {})
-        self.runs = self.session.setdefault("runs", [])
+        self.session = ClaudeSession.from_state(run.state.get(STATE_KEY))
+        self.runs = self.session.runs
         # The answer event resumed calls belong to (the first asked call's): their tool calls
         # take their keys from it.
         self.key_event = None
@@ -259,42 +260,33 @@ class ClaudeRun:
             self._defer_for_outage(failure)
 
     def _go(self):
-        pending = self.session.pop("pending", None)
-        held = self.session.pop("held", [])
-        if pending is None:
+        turn, held = self.session.turn, self.session.held
+        self.session.turn, self.session.held = None, []
+        if turn is None:
             rendered = [transcript.render_event(e) for e in self.run.events]
             exchange = [{"role": "user", "content": [transcript.events_text(rendered)]}]
             self.runs.append(exchange)
             self._converse(exchange)
             return
-        pending = _upgraded(pending)
-        waiting, answers = pending["waiting"], pending["answers"]
-        self.ask_reasons = pending.setdefault("reasons", {})
-        asked = {request_id: tool_use_id for tool_use_id, request_id in waiting.items()}
-        answered = [
-            e for e in self.run.events if e.source == APPROVAL_SOURCE and e.source_id in asked
-        ]
-        for event in answered:
-            tool_use_id = asked[event.source_id]
-            answers[tool_use_id] = {"request_id": event.source_id, "payload": event.payload}
-            del waiting[tool_use_id]
+        self.ask_reasons = turn.reasons
+        answered = turn.take_answers(self.run.events)
         answer_ids = {id(e) for e in answered}
         held = held + [
             transcript.render_event(e) for e in self.run.events if id(e) not in answer_ids
         ]
-        if waiting:
+        if turn.waiting:
             # Calls still wait: keep what came for the turn that resumes them.
-            self._save(pending=pending, held=held)
+            self._save(turn=turn, held=held)
             return
         # The resumed calls belong to the first asked call's answer, whichever run it arrived
         # in: their keys come from it and the journal records them as made for it.
-        lead = answers[pending["remaining"][0]["id"]]["request_id"]
+        lead = turn.lead_request_id
         self.key_event = next(
             (e for e in answered if e.source_id == lead), None
         ) or Event.objects.get(inbox_id=self.run.inbox.pk, source=APPROVAL_SOURCE, source_id=lead)
         exchange = self.runs[-1]
-        results = list(pending["results"])
-        if self._decide(pending["remaining"], results, held, answers):
+        results = list(turn.results)
+        if self._decide(turn.remaining, results, held, turn.answers):
             return
         content = results + ([transcript.events_text(held)] if held else [])
         exchange.append({"role": "user", "content": content})
@@ -421,21 +413,17 @@ class ClaudeRun:
         # The asked calls are journaled when their answers resume them: their keys come from
         # the answer's event, which does not exist yet. Until then the approvals show them.
         reasons = self.ask_reasons | {call["id"]: d.because for call, _, d in asking}
-        pending = {
-            "results": results,
-            "remaining": rest,
-            "waiting": waiting,
-            "answers": answers,
-            "reasons": reasons,
-        }
-        self._save(pending=pending, held=held)
+        turn = WaitingTurn(
+            results=results, remaining=rest, waiting=waiting, answers=answers, reasons=reasons
+        )
+        self._save(turn=turn, held=held)
 
-    def _resolve(self, call, answered) -> dict:
+    def _resolve(self, call, answered: Answer) -> dict:
         """An answered call's result: run as approved (or as edited, or with the reply), or
         an error result that says why not."""
         name, tool_use_id = call["name"], call["id"]
-        payload = answered["payload"] if isinstance(answered["payload"], dict) else {}
-        request_id = answered["request_id"]
+        payload = answered.payload if isinstance(answered.payload, dict) else {}
+        request_id = answered.request_id
         word = payload.get("answer")
         names = payload.get("names") if isinstance(payload.get("names"), dict) else {}
         tool = self.config.tools.get(name)
@@ -659,20 +647,17 @@ class ClaudeRun:
 
     # --- the session --------------------------------------------------------------------
 
-    def _save(self, pending=None, held=()):
+    def _save(self, turn=None, held=()):
         session = self.session
-        session["runs"] = transcript.bound(
+        session.runs = transcript.bound(
             self.runs,
             settings.ALWAYSON_CLAUDE_KEEP_RUNS,
             settings.ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS,
             settings.ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS,
         )
-        session.pop("api_failures", None)
-        if pending is not None:
-            session["pending"] = pending
-        if held:
-            session["held"] = list(held)
-        self.run.state[STATE_KEY] = session
+        session.api_failures = 0
+        session.turn, session.held = turn, list(held)
+        self.run.state[STATE_KEY] = session.to_state()
 
     def _defer_for_budget(self, spent: client.BudgetSpent):
         reset = f"{spent.reset:%Y-%m-%d %H:%M} UTC"
@@ -681,10 +666,12 @@ class ClaudeRun:
             f"no model call until {reset}",
             until=spent.reset,
         )
-        state = self.run.state.setdefault(STATE_KEY, {})
+        # The session as stored: what this run added to its copy is not kept.
+        stored = ClaudeSession.from_state(self.run.state.get(STATE_KEY))
         day = (spent.reset - timedelta(days=1)).date().isoformat()
-        if state.get("budget_notice") != day:
-            state["budget_notice"] = day
+        if stored.budget_notice != day:
+            stored.budget_notice = day
+            self.run.state[STATE_KEY] = stored.to_state()
             self.run.say(
                 f"I have used today's token budget ({spent.used} of {spent.budget} tokens), so "
                 f"I am not calling the model until {reset}. Nothing is lost: waiting events "
@@ -693,9 +680,10 @@ class ClaudeRun:
             )
 
     def _defer_for_outage(self, failure: client.ModelUnavailable):
-        state = self.run.state.setdefault(STATE_KEY, {})
-        failures = state.get("api_failures", 0) + 1
-        state["api_failures"] = failures
+        stored = ClaudeSession.from_state(self.run.state.get(STATE_KEY))
+        stored.api_failures += 1
+        self.run.state[STATE_KEY] = stored.to_state()
+        failures = stored.api_failures
         delay = retry_delay(failures)
         if failure.retry_after is not None:
             delay = max(delay, timedelta(seconds=failure.retry_after))
@@ -704,19 +692,6 @@ class ClaudeRun:
             f"{int(delay.total_seconds())} s: {failure.reason}",
             delay=delay,
         )
-
-
-def _upgraded(pending) -> dict:
-    """A pending turn as this version keeps it: a session saved by one that asked a single
-    call at a time ({"request_id", "call", "results", "remaining"}) resumes the same way."""
-    if "waiting" in pending:
-        return pending
-    return {
-        "results": pending["results"],
-        "remaining": [pending["call"], *pending["remaining"]],
-        "waiting": {pending["call"]["id"]: pending["request_id"]},
-        "answers": {},
-    }
 
 
 def _asking_words(actions, window, link) -> str:

@@ -3,7 +3,8 @@
 Read only where a Claude agent runs: an inbox whose agent is alwayson.claude.agent, or every
 inbox when ALWAYSON_AGENT names it. `runworker` checks the key at start-up in that case, so
 the refund desk (the default) needs none of these. Each inbox may override the model, the
-prompt, the tools, the policy, the budget and the approval window in the admin (AgentConfig).
+prompt, the tools, the policy, the budget and the approval window in the admin (AgentConfig),
+and the Messages API settings (ModelSettings, on the same page).
 """
 
 from . import env

@@ -24,11 +24,13 @@ from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.db.models import Min
 from django.test import Client
 from django.urls import reverse
 
-from alwayson.claude.models import ModelCall, ToolResult
+from alwayson.claude.models import ModelCall, ModelSettings, ToolResult
+from alwayson.claude.session import STATE_KEY, ClaudeSession
 from alwayson.runtime.loading import load_agent
 from alwayson.runtime.management.commands import rundispatcher, runscheduler
 from alwayson.runtime.models import AgentConfig
@@ -51,6 +53,8 @@ from .clock import Clock, duration
 MAX_STEPS = 1000
 #: Instants one `advance` may stop at, each with its own `run_until_idle`.
 MAX_STOPS = 1000
+# The keywords of inbox() that are the Claude agent's ModelSettings, not its AgentConfig.
+MODEL_SETTINGS = ("max_tokens", "temperature", "thinking_budget", "tool_choice")
 
 ALLOWED, ASKED, DENIED, REFUSED, UNANSWERED = "allowed", "asked", "denied", "refused", "unanswered"
 
@@ -175,15 +179,22 @@ class Harness:
 
         `agent`: its own agent (a dotted path, or a module-level callable), stored as its
         AgentConfig with `config` (tools, policy, model, system_prompt, daily_token_budget,
-        approval_window), checked as the admin checks it. `channel`: fields of its outbox
-        channel (default: email to the owner).
+        approval_window; and the Claude agent's ModelSettings: max_tokens, temperature,
+        thinking_budget, tool_choice), checked as the admin checks it. `channel`: fields of
+        its outbox channel (default: email to the owner).
         """
         owner = owner or self.person(f"{slug}-owner")
         inbox = Inbox.objects.create(owner=owner, slug=slug)
-        if agent is not None or config:
+        sent = {name: config.pop(name) for name in MODEL_SETTINGS if name in config}
+        if agent is not None or config or sent:
             row = AgentConfig(inbox=inbox, agent=_dotted_path(agent) if agent else "", **config)
             row.full_clean()
-            row.save()
+            with transaction.atomic():
+                row.save()
+                if sent:
+                    settings_row = ModelSettings(config=row, **sent)
+                    settings_row.full_clean()
+                    settings_row.save()
         if channel:
             Channel.objects.update_or_create(inbox=inbox, defaults=channel)
         return AgentInbox(self, inbox)
@@ -440,9 +451,9 @@ class AgentInbox:
         if self.harness.model is not None:
             requests = self.harness.model.messages_requests
             conversations += [r.body.get("messages") or [] for r in requests if r.body]
-        session = self.state.get("claude") or {}
-        conversations.append([message for run in session.get("runs") or [] for message in run])
-        held_back = (session.get("pending") or {}).get("results") or []
+        session = ClaudeSession.from_state(self.state.get(STATE_KEY))
+        conversations.append([message for run in session.runs for message in run])
+        held_back = session.turn.results if session.turn is not None else []
         conversations.append([{"role": "user", "content": held_back}])
         found = {}
         for messages in conversations:

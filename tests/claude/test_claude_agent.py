@@ -14,6 +14,7 @@ import pytest
 from django.db.models import F
 
 from alwayson.claude import transcript
+from alwayson.claude.conversations import reset_conversations
 from alwayson.claude.models import ModelCall
 from alwayson.claude.runner import DEFAULT_SYSTEM_PROMPT, STATE_KEY
 from alwayson.demo.models import Refund
@@ -36,7 +37,7 @@ from alwayson.testing.model import (
 from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox import clock
-from inbox.models import Event, Lease, Session
+from inbox.models import Event, Inbox, Lease, Session
 from inbox.services import Held, SaveState, acquire, claim_batch, finish, ingest, ingest_many
 from outbox.models import OutboxMessage
 from tests.support import claude_tools
@@ -1109,7 +1110,7 @@ def test_settings_the_api_would_refuse_fail_the_run_naming_the_field(messages_ap
 
 
 def reset(inbox):
-    return AgentConfig.objects.filter(inbox=inbox).reset_conversations()
+    return reset_conversations(Inbox.objects.filter(pk=inbox.pk))
 
 
 def test_a_reset_conversation_starts_afresh_at_the_next_run(messages_api, claude_inbox):

@@ -9,6 +9,7 @@ import json
 import re
 from datetime import timedelta
 from types import SimpleNamespace
+from unittest.mock import ANY
 
 import pytest
 from django.core.validators import MaxLengthValidator
@@ -828,6 +829,50 @@ def test_a_call_pending_in_the_old_sessions_shape_still_resumes(desk):
     [result] = results_of(resume(desk))
     assert result["tool_use_id"] == call["id"]
     assert json.loads(result["content"])["refunded"] == 120
+
+
+def test_a_turn_in_the_old_sessions_shape_resumes_the_calls_after_the_asked_one(desk):
+    refund = tool_use("refund", {"order": "881", "amount": 120})
+    lookup = tool_use("lookup_order", {"order": "881"})
+    [approval] = ask(desk, refund, lookup)
+    session = Session.objects.get(inbox=desk.inbox)
+    state = session.state
+    new = state[STATE_KEY]["pending"]
+    assert [call["id"] for call in new["remaining"]] == [refund["id"], lookup["id"]]
+    # One asked call at a time: the asked call apart, the calls after it in "remaining".
+    state[STATE_KEY]["pending"] = {
+        "request_id": approval.request_id,
+        "call": new["remaining"][0],
+        "results": new["results"],
+        "remaining": new["remaining"][1:],
+    }
+    Session.objects.filter(pk=session.pk).update(state=state)
+    claude_tools.CALLS.clear()
+
+    answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana)
+
+    results = results_of(resume(desk))
+    assert [r["tool_use_id"] for r in results] == [refund["id"], lookup["id"]]
+    assert json.loads(results[0]["content"])["refunded"] == 120
+    assert results[1]["content"] == "order 881: delivered on 2026-02-27"
+    assert [name for name, *_ in claude_tools.CALLS] == ["refund", "lookup_order"]
+    assert pending(desk.inbox) is None
+
+
+def test_a_turn_saved_before_the_journal_kept_why_it_asked_still_resumes(desk):
+    call = tool_use("refund", {"order": "881", "amount": 120})
+    [approval] = ask(desk, call)
+    session = Session.objects.get(inbox=desk.inbox)
+    state = session.state
+    assert state[STATE_KEY]["pending"].pop("reasons") == {call["id"]: ANY}
+    Session.objects.filter(pk=session.pk).update(state=state)
+
+    answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana)
+
+    [result] = results_of(resume(desk))
+    assert json.loads(result["content"])["refunded"] == 120
+    row = ToolResult.objects.get(tool="refund")
+    assert (row.decision, row.decision_reason, row.approval_id) == ("ask", "", approval.pk)
 
 
 def test_a_turns_asks_are_one_email_to_each_approver_listing_them_all(desk, settings):

@@ -2,8 +2,10 @@
 with validation, the worker's start-up key check, the generic deferral, the dashboard's
 token numbers."""
 
+import json
 import re
 from datetime import timedelta
+from unittest.mock import ANY
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -15,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from alwayson.claude.apps import checked_policy
-from alwayson.claude.models import ModelCall
+from alwayson.claude.models import ModelCall, ModelSettings
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.policy import ASK, check_policy, check_policy_syntax, decide
@@ -26,6 +28,7 @@ from inbox.models import Event, Lease, Session
 from inbox.services import Defer, Failed, Held, acquire, claim_batch, finish, ingest
 from outbox.models import OutboxMessage
 from outbox.services import Say
+from tests.support.admin import agent_config_form
 from tests.support.wording import in_html, limit_error
 
 REFUND_POLICY = {
@@ -122,23 +125,7 @@ def tools_module(settings):
     settings.ALWAYSON_CLAUDE_TOOLS = ["tests.support.claude_tools"]
 
 
-def config_form(inbox, **fields):
-    data = {
-        "inbox": inbox.pk,
-        "agent": "alwayson.claude.agent",
-        "model": "",
-        "system_prompt": "",
-        "tools": "",
-        "policy": "{}",
-        "daily_token_budget": "",
-        "approval_window": "",
-        "max_tokens": "",
-        "temperature": "",
-        "thinking_budget": "",
-        "tool_choice": "",
-    }
-    data.update(fields)
-    return data
+config_form = agent_config_form
 
 
 # What the Messages API would refuse, refused on saving, by field (ALWAYSON_CLAUDE_MAX_TOKENS
@@ -218,31 +205,60 @@ def test_a_bad_agent_configuration_is_a_form_error_and_nothing_is_stored(
     assert not AgentConfig.objects.exists()
 
 
+def model_settings(inbox, **fields) -> ModelSettings:
+    """Settings of a configuration that offers `tools` (every tool when not given)."""
+    config = AgentConfig.objects.create(
+        inbox=inbox, agent="alwayson.claude.agent", tools=fields.pop("tools", None)
+    )
+    return ModelSettings(config=config, **fields)
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(("fields", "field", "error"), BAD_MODEL_SETTINGS)
 def test_model_settings_the_api_would_refuse_are_refused_naming_the_field(
     make_inbox, tools_module, fields, field, error
 ):
-    config = AgentConfig(inbox=make_inbox(), agent="alwayson.claude.agent", **fields)
+    settings_row = model_settings(make_inbox(), **fields)
     with pytest.raises(ValidationError) as raised:
-        config.full_clean()
+        settings_row.full_clean()
     assert list(raised.value.message_dict) == [field]
     [message] = raised.value.message_dict[field]
     assert error in message
 
 
+def test_model_settings_without_a_configuration_are_refused_naming_both():
+    with pytest.raises(ValidationError) as raised:
+        ModelSettings(max_tokens=0).full_clean()
+    assert raised.value.message_dict == {
+        "config": ["This field cannot be null."],
+        "max_tokens": ["must be at least 1, not 0"],
+    }
+
+
 @pytest.mark.django_db
-@pytest.mark.parametrize(("fields", "field", "error"), BAD_MODEL_SETTINGS[:3])
+@pytest.mark.parametrize(
+    ("fields", "field", "error"),
+    [*BAD_MODEL_SETTINGS[:3], *(case for case in BAD_MODEL_SETTINGS if "tools" in case[0])],
+)
 def test_bad_model_settings_are_a_form_error_in_the_admin(
     admin_client, make_inbox, tools_module, fields, field, error
 ):
     inbox = make_inbox()
-    form = config_form(inbox, **{name: str(value) for name, value in fields.items()})
+    form = config_form(
+        inbox,
+        **{
+            name: json.dumps(value) if name == "tools" else str(value)
+            for name, value in fields.items()
+        },
+    )
     response = admin_client.post(reverse("admin:alwayson_agentconfig_add"), form)
     assert response.status_code == 200
-    assert error in response.content.decode()
-    assert list(response.context["adminform"].form.errors) == [field]
+    assert in_html(error) in response.content.decode()
+    assert not response.context["adminform"].form.errors
+    [inline] = response.context["inline_admin_formsets"]
+    assert inline.formset.errors == [{field: [ANY]}]
     assert not AgentConfig.objects.exists()
+    assert not ModelSettings.objects.exists()
 
 
 @pytest.mark.django_db
@@ -253,12 +269,45 @@ def test_model_settings_are_saved_from_the_admin(admin_client, make_inbox, tools
         config_form(inbox, max_tokens="8000", thinking_budget="2048", tool_choice="none"),
     )
     assert response.status_code == 302, response.content.decode()[:3000]
-    config = AgentConfig.objects.get(inbox=inbox)
-    assert (config.max_tokens, config.thinking_budget, config.tool_choice) == (8000, 2048, "none")
-    assert config.temperature is None
-    AgentConfig.objects.filter(inbox=inbox).update(thinking_budget=None, temperature=0.3)
-    config.refresh_from_db()
-    config.full_clean()  # a temperature without thinking is fine
+    settings_row = ModelSettings.objects.get(config__inbox=inbox)
+    assert (settings_row.max_tokens, settings_row.thinking_budget, settings_row.tool_choice) == (
+        8000,
+        2048,
+        "none",
+    )
+    assert settings_row.temperature is None
+    ModelSettings.objects.filter(pk=inbox.pk).update(thinking_budget=None, temperature=0.3)
+    settings_row.refresh_from_db()
+    settings_row.full_clean()  # a temperature without thinking is fine
+
+
+@pytest.mark.django_db
+def test_model_settings_are_checked_against_the_tools_saved_with_them(
+    admin_client, make_inbox, tools_module
+):
+    """On the change page, the tools as edited on it decide which tool tool_choice may name,
+    not those saved before."""
+    inbox = make_inbox()
+    config = AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent")
+    ModelSettings.objects.create(config=config, tool_choice="refund")
+    change = reverse("admin:alwayson_agentconfig_change", args=[inbox.pk])
+
+    narrowed = config_form(
+        inbox, initial_settings=1, tools='["lookup_order"]', tool_choice="refund"
+    )
+    response = admin_client.post(change, narrowed)
+    assert response.status_code == 200
+    [inline] = response.context["inline_admin_formsets"]
+    assert list(inline.formset.errors[0]) == ["tool_choice"]
+    assert AgentConfig.objects.get().tools is None
+
+    chosen = config_form(
+        inbox, initial_settings=1, tools='["lookup_order"]', tool_choice="lookup_order"
+    )
+    response = admin_client.post(change, chosen)
+    assert response.status_code == 302, response.content.decode()[:3000]
+    assert AgentConfig.objects.get().tools == ["lookup_order"]
+    assert ModelSettings.objects.get().tool_choice == "lookup_order"
 
 
 @pytest.mark.django_db

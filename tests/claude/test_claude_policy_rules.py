@@ -17,6 +17,7 @@ from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox.services import ingest
 from tests.support import policy_tools
+from tests.support.admin import agent_config_form
 
 pytestmark = pytest.mark.django_db
 
@@ -29,16 +30,7 @@ def tools_modules(settings):
 
 
 def config_form(inbox, policy):
-    return {
-        "inbox": inbox.pk,
-        "agent": "alwayson.claude.agent",
-        "model": "",
-        "system_prompt": "",
-        "tools": "",
-        "policy": policy,
-        "daily_token_budget": "",
-        "approval_window": "",
-    }
+    return agent_config_form(inbox, policy=policy)
 
 
 # --- the admin ----------------------------------------------------------------------------------

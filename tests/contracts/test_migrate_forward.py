@@ -43,15 +43,13 @@ NEWER_TABLES = {
     "alwayson_web_livechange": "livechange",
     "alwayson_web_livewatch": "livewatch",
     "alwayson_toolresult_events": "toolresult_events",
+    # AgentConfig's model settings moved there after the move, from columns of 0009; the old
+    # layout's rows set none of them, so none is copied (tests/contracts/
+    # test_migrate_model_settings.py copies some).
+    "alwayson_claude_modelsettings": "modelsettings",
 }
 # Columns added by migrations after the move: the old layout's rows get their defaults.
 NEWER_COLUMNS = {
-    "alwayson_agentconfig": {
-        "max_tokens": None,
-        "temperature": None,
-        "thinking_budget": None,
-        "tool_choice": "",
-    },
     "alwayson_modelcall": {"duration_ms": None},
     "alwayson_toolresult": {
         "decision": "",

@@ -32,3 +32,34 @@ def timer_form(inbox, **fields):
     }
     data.update(fields)
     return data
+
+
+# The agent configuration's page carries its model settings inline (alwayson/claude/admin.py).
+MODEL_SETTINGS = "model_settings"
+
+
+def agent_config_form(inbox, *, initial_settings=0, **fields):
+    """The agent configuration page's fields, its model settings inline (max_tokens,
+    temperature, thinking_budget, tool_choice: blank unless given); `initial_settings`: 1 when
+    the configuration has its settings row already (its change page)."""
+    settings_fields = ("max_tokens", "temperature", "thinking_budget", "tool_choice")
+    data = {
+        "inbox": inbox.pk,
+        "agent": "alwayson.claude.agent",
+        "model": "",
+        "system_prompt": "",
+        "tools": "",
+        "policy": "{}",
+        "daily_token_budget": "",
+        "approval_window": "",
+        f"{MODEL_SETTINGS}-TOTAL_FORMS": "1",
+        f"{MODEL_SETTINGS}-INITIAL_FORMS": str(initial_settings),
+        f"{MODEL_SETTINGS}-MIN_NUM_FORMS": "0",
+        f"{MODEL_SETTINGS}-MAX_NUM_FORMS": "1",
+        f"{MODEL_SETTINGS}-0-config": inbox.pk if initial_settings else "",
+    }
+    data |= {f"{MODEL_SETTINGS}-0-{name}": "" for name in settings_fields}
+    for name, value in fields.items():
+        key = f"{MODEL_SETTINGS}-0-{name}" if name in settings_fields else name
+        data[key] = value
+    return data

@@ -161,6 +161,16 @@ def test_an_inbox_agent_config_is_checked_as_the_admin_checks_it(harness):
         harness.inbox("desk", agent="tests.support.kit_agents.nowhere")
     with pytest.raises(ValueError, match="dotted path"):
         harness.inbox("other", agent=lambda run: None)
+    with pytest.raises(ValidationError, match="must be at least 1024 tokens"):
+        harness.inbox("thinker", agent="alwayson.claude.agent", thinking_budget=512)
+    with pytest.raises(ValidationError, match="the name of a tool the inbox offers"):
+        harness.inbox("chooser", agent="alwayson.claude.agent", tools=[], tool_choice="refund")
+    from alwayson.claude.models import ModelSettings
+    from alwayson.runtime.models import AgentConfig
+
+    assert not AgentConfig.objects.filter(inbox__slug__in=["thinker", "chooser"]).exists()
+    harness.inbox("sender", agent="alwayson.claude.agent", tools=[], tool_choice="send_message")
+    assert ModelSettings.objects.get(config__inbox__slug="sender").tool_choice == "send_message"
 
 
 # --- time travel ---------------------------------------------------------------------------------

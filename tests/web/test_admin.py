@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from alwayson.claude.models import ModelCall, ToolResult
+from alwayson.claude.models import ModelCall, ModelSettings, ToolResult
 from alwayson.demo.models import Refund
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.models import Process
@@ -110,7 +110,9 @@ def grow(make_inbox, count):
         )
         Channel.objects.create(inbox=inbox, email=f"owner{n}@example.com" if n % 2 else "")
         Refund.objects.create(idempotency_key=f"refund-{n}", order=str(n))
-        AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent", policy={})
+        config = AgentConfig.objects.create(inbox=inbox, agent="alwayson.claude.agent", policy={})
+        if n % 2:  # its change page with the model settings inline, and without
+            ModelSettings.objects.create(config=config, max_tokens=1000 + n, tool_choice="auto")
         ModelCall.objects.create(
             inbox=inbox,
             request_key=f"{n:064d}",
@@ -146,6 +148,8 @@ def queries_for(client, path):
 # The live pages' cursor and LISTEN bookkeeping (alwayson/web/live.py): nothing an operator
 # reads or acts on, so not in the admin's index or sidebar.
 INTERNAL = {LiveChange, LiveWatch}
+# Edited inline on another model's page: model -> the model whose page has it.
+INLINE = {ModelSettings: AgentConfig}
 
 
 def test_every_model_of_the_apps_is_registered_but_the_internal_ones():
@@ -153,7 +157,10 @@ def test_every_model_of_the_apps_is_registered_but_the_internal_ones():
     labels += [f"alwayson_{app}" for app in ("egress", "ops", "claude", "demo", "web")]
     for label in labels:
         for model in apps.get_app_config(label).get_models():
-            assert admin.site.is_registered(model) == (model not in INTERNAL), model
+            registered = model not in INTERNAL and model not in INLINE
+            assert admin.site.is_registered(model) == registered, model
+    for model, page in INLINE.items():
+        assert model in [inline.model for inline in admin.site.get_model_admin(page).inlines]
 
 
 def test_the_admin_index_lists_no_internal_table(admin_client):
