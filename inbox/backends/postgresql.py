@@ -671,9 +671,10 @@ class PostgreSQL(Backend):
                 if marked:
                     _planned_by_index.discard(raw)
             if inside:
-                with connection.wrap_database_errors, _PreparingCursor(
-                    connection.connection
-                ) as cursor:
+                with (
+                    connection.wrap_database_errors,
+                    _PreparingCursor(connection.connection) as cursor,
+                ):
                     cursor.execute(AS_BEFORE)
 
     def out_of_time(self, exc, wait):
@@ -699,9 +700,10 @@ class PostgreSQL(Backend):
                 cursor.execute(STATEMENT_TIMEOUT, {"statement_timeout": _lease_timeout()})
             yield
             if inside:
-                with connection.wrap_database_errors, _PreparingCursor(
-                    connection.connection
-                ) as cursor:
+                with (
+                    connection.wrap_database_errors,
+                    _PreparingCursor(connection.connection) as cursor,
+                ):
                     cursor.execute(STATEMENT_TIMEOUT_AS_BEFORE)
 
     @contextmanager

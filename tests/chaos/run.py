@@ -19,6 +19,7 @@ from tests.chaos.clients import Log, read_log
 from tests.chaos.cluster import Cluster, free_port
 from tests.chaos.faults import Injector
 from tests.chaos.fleet import Fleet
+from tests.chaos.proxies import RUN, Proxies
 from tests.chaos.network import (
     STANDARD_SECRET,
     Receipts,
@@ -50,6 +51,8 @@ class ChaosRun:
         self.say = lambda text: say(f"{time.time() - self.started:6.1f}s {text}")
         self.drain_timeout = drain_timeout
         self.cluster = None
+        self.standby = None
+        self.proxies = None
         self.fleet = None
         self.receivers = []
         self.senders = []
@@ -61,20 +64,25 @@ class ChaosRun:
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             self.cluster = Cluster.create()
+            if self.plan.failover:
+                self.standby = self.cluster.add_synchronous_standby()
+            self.proxies = Proxies(self.cluster.port, self.plan.process_names)
+            self.proxies.start()
             return self._run()
         finally:
             self._clean_up()
             signal.signal(signal.SIGTERM, previous)
 
     def _run(self) -> Report:
-        plan, cluster = self.plan, self.cluster
+        plan, cluster, proxies = self.plan, self.cluster, self.proxies
+        standby = f", synchronous standby {self.standby.name}" if self.standby else ""
         self.say(
-            f"chaos: seed {plan.seed}, {plan.seconds:g} s of faults, outage {plan.outage:g} s;"
-            f" cluster {cluster.name} (PostgreSQL {cluster.version}) on port {cluster.port};"
-            f" work dir {self.workdir}"
+            f"chaos: seed {plan.seed}, {plan.seconds:g} s of faults, {self._database_faults()};"
+            f" cluster {cluster.name} (PostgreSQL {cluster.version}) on port {cluster.port}"
+            f"{standby}, every process through a proxy of its own; work dir {self.workdir}"
         )
         cluster.create_database("chaos")
-        state.use_database(cluster.url("chaos"))
+        state.use_database(proxies.url(RUN, cluster.url("chaos")))
         plan_path = self.workdir / "plan.json"
         plan_path.write_text(plan.to_json())
 
@@ -90,11 +98,12 @@ class ChaosRun:
         t0_holder = []
         self.fleet = fleet = Fleet(
             plan,
-            self._env(cluster, smtp.port, runall_addr),
+            self._env(smtp.port, runall_addr),
             self.workdir,
             runall_addr,
             plan_path,
             t0_of=lambda: t0_holder[0],
+            url_of=lambda name: proxies.url(name, cluster.url("chaos")),
         )
         fleet.start({WORKER, SCHEDULER, DISPATCHER, RUNALL})
         self._wait_ready(fleet, runall_addr)
@@ -104,7 +113,7 @@ class ChaosRun:
         self._start_senders(runall_addr, t0)
         self.say(f"chaos: load and faults for {plan.seconds:g} s")
 
-        injector = Injector(plan, fleet, cluster, t0, self.say)
+        injector = Injector(plan, fleet, cluster, t0, self.say, proxies, self.standby)
         injector.start()
         self._supervise(fleet, injector, lambda: time.time() < t0 + plan.seconds)
         injector.end_window()
@@ -135,7 +144,8 @@ class ChaosRun:
         report = check(observed)
         report.title = (
             f"Chaos run: seed {plan.seed}, {plan.seconds:g} s of faults"
-            f" (outage {plan.outage:g} s), {len(plan.inboxes)} inboxes,"
+            f" ({self._database_faults()}, network faults through per-process proxies),"
+            f" {len(plan.inboxes)} inboxes,"
             f" {plan.workers} runworker x {plan.concurrency} + runall, drained in"
             f" {drain['seconds']:.1f} s"
         )
@@ -144,10 +154,15 @@ class ChaosRun:
 
     # --- pieces ------------------------------------------------------------------------------
 
-    def _env(self, cluster, smtp_port, runall_addr) -> dict:
+    def _database_faults(self) -> str:
+        if self.plan.failover:
+            return "a failover to a synchronous standby"
+        return f"restarts and a {self.plan.outage:g} s outage"
+
+    def _env(self, smtp_port, runall_addr) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ALWAYSON_")}
         env.update(
-            DATABASE_URL=cluster.url("chaos"),
+            # Each process's own proxy goes in at its start (Proc.env_for).
             DJANGO_SETTINGS_MODULE="alwayson.settings",
             DEBUG="true",
             PYTHONUNBUFFERED="1",
@@ -162,6 +177,14 @@ class ChaosRun:
             # Shorter than a stall, so a process frozen mid-transaction loses its session.
             ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT="5",
             ALWAYSON_INGEST_LOCK_WAIT="2",
+            # Liveness (issue 38): a connection to a blackholed proxy fails to open in 3 s,
+            # and a silent one is given up in seconds; the lease's own deadline (the TTL)
+            # covers a worker whose statements wait on a proxy that holds them.
+            ALWAYSON_DB_CONNECT_TIMEOUT="3",
+            ALWAYSON_DB_KEEPALIVES_IDLE="2",
+            ALWAYSON_DB_KEEPALIVES_INTERVAL="1",
+            ALWAYSON_DB_KEEPALIVES_COUNT="3",
+            ALWAYSON_DB_TCP_USER_TIMEOUT="5",
             ALWAYSON_STANDARD_SECRETS=STANDARD_SECRET,
             ALWAYSON_SITE_URL=f"http://{runall_addr}",
             EMAIL_URL=f"smtp://127.0.0.1:{smtp_port}",
@@ -303,9 +326,12 @@ class ChaosRun:
             with contextlib.suppress(Exception):  # best effort on the way out
                 receiver.stop()
         connection.close()
-        if self.cluster is not None:
-            self.cluster.drop()
-            self.say(f"chaos: cluster {self.cluster.name} dropped")
+        if self.proxies is not None:
+            self.proxies.stop()
+        for cluster in (self.cluster, self.standby):
+            if cluster is not None:
+                cluster.drop()
+                self.say(f"chaos: cluster {cluster.name} dropped")
 
 
 def _answers(url) -> bool:
