@@ -664,4 +664,6 @@ def _check_faults(report, observed):
     report.add(section, "  proxy-reset: connections reset", sum(f.get("reset", 0) for f in resets))
     for fault in observed.faults:
         if fault["kind"] == FAILOVER:
-            report.add(section, "  failover: primary down (s)", round(fault["end"] - fault["start"], 1))
+            report.add(
+                section, "  failover: primary down (s)", round(fault["end"] - fault["start"], 1)
+            )

@@ -136,7 +136,10 @@ class Cluster:
             data = standby.data_directory()
             # pg_basebackup fills an empty directory; the directory itself stays the owner's.
             for entry in Path(data).iterdir():
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
             as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
             _run(
                 *as_owner,

@@ -97,8 +97,7 @@ class Command(BaseCommand):
         if report:
             report.write_text(json.dumps({"seed": seed, **result.as_dict()}, indent=1))
         replay = f"python -m tests.chaos --seed {seed} --seconds {options['seconds']:g}"
-        if failover:
-            replay += " --failover"
+        replay += " --failover" if failover else f" --outage {options['outage']:g}"
         if result.failures:
             raise CommandError(
                 f"{len(result.failures)} invariant(s) failed (seed {seed}; replay: {replay});"

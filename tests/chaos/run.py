@@ -19,7 +19,6 @@ from tests.chaos.clients import Log, read_log
 from tests.chaos.cluster import Cluster, free_port
 from tests.chaos.faults import Injector
 from tests.chaos.fleet import Fleet
-from tests.chaos.proxies import RUN, Proxies
 from tests.chaos.network import (
     STANDARD_SECRET,
     Receipts,
@@ -28,6 +27,7 @@ from tests.chaos.network import (
     WebhookSender,
 )
 from tests.chaos.plan import ANSWERER, DISPATCHER, INGESTER, RUNALL, SCHEDULER, WORKER, Plan
+from tests.chaos.proxies import RUN, Proxies
 
 READY_TIMEOUT = 120  # seconds for every process to connect (CI machines are slow to start)
 QUIET = 1.5  # seconds settled, and without a new delivery, before the run counts as drained
