@@ -268,7 +268,7 @@ def schedule_faults(rng, plan) -> list[Fault]:
     workers are stalled: each stalled worker wakes up to a live database, where its finish
     meets the fence. The database faults follow, each in a slot of its own so that their
     recoveries do not overlap; in the failover scenario one failover takes their place. A
-    terminate needs a live database, so none falls while it
+    terminate and a network fault need connections to hit, so none falls while the database
     is down.
     """
     start, end = WARMUP, plan.seconds - 2
