@@ -306,6 +306,12 @@ def _check_runs(report, observed, events) -> list[dict]:
     )
     report.add(section, "runs stopped by LeaseLost (worker logs)", logs.get("fenced", 0), "counted")
     report.add(
+        section,
+        "  leases lost at the run's own deadline (worker logs)",
+        logs.get("deadline", 0),
+        "counted",
+    )
+    report.add(
         section, "runs that failed (poison, severed connections)", logs.get("failed", 0), "counted"
     )
     return runs

@@ -309,6 +309,8 @@ class ChaosRun:
             counts["refused"] += text.count("outcome=refused (the fence refused the finish)")
             counts["fenced"] += text.count("outcome=refused (fenced off mid-run)")
             counts["failed"] += text.count("outcome=error")
+            # No renewal by the deadline (a stall, a blackhole): the worker knew on its own.
+            counts["deadline"] += text.count("no renewal succeeded by the lease's deadline")
             for line in text.splitlines():
                 if re.search(r"Exception in thread (slot|heartbeat|listen)", line):
                     slot_deaths.append(f"{path.name}: {line.strip()}")
