@@ -671,5 +671,7 @@ def _check_faults(report, observed):
     for fault in observed.faults:
         if fault["kind"] == FAILOVER:
             report.add(
-                section, "  failover: primary down (s)", round(fault["end"] - fault["start"], 1)
+                section,
+                "  failover: lag, then primary down (s)",
+                round(fault["end"] - fault["start"], 1),
             )

@@ -124,9 +124,10 @@ class Cluster:
             "--no-sync",  # initdb's own sync: a scratch cluster; the server keeps fsync on
         )
 
-    def add_synchronous_standby(self) -> "Cluster":
+    def add_standby(self, via_port: int, synchronous: bool = True) -> "Cluster":
         """A streaming standby of this cluster (pg_basebackup -R into a cluster of its own),
-        made synchronous: from here on a commit returns once the standby has flushed it
+        replicating through `via_port` (a proxy the run can silence, for a replication lag).
+        Synchronous: from here on a commit returns once the standby has flushed it
         (synchronous_standby_names, synchronous_commit = on), so promoting it loses nothing
         acknowledged. Set after the copy, the standby's own settings stay those of a lone
         primary, which is what it becomes."""
@@ -144,25 +145,27 @@ class Cluster:
             _run(
                 *as_owner,
                 "pg_basebackup",
-                f"--dbname=host=127.0.0.1 port={self.port} user=postgres",
+                f"--dbname=host=127.0.0.1 port={via_port} user=postgres",
                 "--pgdata",
                 data,
-                "--write-recovery-conf",
+                "--write-recovery-conf",  # primary_conninfo: through via_port too
                 "--wal-method=stream",
                 "--checkpoint=fast",
                 "--no-sync",
             )
             standby.start()
+            state = "sync" if synchronous else "async"
             with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
-                conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
-                conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
-                conn.execute("SELECT pg_reload_conf()")
+                if synchronous:
+                    conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                    conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
+                    conn.execute("SELECT pg_reload_conf()")
                 deadline = time.monotonic() + START_TIMEOUT
                 while not conn.execute(
-                    "SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'"
+                    "SELECT 1 FROM pg_stat_replication WHERE sync_state = %s", [state]
                 ).fetchone():
                     if time.monotonic() > deadline:
-                        raise ClusterError(f"{standby.name} did not become a synchronous standby")
+                        raise ClusterError(f"{standby.name} did not stream as an {state} standby")
                     time.sleep(0.1)
         except BaseException:
             standby.drop()

@@ -39,6 +39,12 @@ class Command(BaseCommand):
             help="the failover scenario: a synchronous standby, promoted mid-run in place of"
             " the restarts and the outage",
         )
+        parser.add_argument(
+            "--asynchronous-standby",
+            action="store_true",
+            help="with --failover: an asynchronous standby, to see the checks catch what its"
+            " failover loses (the run must fail)",
+        )
         parser.add_argument("--drain-timeout", type=float, default=180)
         parser.add_argument("--workdir", type=Path, default=None, help="logs and records")
         parser.add_argument("--report", type=Path, default=None, help="write the table as JSON")
@@ -51,6 +57,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, seed, workdir, report, drain_timeout, recheck, failover, **options):
+        asynchronous = options.pop("asynchronous_standby")
+        if asynchronous and not failover:
+            raise CommandError("--asynchronous-standby is an option of --failover")
         if recheck:
             try:
                 result = check(Observed.load(recheck))
@@ -86,7 +95,13 @@ class Command(BaseCommand):
         keep = workdir is not None
         workdir = workdir or Path(tempfile.mkdtemp(prefix=f"alwayson-chaos-{seed}-"))
         workdir.mkdir(parents=True, exist_ok=True)
-        run = ChaosRun(plan, workdir, say=self.stdout.write, drain_timeout=drain_timeout)
+        run = ChaosRun(
+            plan,
+            workdir,
+            say=self.stdout.write,
+            drain_timeout=drain_timeout,
+            synchronous=not asynchronous,
+        )
         try:
             result = run.execute()
         except ClusterError as exc:
@@ -98,6 +113,8 @@ class Command(BaseCommand):
             report.write_text(json.dumps({"seed": seed, **result.as_dict()}, indent=1))
         replay = f"python -m tests.chaos --seed {seed} --seconds {options['seconds']:g}"
         replay += " --failover" if failover else f" --outage {options['outage']:g}"
+        if asynchronous:
+            replay += " --asynchronous-standby"
         if result.failures:
             raise CommandError(
                 f"{len(result.failures)} invariant(s) failed (seed {seed}; replay: {replay});"

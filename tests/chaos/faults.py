@@ -39,15 +39,17 @@ from tests.chaos.plan import (
 
 TERMINATE_SEARCH = 3.0  # seconds spent looking for a backend inside a transaction
 STALL_SEARCH = 5.0  # seconds spent looking for a worker in the middle of a slow run
+REPLICATION_LAG = 3.0  # seconds the standby falls behind before the failover
 DISTURBED_AFTER = 10.0  # seconds after a database fault in which a failed start is expected
 
 
 class Injector:
-    def __init__(self, plan, fleet, cluster, t0, say, proxies, standby=None):
+    def __init__(self, plan, fleet, cluster, t0, say, proxies, standby=None, replication=None):
         self.plan = plan
         self.fleet = fleet
         self.cluster = cluster  # the primary: the standby, once it is promoted
         self.standby = standby
+        self.replication = replication  # the standby's link to the primary (a TcpProxy)
         self.proxies = proxies
         self._silenced = Counter()  # blackholes in force, by proxy
         self.t0 = t0
@@ -337,20 +339,23 @@ class Injector:
     # --- the database, in its own thread -----------------------------------------------------
 
     def _failover(self) -> str:
-        """The primary dies (-m immediate: no shutdown checkpoint, sessions cut), the
-        synchronous standby is promoted, and every proxy sends new connections to it, as a
-        virtual IP or a connection router would."""
+        """The standby falls behind (its replication link silenced for REPLICATION_LAG while
+        the load goes on), then the primary dies (-m immediate: no shutdown checkpoint,
+        sessions cut), the standby is promoted, and every proxy sends new connections to it,
+        as a virtual IP or a connection router would. A synchronous primary acknowledges no
+        commit in the lag; an asynchronous one acknowledges commits the standby never gets."""
         start = time.time()
         old, new = self.cluster, self.standby
+        self.replication.blackhole()
+        time.sleep(REPLICATION_LAG)
         old.stop("immediate")
         stopped = time.time()
         new.promote()
         self.proxies.retarget(new.port)
         self.cluster, self.standby = new, None
         return (
-            f"{old.name} stopped -m immediate, {new.name} promoted"
-            f" {time.time() - stopped:.1f}s later; proxies repointed after"
-            f" {time.time() - start:.1f}s"
+            f"replication silenced {stopped - start:.1f}s, then {old.name} stopped -m immediate;"
+            f" {new.name} promoted and the proxies repointed {time.time() - stopped:.1f}s later"
         )
 
     def _database_loop(self):

@@ -61,7 +61,7 @@ WARMUP = 5.0  # seconds of load before the first fault
 CLEAN = 14.0  # seconds after the warm-up with the database up: the stalls' wake-ups
 RESTART_SLOT = 6.0  # seconds a database restart and its recovery take
 OUTAGE_RECOVERY = 6.0  # seconds after the outage before the run may end
-FAILOVER_SLOT = 12.0  # seconds a failover and the fleet's reconnection to the new primary take
+FAILOVER_SLOT = 15.0  # seconds a failover (its replication lag too) and the reconnections take
 MIN_SECONDS = 45
 # Approval decisions of the answerer, by weight: answered at once, tapped twice (yes then
 # no), answered after the deadline, or left to expire.

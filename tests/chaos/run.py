@@ -28,6 +28,7 @@ from tests.chaos.network import (
 )
 from tests.chaos.plan import ANSWERER, DISPATCHER, INGESTER, RUNALL, SCHEDULER, WORKER, Plan
 from tests.chaos.proxies import RUN, Proxies
+from tests.support.tcp_proxy import TcpProxy
 
 READY_TIMEOUT = 120  # seconds for every process to connect (CI machines are slow to start)
 QUIET = 1.5  # seconds settled, and without a new delivery, before the run counts as drained
@@ -44,7 +45,14 @@ def _interrupt(signum, frame):
 
 
 class ChaosRun:
-    def __init__(self, plan: Plan, workdir: Path, say=print, drain_timeout: float = 180):
+    def __init__(
+        self,
+        plan: Plan,
+        workdir: Path,
+        say=print,
+        drain_timeout: float = 180,
+        synchronous: bool = True,
+    ):
         self.plan = plan
         self.workdir = workdir
         self.started = time.time()
@@ -52,6 +60,8 @@ class ChaosRun:
         self.drain_timeout = drain_timeout
         self.cluster = None
         self.standby = None
+        self.synchronous = synchronous  # the failover's standby; asynchronous must lose events
+        self.replication = None  # the standby's link to the primary, silenced to make it lag
         self.proxies = None
         self.fleet = None
         self.receivers = []
@@ -65,7 +75,8 @@ class ChaosRun:
         try:
             self.cluster = Cluster.create()
             if self.plan.failover:
-                self.standby = self.cluster.add_synchronous_standby()
+                self.replication = TcpProxy("127.0.0.1", self.cluster.port).start()
+                self.standby = self.cluster.add_standby(self.replication.port, self.synchronous)
             self.proxies = Proxies(self.cluster.port, self.plan.process_names)
             self.proxies.start()
             return self._run()
@@ -75,7 +86,10 @@ class ChaosRun:
 
     def _run(self) -> Report:
         plan, cluster, proxies = self.plan, self.cluster, self.proxies
-        standby = f", synchronous standby {self.standby.name}" if self.standby else ""
+        standby = ""
+        if self.standby:
+            kind = "synchronous" if self.synchronous else "ASYNCHRONOUS"
+            standby = f", {kind} standby {self.standby.name}"
         self.say(
             f"chaos: seed {plan.seed}, {plan.seconds:g} s of faults, {self._database_faults()};"
             f" cluster {cluster.name} (PostgreSQL {cluster.version}) on port {cluster.port}"
@@ -113,7 +127,9 @@ class ChaosRun:
         self._start_senders(runall_addr, t0)
         self.say(f"chaos: load and faults for {plan.seconds:g} s")
 
-        injector = Injector(plan, fleet, cluster, t0, self.say, proxies, self.standby)
+        injector = Injector(
+            plan, fleet, cluster, t0, self.say, proxies, self.standby, self.replication
+        )
         injector.start()
         self._supervise(fleet, injector, lambda: time.time() < t0 + plan.seconds)
         injector.end_window()
@@ -156,7 +172,8 @@ class ChaosRun:
 
     def _database_faults(self) -> str:
         if self.plan.failover:
-            return "a failover to a synchronous standby"
+            kind = "synchronous" if self.synchronous else "ASYNCHRONOUS"
+            return f"a failover to a {kind} standby"
         return f"restarts and a {self.plan.outage:g} s outage"
 
     def _env(self, smtp_port, runall_addr) -> dict:
@@ -330,6 +347,8 @@ class ChaosRun:
         connection.close()
         if self.proxies is not None:
             self.proxies.stop()
+        if self.replication is not None:
+            self.replication.stop()
         for cluster in (self.cluster, self.standby):
             if cluster is not None:
                 cluster.drop()

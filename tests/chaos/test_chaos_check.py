@@ -387,7 +387,7 @@ def test_the_failover_scenario_needs_its_failover_and_no_restart(world):
     world.faults.append(fault(FAILOVER, T + 40, T + 43))
     report = check(world)
     assert failed(world) == []
-    assert report.value("  failover: primary down (s)") == 3.0
+    assert report.value("  failover: lag, then primary down (s)") == 3.0
 
 
 def test_processes_must_die_only_when_killed_and_stop_cleanly(world):
