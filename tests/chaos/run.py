@@ -172,8 +172,8 @@ class ChaosRun:
 
     def _database_faults(self) -> str:
         if self.plan.failover:
-            kind = "synchronous" if self.synchronous else "ASYNCHRONOUS"
-            return f"a failover to a {kind} standby"
+            kind = "a synchronous" if self.synchronous else "an ASYNCHRONOUS"
+            return f"a failover to {kind} standby"
         return f"restarts and a {self.plan.outage:g} s outage"
 
     def _env(self, smtp_port, runall_addr) -> dict:
