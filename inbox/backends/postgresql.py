@@ -655,7 +655,8 @@ class PostgreSQL(Backend):
         back at the end inside a caller's), so the next one on the connection is as usual."""
         inside = connection.in_atomic_block
         with transaction.atomic():
-            with _PreparingCursor(connection.connection) as cursor:
+            # psycopg's own cursor: its errors made Django's, which the loops' backoff waits out.
+            with connection.wrap_database_errors, _PreparingCursor(connection.connection) as cursor:
                 if wait is None:
                     cursor.execute(BY_INDEX)
                 else:
@@ -669,7 +670,10 @@ class PostgreSQL(Backend):
                 if marked:
                     _planned_by_index.discard(raw)
             if inside:
-                with _PreparingCursor(connection.connection) as cursor:
+                with (
+                    connection.wrap_database_errors,
+                    _PreparingCursor(connection.connection) as cursor,
+                ):
                     cursor.execute(AS_BEFORE)
 
     def out_of_time(self, exc, wait):
@@ -691,11 +695,14 @@ class PostgreSQL(Backend):
         of psycopg's own, as bounded()'s do: it is how a statement runs, not a query."""
         inside = connection.in_atomic_block
         with transaction.atomic():
-            with _PreparingCursor(connection.connection) as cursor:
+            with connection.wrap_database_errors, _PreparingCursor(connection.connection) as cursor:
                 cursor.execute(STATEMENT_TIMEOUT, {"statement_timeout": _lease_timeout()})
             yield
             if inside:
-                with _PreparingCursor(connection.connection) as cursor:
+                with (
+                    connection.wrap_database_errors,
+                    _PreparingCursor(connection.connection) as cursor,
+                ):
                     cursor.execute(STATEMENT_TIMEOUT_AS_BEFORE)
 
     @contextmanager

@@ -26,8 +26,11 @@ from tests.chaos.agent import (
 from tests.chaos.plan import (
     DATABASE_FAULTS,
     DISPATCHER,
-    FAULT_KINDS,
+    FAILOVER,
     KILL,
+    PROXY_BLACKHOLE,
+    PROXY_LATENCY,
+    PROXY_RESET,
     RUNALL,
     RUNALL_CHILD_KILL,
     STOP,
@@ -303,6 +306,12 @@ def _check_runs(report, observed, events) -> list[dict]:
     )
     report.add(section, "runs stopped by LeaseLost (worker logs)", logs.get("fenced", 0), "counted")
     report.add(
+        section,
+        "  leases lost at the run's own deadline (worker logs)",
+        logs.get("deadline", 0),
+        "counted",
+    )
+    report.add(
         section, "runs that failed (poison, severed connections)", logs.get("failed", 0), "counted"
     )
     return runs
@@ -499,6 +508,8 @@ def _explains_send(fault) -> bool:
         STOP,
         TERMINATE,
         RUNALL_CHILD_KILL,
+        PROXY_BLACKHOLE,  # the commit after the send held past the send's timeouts
+        PROXY_RESET,
     )
 
 
@@ -625,7 +636,7 @@ def _check_processes(report, observed):
 def _check_faults(report, observed):
     section = "faults injected"
     kinds = Counter(f["kind"] for f in observed.faults)
-    for kind in FAULT_KINDS:
+    for kind in observed.plan.fault_kinds:
         report.add(section, kind, kinds[kind], "must be > 0", kinds[kind] > 0)
     terminate = [f for f in observed.faults if f["kind"] == TERMINATE]
     mid = sum(1 for f in terminate if f.get("mid_transaction"))
@@ -636,9 +647,31 @@ def _check_faults(report, observed):
         "  stop: longest (s)",
         round(max((f["end"] - f["start"] for f in stops), default=0), 1),
     )
-    outage = [f for f in observed.faults if f["kind"] == "pg-outage"]
+    if not observed.plan.failover:
+        outage = [f for f in observed.faults if f["kind"] == "pg-outage"]
+        report.add(
+            section,
+            "  pg-outage: seconds down",
+            round(sum(f["end"] - f["start"] for f in outage), 1),
+        )
+    blackholes = [f for f in observed.faults if f["kind"] == PROXY_BLACKHOLE]
     report.add(
         section,
-        "  pg-outage: seconds down",
-        round(sum(f["end"] - f["start"] for f in outage), 1),
+        "  proxy-blackhole: longest (s)",
+        round(max((f["end"] - f["start"] for f in blackholes), default=0), 1),
     )
+    latency = [f for f in observed.faults if f["kind"] == PROXY_LATENCY]
+    report.add(
+        section,
+        "  proxy-latency: most added (ms a chunk)",
+        round(1000 * max((f.get("latency", 0) for f in latency), default=0)),
+    )
+    resets = [f for f in observed.faults if f["kind"] == PROXY_RESET]
+    report.add(section, "  proxy-reset: connections reset", sum(f.get("reset", 0) for f in resets))
+    for fault in observed.faults:
+        if fault["kind"] == FAILOVER:
+            report.add(
+                section,
+                "  failover: lag, then primary down (s)",
+                round(fault["end"] - fault["start"], 1),
+            )

@@ -9,6 +9,7 @@ so the run itself may be root, as in CI, or postgres.
 import os
 import pwd
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-NAME = re.compile(r"^chaos(\d+)$")
+NAME = re.compile(r"^chaos(\d+)(?:standby)?$")
 START_TIMEOUT = 60
 
 
@@ -99,12 +100,21 @@ class Cluster:
         version = version or installed_version()
         drop_leftovers(version)
         cluster = cls(version, f"chaos{os.getpid()}", free_port())
+        cluster._create()
+        try:
+            cluster.start()
+        except BaseException:
+            cluster.drop()
+            raise
+        return cluster
+
+    def _create(self):
         _run(
             "pg_createcluster",
-            version,
-            cluster.name,
+            self.version,
+            self.name,
             "--port",
-            str(cluster.port),
+            str(self.port),
             "--start-conf",
             "manual",
             "-o",
@@ -113,12 +123,73 @@ class Cluster:
             "--auth=trust",
             "--no-sync",  # initdb's own sync: a scratch cluster; the server keeps fsync on
         )
+
+    def add_standby(self, via_port: int, synchronous: bool = True) -> "Cluster":
+        """A streaming standby of this cluster (pg_basebackup -R into a cluster of its own),
+        replicating through `via_port` (a proxy the run can silence, for a replication lag).
+        Synchronous: from here on a commit returns once the standby has flushed it
+        (synchronous_standby_names, synchronous_commit = on), so promoting it loses nothing
+        acknowledged. Set after the copy, the standby's own settings stay those of a lone
+        primary, which is what it becomes."""
+        standby = Cluster(self.version, f"{self.name}standby", free_port())
+        standby._create()
         try:
-            cluster.start()
+            data = standby.data_directory()
+            # pg_basebackup fills an empty directory; the directory itself stays the owner's.
+            for entry in Path(data).iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+            _run(
+                *as_owner,
+                "pg_basebackup",
+                f"--dbname=host=127.0.0.1 port={via_port} user=postgres",
+                "--pgdata",
+                data,
+                "--write-recovery-conf",  # primary_conninfo: through via_port too
+                "--wal-method=stream",
+                "--checkpoint=fast",
+                "--no-sync",
+            )
+            standby.start()
+            state = "sync" if synchronous else "async"
+            with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+                if synchronous:
+                    conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                    conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
+                    conn.execute("SELECT pg_reload_conf()")
+                deadline = time.monotonic() + START_TIMEOUT
+                while not conn.execute(
+                    "SELECT 1 FROM pg_stat_replication WHERE sync_state = %s", [state]
+                ).fetchone():
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"{standby.name} did not stream as an {state} standby")
+                    time.sleep(0.1)
         except BaseException:
-            cluster.drop()
+            standby.drop()
             raise
-        return cluster
+        return standby
+
+    def data_directory(self) -> str:
+        listing = _run("pg_lsclusters", "--no-header", self.version, self.name).split()
+        return listing[5]
+
+    def promote(self, timeout: float = START_TIMEOUT):
+        """A standby becomes a primary: out of recovery, accepting writes."""
+        self.ctl("promote")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with psycopg.connect(self.url("postgres"), connect_timeout=2) as conn:
+                    if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+                        return
+            except psycopg.Error:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{self.name} was not promoted within {timeout}s")
+            time.sleep(0.1)
 
     def __enter__(self):
         return self

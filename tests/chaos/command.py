@@ -19,7 +19,8 @@ from .run import ChaosRun, Interrupted
 class Command(BaseCommand):
     help = (
         "The chaos run: the product's processes on a PostgreSQL cluster of the run's own, under "
-        "load, killed, stalled and disconnected, with PostgreSQL restarted and stopped; then "
+        "load, killed, stalled and disconnected, their network to PostgreSQL delayed, silenced "
+        "and reset, with PostgreSQL restarted and stopped (or failed over); then "
         "drain and check every invariant. Exits non-zero when one fails. Needs root (or the "
         "postgres user) for pg_createcluster; never touches the DATABASE_URL database."
     )
@@ -32,6 +33,18 @@ class Command(BaseCommand):
         parser.add_argument("--rate", type=float, default=8, help="new event keys per second")
         parser.add_argument("--workers", type=int, default=3, help="runworker processes")
         parser.add_argument("--concurrency", type=int, default=3, help="slots per runworker")
+        parser.add_argument(
+            "--failover",
+            action="store_true",
+            help="the failover scenario: a synchronous standby, promoted mid-run in place of"
+            " the restarts and the outage",
+        )
+        parser.add_argument(
+            "--asynchronous-standby",
+            action="store_true",
+            help="with --failover: an asynchronous standby, to see the checks catch what its"
+            " failover loses (the run must fail)",
+        )
         parser.add_argument("--drain-timeout", type=float, default=180)
         parser.add_argument("--workdir", type=Path, default=None, help="logs and records")
         parser.add_argument("--report", type=Path, default=None, help="write the table as JSON")
@@ -43,7 +56,10 @@ class Command(BaseCommand):
             help="check the records an earlier run kept in WORKDIR again, without running",
         )
 
-    def handle(self, *args, seed, workdir, report, drain_timeout, recheck, **options):
+    def handle(self, *args, seed, workdir, report, drain_timeout, recheck, failover, **options):
+        asynchronous = options.pop("asynchronous_standby")
+        if asynchronous and not failover:
+            raise CommandError("--asynchronous-standby is an option of --failover")
         if recheck:
             try:
                 result = check(Observed.load(recheck))
@@ -72,13 +88,20 @@ class Command(BaseCommand):
                 rate=options["rate"],
                 workers=options["workers"],
                 concurrency=options["concurrency"],
+                failover=failover,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         keep = workdir is not None
         workdir = workdir or Path(tempfile.mkdtemp(prefix=f"alwayson-chaos-{seed}-"))
         workdir.mkdir(parents=True, exist_ok=True)
-        run = ChaosRun(plan, workdir, say=self.stdout.write, drain_timeout=drain_timeout)
+        run = ChaosRun(
+            plan,
+            workdir,
+            say=self.stdout.write,
+            drain_timeout=drain_timeout,
+            synchronous=not asynchronous,
+        )
         try:
             result = run.execute()
         except ClusterError as exc:
@@ -89,6 +112,9 @@ class Command(BaseCommand):
         if report:
             report.write_text(json.dumps({"seed": seed, **result.as_dict()}, indent=1))
         replay = f"python -m tests.chaos --seed {seed} --seconds {options['seconds']:g}"
+        replay += " --failover" if failover else f" --outage {options['outage']:g}"
+        if asynchronous:
+            replay += " --asynchronous-standby"
         if result.failures:
             raise CommandError(
                 f"{len(result.failures)} invariant(s) failed (seed {seed}; replay: {replay});"

@@ -13,6 +13,7 @@ import queue
 import signal
 import threading
 import time
+from collections import Counter
 
 from django.db import DatabaseError, connection
 from django.utils import timezone
@@ -21,10 +22,14 @@ from inbox.models import Lease
 from tests.chaos.fleet import RUNALL_CHILDREN, children_of, cmdline
 from tests.chaos.plan import (
     DATABASE_FAULTS,
+    FAILOVER,
     KILL,
     PG_OUTAGE,
     PG_RESTART_FAST,
     PG_RESTART_IMMEDIATE,
+    PROXY_BLACKHOLE,
+    PROXY_LATENCY,
+    PROXY_RESET,
     RUNALL,
     RUNALL_CHILD_KILL,
     STOP,
@@ -34,14 +39,19 @@ from tests.chaos.plan import (
 
 TERMINATE_SEARCH = 3.0  # seconds spent looking for a backend inside a transaction
 STALL_SEARCH = 5.0  # seconds spent looking for a worker in the middle of a slow run
+REPLICATION_LAG = 3.0  # seconds the standby falls behind before the failover
 DISTURBED_AFTER = 10.0  # seconds after a database fault in which a failed start is expected
 
 
 class Injector:
-    def __init__(self, plan, fleet, cluster, t0, say):
+    def __init__(self, plan, fleet, cluster, t0, say, proxies, standby=None, replication=None):
         self.plan = plan
         self.fleet = fleet
-        self.cluster = cluster
+        self.cluster = cluster  # the primary: the standby, once it is promoted
+        self.standby = standby
+        self.replication = replication  # the standby's link to the primary (a TcpProxy)
+        self.proxies = proxies
+        self._silenced = Counter()  # blackholes in force, by proxy
         self.t0 = t0
         self.say = say
         self.records: list[dict] = []
@@ -139,6 +149,12 @@ class Injector:
             self._in_thread(self._terminate, fault)
         elif fault.kind == RUNALL_CHILD_KILL:
             self._kill_runall_child(fault)
+        elif fault.kind == PROXY_LATENCY:
+            self._delay(fault)
+        elif fault.kind == PROXY_BLACKHOLE:
+            self._blackhole(fault)
+        elif fault.kind == PROXY_RESET:
+            self._reset(fault)
 
     def _candidates(self, role, pick):
         procs = [p for p in self.fleet.of_role(role) if p.running() and not p.finished]
@@ -208,6 +224,56 @@ class Injector:
             proc.cont()
         record["end"] = time.time()
 
+    # --- the network between a process and PostgreSQL: its own proxy ---------------------------
+
+    def _proxy_target(self, fault):
+        candidates = self._candidates(fault.role, fault.pick)
+        if not candidates:
+            return None, None
+        proc = candidates[0]
+        return proc, self.proxies[proc.name]
+
+    def _delay(self, fault):
+        proc, proxy = self._proxy_target(fault)
+        if proc is None:
+            return
+        proxy.delay(fault.latency)
+        start = time.time()
+        text = f"+{fault.latency * 1000:.0f} ms a chunk, each way, for {fault.duration:.1f}s"
+        record = self._record(
+            fault, proc, start, start + fault.duration, text=text, latency=fault.latency
+        )
+        self._push(start + fault.duration, self._undelay, proxy, fault.latency, record)
+
+    def _undelay(self, proxy, latency, record):
+        if proxy.latency == latency:  # not since changed by a later latency fault
+            proxy.delay(0)
+        record["end"] = time.time()
+
+    def _blackhole(self, fault):
+        proc, proxy = self._proxy_target(fault)
+        if proc is None:
+            return
+        proxy.blackhole()
+        self._silenced[proc.name] += 1
+        start = time.time()
+        text = f"for {fault.duration:.1f}s, {proxy.open_connections} connections held open"
+        record = self._record(fault, proc, start, start + fault.duration, text=text)
+        self._push(start + fault.duration, self._heal, proc.name, record)
+
+    def _heal(self, name, record):
+        self._silenced[name] -= 1
+        if not self._silenced[name]:  # the last overlapping blackhole of this proxy is over
+            self.proxies[name].heal()
+        record["end"] = time.time()
+
+    def _reset(self, fault):
+        proc, proxy = self._proxy_target(fault)
+        if proc is None:
+            return
+        reset = proxy.reset()
+        self._record(fault, proc, time.time(), text=f"{reset} connections reset (RST)", reset=reset)
+
     def _terminate(self, fault):
         procs = self._candidates(fault.role, fault.pick)
         names = {p.application_name: p for p in procs if p.role != RUNALL}
@@ -272,6 +338,26 @@ class Injector:
 
     # --- the database, in its own thread -----------------------------------------------------
 
+    def _failover(self) -> str:
+        """The standby falls behind (its replication link silenced for REPLICATION_LAG while
+        the load goes on), then the primary dies (-m immediate: no shutdown checkpoint,
+        sessions cut), the standby is promoted, and every proxy sends new connections to it,
+        as a virtual IP or a connection router would. A synchronous primary acknowledges no
+        commit in the lag; an asynchronous one acknowledges commits the standby never gets."""
+        start = time.time()
+        old, new = self.cluster, self.standby
+        self.replication.blackhole()
+        time.sleep(REPLICATION_LAG)
+        old.stop("immediate")
+        stopped = time.time()
+        new.promote()
+        self.proxies.retarget(new.port)
+        self.cluster, self.standby = new, None
+        return (
+            f"replication silenced {stopped - start:.1f}s, then {old.name} stopped -m immediate;"
+            f" {new.name} promoted and the proxies repointed {time.time() - stopped:.1f}s later"
+        )
+
     def _database_loop(self):
         while True:
             fault = self._database_faults.get()
@@ -280,7 +366,9 @@ class Injector:
             self._database_busy.set()
             start = time.time()
             try:
-                if fault.kind == PG_OUTAGE:
+                if fault.kind == FAILOVER:
+                    text = self._failover()
+                elif fault.kind == PG_OUTAGE:
                     self.cluster.stop(fault.mode)
                     time.sleep(max(0.0, fault.duration - (time.time() - start)))
                     self.cluster.start()

@@ -74,6 +74,7 @@ class Proc:
     argv_for: object  # callable(incarnation) -> argv
     env: dict
     logdir: Path
+    database_url: str  # through the process's own proxy (tests.chaos.proxies)
     incarnation: int = 0
     popen: subprocess.Popen | None = None
     started_at: float = 0.0
@@ -125,7 +126,11 @@ class Proc:
         return f"chaos-{self.role} {self.worker_id}"
 
     def env_for(self) -> dict:
-        return {**self.env, "ALWAYSON_APPLICATION_NAME": self.application_name}
+        return {
+            **self.env,
+            "DATABASE_URL": self.database_url,
+            "ALWAYSON_APPLICATION_NAME": self.application_name,
+        }
 
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -198,7 +203,7 @@ class Proc:
 class Fleet:
     """Every process of the run; `watch()` notices exits and restarts after a short delay."""
 
-    def __init__(self, plan, env, workdir: Path, runall_addr: str, plan_path: Path, t0_of):
+    def __init__(self, plan, env, workdir: Path, runall_addr: str, plan_path: Path, t0_of, url_of):
         self.plan = plan
         self.env = env
         self.logdir = workdir / "logs"
@@ -207,7 +212,10 @@ class Fleet:
         self.plan_path = plan_path
         self.runall_addr = runall_addr
         self.t0_of = t0_of  # the run's start, once known (the ingesters' clock)
-        self.procs = {name: Proc(name, self.argv, env, self.logdir) for name in plan.process_names}
+        self.procs = {
+            name: Proc(name, self.argv, env, self.logdir, url_of(name))
+            for name in plan.process_names
+        }
         self.exits: list[Exit] = []
         self.restart_at: dict[str, float] = {}
         self.orphans: list[tuple[str, int, str]] = []

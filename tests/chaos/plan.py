@@ -18,6 +18,13 @@ PG_RESTART_FAST = "pg-restart-fast"
 PG_RESTART_IMMEDIATE = "pg-restart-immediate"
 PG_OUTAGE = "pg-outage"  # the cluster stopped for `outage` seconds
 RUNALL_CHILD_KILL = "runall-child-kill"  # SIGKILL one child of runall; runall must stop
+# A process's own proxy to PostgreSQL (tests/support/tcp_proxy.py):
+PROXY_LATENCY = "proxy-latency"  # every chunk delayed, either way, for a while
+PROXY_BLACKHOLE = "proxy-blackhole"  # nothing forwarded, sockets left open, past the TTL
+PROXY_RESET = "proxy-reset"  # every open connection aborted with an RST
+PROXY_FAULTS = (PROXY_LATENCY, PROXY_BLACKHOLE, PROXY_RESET)
+# The primary stopped -m immediate, its synchronous standby promoted, the proxies repointed.
+FAILOVER = "failover"
 FAULT_KINDS = (
     KILL,
     STOP,
@@ -26,8 +33,11 @@ FAULT_KINDS = (
     PG_RESTART_IMMEDIATE,
     PG_OUTAGE,
     RUNALL_CHILD_KILL,
+    *PROXY_FAULTS,
 )
-DATABASE_FAULTS = (PG_RESTART_FAST, PG_RESTART_IMMEDIATE, PG_OUTAGE)
+# The failover scenario (`--failover`): the failover in place of the restarts and the outage.
+FAILOVER_FAULT_KINDS = (KILL, STOP, TERMINATE, RUNALL_CHILD_KILL, *PROXY_FAULTS, FAILOVER)
+DATABASE_FAULTS = (PG_RESTART_FAST, PG_RESTART_IMMEDIATE, PG_OUTAGE, FAILOVER)
 
 # Roles of processes, by the first letter of their name (w1, s2, d1, i3, a1, r1).
 WORKER, SCHEDULER, DISPATCHER, INGESTER, ANSWERER, RUNALL = (
@@ -51,6 +61,7 @@ WARMUP = 5.0  # seconds of load before the first fault
 CLEAN = 14.0  # seconds after the warm-up with the database up: the stalls' wake-ups
 RESTART_SLOT = 6.0  # seconds a database restart and its recovery take
 OUTAGE_RECOVERY = 6.0  # seconds after the outage before the run may end
+FAILOVER_SLOT = 15.0  # seconds a failover (its replication lag too) and the reconnections take
 MIN_SECONDS = 45
 # Approval decisions of the answerer, by weight: answered at once, tapped twice (yes then
 # no), answered after the deadline, or left to expire.
@@ -89,9 +100,10 @@ class Fault:
     at: float  # seconds after the start
     kind: str
     role: str | None  # the role to hit (kill, stop, terminate), or None
-    duration: float = 0.0  # stop: seconds stopped; outage: seconds down
+    duration: float = 0.0  # stop, blackhole, latency: for how long; outage: seconds down
     mode: str = ""  # outage: how the cluster is stopped ("fast" or "immediate")
     pick: int = 0  # a seeded number for the choices made when the fault fires
+    latency: float = 0.0  # proxy-latency: seconds added to every chunk
 
 
 @dataclass
@@ -104,6 +116,7 @@ class Plan:
     workers: int
     concurrency: int
     ingesters: int
+    failover: bool = False  # the failover scenario: a synchronous standby, promoted mid-run
     inboxes: list = field(default_factory=list)
     deliveries: list = field(default_factory=list)
     faults: list = field(default_factory=list)
@@ -120,6 +133,11 @@ class Plan:
             "a1",
             "r1",
         ]
+
+    @property
+    def fault_kinds(self) -> tuple[str, ...]:
+        """Every kind this plan injects, each at least once."""
+        return FAILOVER_FAULT_KINDS if self.failover else FAULT_KINDS
 
     def sends_of(self, sender: str) -> list[tuple[float, PlannedDelivery]]:
         """(time, delivery) for one sender, in time order."""
@@ -164,11 +182,12 @@ def make_plan(
     ingesters: int = 3,
     ttl: int = 4,
     max_attempts: int = 5,
+    failover: bool = False,
 ) -> Plan:
     if seconds < MIN_SECONDS:
         raise ValueError(f"seconds must be at least {MIN_SECONDS}, not {seconds}")
     longest = seconds - WARMUP - 2 - CLEAN - OUTAGE_RECOVERY - 2 * RESTART_SLOT
-    if not 0 < outage <= longest:
+    if not failover and not 0 < outage <= longest:
         raise ValueError(f"outage must be positive and at most {longest:g} s here, not {outage}")
     rng = random.Random(seed)
     plan = Plan(
@@ -180,6 +199,7 @@ def make_plan(
         workers=workers,
         concurrency=concurrency,
         ingesters=ingesters,
+        failover=failover,
     )
     plan.inboxes = [_inbox(rng, n, inboxes) for n in range(inboxes)]
     plan.deliveries = _deliveries(rng, plan, rate)
@@ -241,12 +261,14 @@ def _deliveries(rng, plan, rate) -> list[PlannedDelivery]:
 
 
 def schedule_faults(rng, plan) -> list[Fault]:
-    """Every kind at least once, and process faults about every two seconds throughout.
+    """Every kind at least once, process faults about every two seconds throughout and
+    network faults (a process's proxy to PostgreSQL) about every six.
 
     The run opens with a stretch where the database stays up (`CLEAN` seconds), in which two
     workers are stalled: each stalled worker wakes up to a live database, where its finish
     meets the fence. The database faults follow, each in a slot of its own so that their
-    recoveries do not overlap. A terminate needs a live database, so none falls while it
+    recoveries do not overlap; in the failover scenario one failover takes their place. A
+    terminate and a network fault need connections to hit, so none falls while the database
     is down.
     """
     start, end = WARMUP, plan.seconds - 2
@@ -255,6 +277,50 @@ def schedule_faults(rng, plan) -> list[Fault]:
         Fault(start + rng.uniform(0, 1), STOP, WORKER, plan.ttl + rng.uniform(1, 3)),
         Fault(start + rng.uniform(2, 3), STOP, WORKER, plan.ttl + rng.uniform(1, 3)),
     ]
+    if plan.failover:
+        # One slot: the failover, with room after it for the fleet to find the new primary.
+        room = end - clean - FAILOVER_SLOT
+        if room < 0:
+            raise ValueError("the run is too short for its fault schedule: give it more --seconds")
+        faults.append(Fault(clean + rng.uniform(0, room), FAILOVER, None))
+    else:
+        faults += _database_restarts(rng, plan, clean, end)
+    database_down = [
+        (f.at - 1, f.at + (FAILOVER_SLOT if f.kind == FAILOVER else f.duration) + 8)
+        for f in faults
+        if f.kind in DATABASE_FAULTS
+    ]
+    # runall migrates as it starts: while the database is down it cannot stay up to be hit.
+    for _ in range(1 + int(plan.seconds // 90)):
+        at = _free_moment(rng, start, end, database_down)
+        faults.append(Fault(at, RUNALL_CHILD_KILL, None))
+    kinds = [KILL, TERMINATE] + [
+        rng.choices([KILL, STOP, TERMINATE], weights=[4, 3, 3])[0]
+        for _ in range(int((end - start) / 2))
+    ]
+    # The network between a process and PostgreSQL, about every six seconds.
+    kinds += [*PROXY_FAULTS] + [rng.choice(PROXY_FAULTS) for _ in range(int((end - start) / 6))]
+    for kind in kinds:
+        if kind == TERMINATE or kind in PROXY_FAULTS:  # they need connections to hit
+            at = _free_moment(rng, start, end, database_down)
+        else:
+            at = rng.uniform(start, end)
+        fault = Fault(at, kind, _target_role(rng, kind))
+        if kind in (STOP, PROXY_BLACKHOLE):
+            fault.duration = plan.ttl + rng.uniform(1, 3)  # past the lease: another takes over
+        elif kind == PROXY_LATENCY:
+            fault.duration = rng.uniform(3, 10)
+            fault.latency = round(rng.uniform(0.02, 0.3), 3)
+        faults.append(fault)
+    for fault in faults:
+        fault.at = round(fault.at, 3)
+        fault.duration = round(fault.duration, 3)
+        fault.pick = rng.randrange(1 << 30)
+    return sorted(faults, key=lambda f: f.at)
+
+
+def _database_restarts(rng, plan, clean, end) -> list[Fault]:
+    faults = []
     restarts = [PG_RESTART_FAST, PG_RESTART_IMMEDIATE] * (1 + int(plan.seconds // 150))
     rng.shuffle(restarts)
     room = end - clean - plan.outage - OUTAGE_RECOVERY - RESTART_SLOT * len(restarts)
@@ -273,27 +339,7 @@ def schedule_faults(rng, plan) -> list[Fault]:
         else:
             faults.append(Fault(at + offset, kind, None))
             at += RESTART_SLOT
-    database_down = [(f.at - 1, f.at + f.duration + 8) for f in faults if f.kind in DATABASE_FAULTS]
-    # runall migrates as it starts: while the database is down it cannot stay up to be hit.
-    for _ in range(1 + int(plan.seconds // 90)):
-        at = _free_moment(rng, start, end, database_down)
-        faults.append(Fault(at, RUNALL_CHILD_KILL, None))
-    kinds = [KILL, TERMINATE] + [
-        rng.choices([KILL, STOP, TERMINATE], weights=[4, 3, 3])[0]
-        for _ in range(int((end - start) / 2))
-    ]
-    for kind in kinds:
-        if kind == TERMINATE:
-            at = _free_moment(rng, start, end, database_down)
-        else:
-            at = rng.uniform(start, end)
-        duration = plan.ttl + rng.uniform(1, 3) if kind == STOP else 0.0
-        faults.append(Fault(at, kind, _target_role(rng, kind), duration))
-    for fault in faults:
-        fault.at = round(fault.at, 3)
-        fault.duration = round(fault.duration, 3)
-        fault.pick = rng.randrange(1 << 30)
-    return sorted(faults, key=lambda f: f.at)
+    return faults
 
 
 def _free_moment(rng, start, end, busy):
@@ -311,4 +357,7 @@ def _target_role(rng, kind) -> str:
         return rng.choices(roles, weights=[5, 2, 2, 2, 1, 1])[0]
     if kind == STOP:
         return rng.choices([WORKER, SCHEDULER, DISPATCHER, RUNALL], weights=[6, 1, 2, 1])[0]
+    if kind in PROXY_FAULTS:
+        roles = [WORKER, SCHEDULER, DISPATCHER, INGESTER, ANSWERER, RUNALL]
+        return rng.choices(roles, weights=[6, 1, 2, 2, 1, 1])[0]
     return rng.choices([WORKER, SCHEDULER, DISPATCHER], weights=[6, 1, 2])[0]

@@ -27,6 +27,8 @@ from tests.chaos.network import (
     WebhookSender,
 )
 from tests.chaos.plan import ANSWERER, DISPATCHER, INGESTER, RUNALL, SCHEDULER, WORKER, Plan
+from tests.chaos.proxies import RUN, Proxies
+from tests.support.tcp_proxy import TcpProxy
 
 READY_TIMEOUT = 120  # seconds for every process to connect (CI machines are slow to start)
 QUIET = 1.5  # seconds settled, and without a new delivery, before the run counts as drained
@@ -43,13 +45,24 @@ def _interrupt(signum, frame):
 
 
 class ChaosRun:
-    def __init__(self, plan: Plan, workdir: Path, say=print, drain_timeout: float = 180):
+    def __init__(
+        self,
+        plan: Plan,
+        workdir: Path,
+        say=print,
+        drain_timeout: float = 180,
+        synchronous: bool = True,
+    ):
         self.plan = plan
         self.workdir = workdir
         self.started = time.time()
         self.say = lambda text: say(f"{time.time() - self.started:6.1f}s {text}")
         self.drain_timeout = drain_timeout
         self.cluster = None
+        self.standby = None
+        self.synchronous = synchronous  # the failover's standby; asynchronous must lose events
+        self.replication = None  # the standby's link to the primary, silenced to make it lag
+        self.proxies = None
         self.fleet = None
         self.receivers = []
         self.senders = []
@@ -61,20 +74,29 @@ class ChaosRun:
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             self.cluster = Cluster.create()
+            if self.plan.failover:
+                self.replication = TcpProxy("127.0.0.1", self.cluster.port).start()
+                self.standby = self.cluster.add_standby(self.replication.port, self.synchronous)
+            self.proxies = Proxies(self.cluster.port, self.plan.process_names)
+            self.proxies.start()
             return self._run()
         finally:
             self._clean_up()
             signal.signal(signal.SIGTERM, previous)
 
     def _run(self) -> Report:
-        plan, cluster = self.plan, self.cluster
+        plan, cluster, proxies = self.plan, self.cluster, self.proxies
+        standby = ""
+        if self.standby:
+            kind = "synchronous" if self.synchronous else "ASYNCHRONOUS"
+            standby = f", {kind} standby {self.standby.name}"
         self.say(
-            f"chaos: seed {plan.seed}, {plan.seconds:g} s of faults, outage {plan.outage:g} s;"
-            f" cluster {cluster.name} (PostgreSQL {cluster.version}) on port {cluster.port};"
-            f" work dir {self.workdir}"
+            f"chaos: seed {plan.seed}, {plan.seconds:g} s of faults, {self._database_faults()};"
+            f" cluster {cluster.name} (PostgreSQL {cluster.version}) on port {cluster.port}"
+            f"{standby}, every process through a proxy of its own; work dir {self.workdir}"
         )
         cluster.create_database("chaos")
-        state.use_database(cluster.url("chaos"))
+        state.use_database(proxies.url(RUN, cluster.url("chaos")))
         plan_path = self.workdir / "plan.json"
         plan_path.write_text(plan.to_json())
 
@@ -90,11 +112,12 @@ class ChaosRun:
         t0_holder = []
         self.fleet = fleet = Fleet(
             plan,
-            self._env(cluster, smtp.port, runall_addr),
+            self._env(smtp.port, runall_addr),
             self.workdir,
             runall_addr,
             plan_path,
             t0_of=lambda: t0_holder[0],
+            url_of=lambda name: proxies.url(name, cluster.url("chaos")),
         )
         fleet.start({WORKER, SCHEDULER, DISPATCHER, RUNALL})
         self._wait_ready(fleet, runall_addr)
@@ -104,7 +127,9 @@ class ChaosRun:
         self._start_senders(runall_addr, t0)
         self.say(f"chaos: load and faults for {plan.seconds:g} s")
 
-        injector = Injector(plan, fleet, cluster, t0, self.say)
+        injector = Injector(
+            plan, fleet, cluster, t0, self.say, proxies, self.standby, self.replication
+        )
         injector.start()
         self._supervise(fleet, injector, lambda: time.time() < t0 + plan.seconds)
         injector.end_window()
@@ -135,7 +160,8 @@ class ChaosRun:
         report = check(observed)
         report.title = (
             f"Chaos run: seed {plan.seed}, {plan.seconds:g} s of faults"
-            f" (outage {plan.outage:g} s), {len(plan.inboxes)} inboxes,"
+            f" ({self._database_faults()}, network faults through per-process proxies),"
+            f" {len(plan.inboxes)} inboxes,"
             f" {plan.workers} runworker x {plan.concurrency} + runall, drained in"
             f" {drain['seconds']:.1f} s"
         )
@@ -144,10 +170,16 @@ class ChaosRun:
 
     # --- pieces ------------------------------------------------------------------------------
 
-    def _env(self, cluster, smtp_port, runall_addr) -> dict:
+    def _database_faults(self) -> str:
+        if self.plan.failover:
+            kind = "a synchronous" if self.synchronous else "an ASYNCHRONOUS"
+            return f"a failover to {kind} standby"
+        return f"restarts and a {self.plan.outage:g} s outage"
+
+    def _env(self, smtp_port, runall_addr) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ALWAYSON_")}
         env.update(
-            DATABASE_URL=cluster.url("chaos"),
+            # Each process's own proxy goes in at its start (Proc.env_for).
             DJANGO_SETTINGS_MODULE="alwayson.settings",
             DEBUG="true",
             PYTHONUNBUFFERED="1",
@@ -162,6 +194,14 @@ class ChaosRun:
             # Shorter than a stall, so a process frozen mid-transaction loses its session.
             ALWAYSON_IDLE_IN_TRANSACTION_TIMEOUT="5",
             ALWAYSON_INGEST_LOCK_WAIT="2",
+            # Liveness (issue 38): a connection to a blackholed proxy fails to open in 3 s,
+            # and a silent one is given up in seconds; the lease's own deadline (the TTL)
+            # covers a worker whose statements wait on a proxy that holds them.
+            ALWAYSON_DB_CONNECT_TIMEOUT="3",
+            ALWAYSON_DB_KEEPALIVES_IDLE="2",
+            ALWAYSON_DB_KEEPALIVES_INTERVAL="1",
+            ALWAYSON_DB_KEEPALIVES_COUNT="3",
+            ALWAYSON_DB_TCP_USER_TIMEOUT="5",
             ALWAYSON_STANDARD_SECRETS=STANDARD_SECRET,
             ALWAYSON_SITE_URL=f"http://{runall_addr}",
             EMAIL_URL=f"smtp://127.0.0.1:{smtp_port}",
@@ -286,6 +326,8 @@ class ChaosRun:
             counts["refused"] += text.count("outcome=refused (the fence refused the finish)")
             counts["fenced"] += text.count("outcome=refused (fenced off mid-run)")
             counts["failed"] += text.count("outcome=error")
+            # No renewal by the deadline (a stall, a blackhole): the worker knew on its own.
+            counts["deadline"] += text.count("no renewal succeeded by the lease's deadline")
             for line in text.splitlines():
                 if re.search(r"Exception in thread (slot|heartbeat|listen)", line):
                     slot_deaths.append(f"{path.name}: {line.strip()}")
@@ -303,9 +345,14 @@ class ChaosRun:
             with contextlib.suppress(Exception):  # best effort on the way out
                 receiver.stop()
         connection.close()
-        if self.cluster is not None:
-            self.cluster.drop()
-            self.say(f"chaos: cluster {self.cluster.name} dropped")
+        if self.proxies is not None:
+            self.proxies.stop()
+        if self.replication is not None:
+            self.replication.stop()
+        for cluster in (self.cluster, self.standby):
+            if cluster is not None:
+                cluster.drop()
+                self.say(f"chaos: cluster {cluster.name} dropped")
 
 
 def _answers(url) -> bool:

@@ -13,7 +13,13 @@ from tests.chaos.check import Observed, check
 from tests.chaos.network import split_bodies
 from tests.chaos.plan import (
     DATABASE_FAULTS,
+    FAILOVER,
+    FAILOVER_FAULT_KINDS,
     FAULT_KINDS,
+    PROXY_BLACKHOLE,
+    PROXY_FAULTS,
+    PROXY_LATENCY,
+    PROXY_RESET,
     STOP,
     WARMUP,
     InboxPlan,
@@ -296,6 +302,30 @@ def test_an_at_least_once_repeat_is_counted_when_a_dispatcher_crash_explains_it(
     assert report.value("  of which under a different key") == 0
 
 
+@pytest.mark.parametrize("kind", [PROXY_BLACKHOLE, PROXY_RESET])
+def test_a_repeat_is_explained_by_the_dispatcher_s_network_silenced_or_reset(world, kind):
+    world.receipts.append({**world.receipts[0], "t": T + 8})
+    world.faults.append(fault(kind, T + 4, T + 10, role="dispatcher", target="d1.1"))
+
+    assert failed(world) == []
+    assert check(world).value("at-least-once deliveries repeated") == 1
+
+
+def test_a_repeat_is_not_explained_by_latency_nor_by_a_worker_s_network(world):
+    world.receipts.append({**world.receipts[0], "t": T + 8})
+    world.faults.append(fault(PROXY_LATENCY, T + 4, T + 10, role="dispatcher", target="d1.1"))
+    world.faults.append(fault(PROXY_BLACKHOLE, T + 4, T + 10, role="worker", target="w1.1"))
+
+    assert failed(world) == ["repeats without a crash to explain them"]
+
+
+def test_a_repeat_is_explained_by_a_failover(world):
+    world.receipts.append({**world.receipts[0], "t": T + 8})
+    world.faults.append(fault(FAILOVER, T + 6, T + 9))
+
+    assert failed(world) == []
+
+
 def test_a_repeat_under_a_different_key_fails_even_when_a_crash_explains_the_repeat(world):
     world.receipts.append({**world.receipts[0], "t": T + 8, "key": "a new key"})
     world.faults.append(fault("pg-restart-fast", T + 6, T + 9))
@@ -341,10 +371,23 @@ def test_an_operators_alert_by_email_is_a_notice_not_an_unqueued_message(world):
     assert failed(world) == []
 
 
-def test_a_fault_kind_never_injected_fails(world):
-    world.faults = [f for f in world.faults if f["kind"] != STOP]
+@pytest.mark.parametrize("kind", [STOP, *PROXY_FAULTS])
+def test_a_fault_kind_never_injected_fails(world, kind):
+    world.faults = [f for f in world.faults if f["kind"] != kind]
 
-    assert failed(world) == [STOP]
+    assert failed(world) == [kind]
+
+
+def test_the_failover_scenario_needs_its_failover_and_no_restart(world):
+    world.plan.failover = True
+    world.faults = [f for f in world.faults if f["kind"] not in DATABASE_FAULTS]
+
+    assert failed(world) == [FAILOVER]
+
+    world.faults.append(fault(FAILOVER, T + 40, T + 43))
+    report = check(world)
+    assert failed(world) == []
+    assert report.value("  failover: lag, then primary down (s)") == 3.0
 
 
 def test_processes_must_die_only_when_killed_and_stop_cleanly(world):
@@ -402,7 +445,35 @@ def test_every_fault_kind_is_scheduled_whatever_the_seed(seconds, outage):
         plan = make_plan(seed, seconds=seconds, outage=outage)
         kinds = Counter(f.kind for f in plan.faults)
         assert all(kinds[kind] >= 1 for kind in FAULT_KINDS), (seed, kinds)
+        assert kinds[FAILOVER] == 0
         assert all(WARMUP <= f.at <= seconds for f in plan.faults)
+
+
+@pytest.mark.parametrize("seconds", [45, 60, 240])
+def test_the_failover_scenario_fails_over_once_in_place_of_the_restarts(seconds):
+    for seed in range(100):
+        plan = make_plan(seed, seconds=seconds, failover=True)
+        kinds = Counter(f.kind for f in plan.faults)
+        assert all(kinds[kind] >= 1 for kind in FAILOVER_FAULT_KINDS), (seed, kinds)
+        assert kinds[FAILOVER] == 1
+        assert set(kinds) == set(FAILOVER_FAULT_KINDS), (seed, kinds)
+        assert all(WARMUP <= f.at <= seconds for f in plan.faults)
+        (failover,) = [f for f in plan.faults if f.kind == FAILOVER]
+        opening = [f for f in plan.faults if f.kind == STOP and f.at + f.duration < failover.at]
+        assert len(opening) >= 2, seed
+
+
+def test_network_faults_last_past_the_lease_or_add_latency_for_a_while():
+    plan = make_plan(3, seconds=240)
+    network = [f for f in plan.faults if f.kind in PROXY_FAULTS]
+    assert len(network) >= 240 // 6
+    for f in network:
+        if f.kind == PROXY_BLACKHOLE:
+            assert plan.ttl < f.duration <= plan.ttl + 3
+        elif f.kind == PROXY_LATENCY:
+            assert 3 <= f.duration <= 10 and 0.02 <= f.latency <= 0.3
+        else:
+            assert f.duration == 0
 
 
 def test_the_database_faults_do_not_overlap_and_spare_the_opening_stalls():
@@ -425,6 +496,9 @@ def test_the_database_faults_do_not_overlap_and_spare_the_opening_stalls():
 def test_a_seed_replays_the_same_plan():
     assert make_plan(42).to_json() == make_plan(42).to_json()
     assert make_plan(42).to_json() != make_plan(43).to_json()
+    failover = make_plan(42, failover=True)
+    assert Plan.from_json(failover.to_json()) == failover
+    assert failover.to_json() == make_plan(42, failover=True).to_json()
 
 
 def test_the_plan_mixes_duplicate_deliveries_and_every_flag():

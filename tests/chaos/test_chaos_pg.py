@@ -1,8 +1,11 @@
 """The chaos run against PostgreSQL: its own cluster, and the run itself (`-m chaos`).
 
 The run is `python -m tests.chaos` as a subprocess, as CI and a person run it; its table
-goes to the output (`pytest -m chaos -s` shows it). ALWAYSON_CHAOS_SECONDS and
-ALWAYSON_CHAOS_SEED set the fault window and the seed (a failing seed replays its schedule).
+goes to the output (`pytest -m chaos -s` shows it). Two runs: the standard one (processes,
+their network to PostgreSQL, restarts and an outage) and the failover scenario (a synchronous
+standby promoted mid-run). ALWAYSON_CHAOS_SECONDS, ALWAYSON_CHAOS_OUTAGE,
+ALWAYSON_CHAOS_FAILOVER_SECONDS and ALWAYSON_CHAOS_SEED set the fault windows, the outage and
+the seed (a failing seed replays its schedule).
 """
 
 import json
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.cluster import Cluster, _run
-from tests.chaos.plan import FAULT_KINDS
+from tests.chaos.plan import FAILOVER, FAILOVER_FAULT_KINDS, FAULT_KINDS
 from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.postgres_only
@@ -47,9 +50,9 @@ def test_the_run_s_cluster_is_its_own_and_is_dropped_even_when_the_run_fails():
     assert not cluster.exists()
 
 
-@pytest.mark.chaos
-def test_chaos_run_holds_every_invariant(tmp_path):
-    seconds = os.environ.get("ALWAYSON_CHAOS_SECONDS", "60")
+def chaos_run(tmp_path, seconds, *options):
+    """`python -m tests.chaos`: its report, after asserting every invariant held and every
+    kind of fault of its plan was injected."""
     seed = os.environ.get("ALWAYSON_CHAOS_SEED")
     report_path = tmp_path / "report.json"
     argv = [
@@ -60,6 +63,7 @@ def test_chaos_run_holds_every_invariant(tmp_path):
         seconds,
         "--report",
         str(report_path),
+        *options,
     ]
     if seed:
         argv += ["--seed", seed]
@@ -70,5 +74,23 @@ def test_chaos_run_holds_every_invariant(tmp_path):
     report = json.loads(report_path.read_text())
     failed = [row["label"] for row in report["rows"] if not row["ok"]]
     assert done.returncode == 0 and report["ok"], f"seed {report['seed']}: {failed}"
-    injected = {row["label"]: row["value"] for row in report["rows"]}
+    return {row["label"]: row["value"] for row in report["rows"]}
+
+
+@pytest.mark.chaos
+def test_chaos_run_holds_every_invariant(tmp_path):
+    seconds = os.environ.get("ALWAYSON_CHAOS_SECONDS", "60")
+    outage = os.environ.get("ALWAYSON_CHAOS_OUTAGE", "20")
+    injected = chaos_run(tmp_path, seconds, "--outage", outage)
+
     assert all(injected[kind] >= 1 for kind in FAULT_KINDS)
+    assert FAILOVER not in injected
+
+
+@pytest.mark.chaos
+def test_a_failover_to_a_synchronous_standby_loses_nothing_acknowledged(tmp_path):
+    seconds = os.environ.get("ALWAYSON_CHAOS_FAILOVER_SECONDS", "45")
+    injected = chaos_run(tmp_path, seconds, "--failover")
+
+    assert injected[FAILOVER] == 1
+    assert all(injected[kind] >= 1 for kind in FAILOVER_FAULT_KINDS)

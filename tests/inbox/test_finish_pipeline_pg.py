@@ -326,3 +326,31 @@ def test_a_claim_read_through_libpq_is_the_claim_psycopgs_cursors_read(make_inbo
     assert {direct.inbox, through_cursors.inbox} == set(inboxes)
     assert seen(direct) == seen(through_cursors)
     assert direct.events[0].payload == payload and direct.state == state
+
+
+def sever(conn):
+    """Its backend terminated from another session, as a restart or an operator would."""
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [pid] = cursor.fetchone()
+    with other_session(autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        lambda backend: backend.lease_statements(),
+        lambda backend: backend.bounded(None),
+        lambda backend: backend.bounded(1.0),
+    ],
+    ids=["lease statements", "bounded", "bounded with a lock wait"],
+)
+def test_a_connection_severed_before_a_bounded_transaction_is_djangos_error(bounds):
+    # The loops' backoff waits out Django's DatabaseError; psycopg's own would end the slot
+    # thread (a chaos run's pg_terminate_backend found it).
+    sever(connection)
+
+    with pytest.raises(OperationalError), bounds(postgresql.PostgreSQL()):
+        pass
+    connection.close()
