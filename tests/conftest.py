@@ -181,8 +181,23 @@ def world(django_db_setup, django_db_blocker):
         transaction.set_rollback(True)
 
 
+# The real hasher costs most of a second of CPU per password (148 `owner`s alone): the suite
+# hashes with MD5 throughout. A server the tests start in a process of its own checks with
+# its real hashers: a test whose users log in there asks for `real_passwords`.
+FAST_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_passwords():
+    from django.test.utils import override_settings
+
+    with override_settings(PASSWORD_HASHERS=FAST_HASHERS):
+        yield
+
+
 @pytest.fixture
-def fast_passwords(settings):
-    """MD5 instead of the real hashers, for modules that log people in many times
-    (pytestmark usefixtures); the hashers' own tests keep the real ones."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+def real_passwords(settings):
+    """Django's own hashers, for users whose password a server process checks."""
+    from django.conf import global_settings
+
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS

@@ -211,6 +211,8 @@ class _PreparingCursor(psycopg.Cursor):
         finally:
             conn.prepare_threshold = None
 
+    # Private psycopg (3.2): the one step a prepared execution takes that an unprepared one
+    # does not. tests/inbox/test_backend_internals.py fails when an upgrade removes it.
     def _send_query_prepared(self, name, pgq, *, binary=None):
         # psycopg records the query only when it sends its text; Django reads it back for
         # CaptureQueriesContext and the DEBUG log, and would see None once it is prepared.
@@ -225,6 +227,8 @@ def prepared_cursor():
     are: counted by CaptureQueriesContext, logged under DEBUG."""
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
+    # Private Django: how its own cursor() wraps a driver cursor (thread check, the query
+    # log). tests/inbox/test_backend_internals.py fails when an upgrade removes it.
     return db._prepare_cursor(_PreparingCursor(db.connection))
 
 
@@ -232,7 +236,7 @@ def _server_cursor():
     """A cursor binding its parameters on the server, prepared only if psycopg's threshold
     says so (never, under Django's default)."""
     connection.ensure_connection()
-    return connection._prepare_cursor(psycopg.Cursor(connection.connection))
+    return connection._prepare_cursor(psycopg.Cursor(connection.connection))  # as above
 
 
 # Each connection's cursors for the hot statements, kept between calls.

@@ -14,7 +14,7 @@ from approvals.services import answer_approval, request_approval
 from inbox.models import Event, Membership, Role
 from tests.support.pages import WINDOW, ask, detail_url, text_of
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
+pytestmark = pytest.mark.django_db
 
 # Outside the transaction:
 # - the session and the user: any logged-in post reads them (the reference view too);

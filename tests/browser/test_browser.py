@@ -116,7 +116,6 @@ def site(live_server, settings):
     """The live server's URL; the agent's links point at it, and email stays in memory."""
     settings.ALWAYSON_SITE_URL = live_server.url
     use_email_backend(settings, "django.core.mail.backends.locmem.EmailBackend")
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     mail.outbox = []
     return live_server.url
 

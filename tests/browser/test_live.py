@@ -111,7 +111,7 @@ def server(tmp_path):
 
 
 @pytest.fixture
-def desk(django_user_model):
+def desk(django_user_model, real_passwords):
     # Hashed with the server's own hasher: it checks the password.
     owner = django_user_model.objects.create_user(username="owner", password=PASSWORD)
     return Inbox.objects.create(owner=owner, slug="desk", name="Refund desk")

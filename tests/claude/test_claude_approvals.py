@@ -33,7 +33,7 @@ from tests.support.pages import detail_url, snapshot, text_of
 from tests.support.wording import in_html, limit_error, schema_error
 from timers.services import run_scheduler
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
+pytestmark = pytest.mark.django_db
 
 POLICY = {
     "refund": [

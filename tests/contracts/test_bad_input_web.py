@@ -43,11 +43,6 @@ def snapshot():
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in MODELS}
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 # --- webhooks ---------------------------------------------------------------------------------
 
 

@@ -82,7 +82,7 @@ def production_env(receiver, transactional_db):
 
 
 @pytest.fixture
-def desk(django_user_model, receiver):
+def desk(django_user_model, receiver, real_passwords):
     from inbox.models import Inbox
 
     owner = django_user_model.objects.create_user(username="owner", password=OWNER_PASSWORD)

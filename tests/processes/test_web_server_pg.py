@@ -34,7 +34,6 @@ from tests.support.web import (
 pytestmark = [
     pytest.mark.postgres_only,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("fast_passwords"),
 ]
 
 WAIT = 60  # seconds: a bound on a wait, never a measure (CI runs two suites at once on 2 cores)

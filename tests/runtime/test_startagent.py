@@ -23,20 +23,35 @@ def startagent(*args, directory):
     return out.getvalue()
 
 
-def run_pytest(directory, said):
-    """The generated tests as the command startagent printed runs them, in a process of its
+def run_pytest(runs):
+    """The generated tests as the commands startagent printed run them, in a process of their
     own, on this run's kind of database (on PostgreSQL, a test database of their own beside
-    this run's)."""
-    [command] = [
-        line.strip() for line in said.splitlines() if line.strip().startswith(TEST_COMMAND)
+    this run's). `runs` maps each directory to what startagent said there; the commands are
+    one but for the test file's path, so one pytest runs them all (a pytest costs its
+    imports and its test database: half a minute here). Returns the process and, per test
+    file, its outcomes as junit XML says them."""
+    import xml.etree.ElementTree as ET
+
+    commands = [
+        line.strip()
+        for said in runs.values()
+        for line in said.splitlines()
+        if line.strip().startswith(TEST_COMMAND)
     ]
+    assert len(commands) == len(runs), commands
+    paths = [command.removeprefix(TEST_COMMAND).strip() for command in commands]
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
-    env["PYTHONPATH"] = str(directory)  # the agent's module; alwayson is installed
+    # The agents' modules, each in its own directory; alwayson is installed.
+    env["PYTHONPATH"] = os.pathsep.join(str(directory) for directory in runs)
     if connection.vendor == "postgresql":
         env["DATABASE_URL"] = database_url()
+    [directory, *_] = runs
+    report = directory.parent / "junit.xml"
     python = shlex.quote(sys.executable)
-    return subprocess.run(
-        command.replace(" python ", f" {python} ", 1) + " -q -p no:cacheprovider -rs",
+    command = TEST_COMMAND.replace(" python ", f" {python} ", 1)
+    done = subprocess.run(
+        f"{command} {' '.join(map(shlex.quote, paths))} -q -p no:cacheprovider -rs"
+        f" --junitxml={shlex.quote(str(report))}",
         shell=True,
         cwd=directory,
         env=env,
@@ -44,28 +59,59 @@ def run_pytest(directory, said):
         text=True,
         timeout=600,
     )
+    outcomes = {}
+    cases = ET.parse(report).iter("testcase") if report.exists() else []
+    for case in cases:
+        failed = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        outcome = failed[0] if failed else "passed"
+        file = case.get("classname").rpartition(".")[2] + ".py"
+        outcomes.setdefault(file, []).append(outcome)
+    return done, outcomes
 
 
-def test_a_rule_based_agent_and_its_tests_that_pass(tmp_path):
-    said = startagent("support_desk", directory=tmp_path)
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """A rule-based agent and a Claude one, each written in a directory of its own, and their
+    tests run: (directory, what startagent said) for each, and the run's outcomes."""
+    rules = tmp_path_factory.mktemp("generated") / "rules"
+    claude = rules.with_name("claude")
+    rules.mkdir()
+    claude.mkdir()
+    written = {
+        "rules": (rules, startagent("support_desk", directory=rules)),
+        "claude": (claude, startagent("returns_desk", "--claude", directory=claude)),
+    }
+    listings = {
+        kind: sorted(p.name for p in directory.iterdir())
+        for kind, (directory, _) in written.items()
+    }
+    done, outcomes = run_pytest(dict(written.values()))
+    return written, listings, done, outcomes
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["support_desk.py", "test_support_desk.py"]
+
+def test_a_rule_based_agent_and_its_tests_that_pass(generated):
+    written, listings, done, outcomes = generated
+    _, said = written["rules"]
+
+    assert listings["rules"] == ["support_desk.py", "test_support_desk.py"]
     assert "    ALWAYSON_AGENT=support_desk.agent" in said
     assert 'AgentConfig.objects.create(inbox=inbox, agent="support_desk.agent")' in said
-    done = run_pytest(tmp_path, said)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 passed" in done.stdout and "skipped" not in done.stdout
+    assert outcomes["test_support_desk.py"] == ["passed"] * 5, done.stdout
+    assert "skipped" not in done.stdout
 
 
-def test_a_claude_agent_s_tool_and_policy_and_its_tests_that_pass(tmp_path):
-    said = startagent("returns_desk", "--claude", directory=tmp_path)
+def test_a_claude_agent_s_tool_and_policy_and_its_tests_that_pass(generated):
+    written, listings, done, outcomes = generated
+    _, said = written["claude"]
 
+    assert listings["claude"] == ["returns_desk.py", "test_returns_desk.py"]
     assert "    ALWAYSON_AGENT=alwayson.claude.agent" in said
     assert "    ALWAYSON_CLAUDE_TOOLS=returns_desk" in said
     assert """ALWAYSON_CLAUDE_POLICY='{"refund": [{"when\"""" in said
-    done = run_pytest(tmp_path, said)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout and "skipped" not in done.stdout
+    assert outcomes["test_returns_desk.py"] == ["passed"] * 2, done.stdout
+    assert "skipped" not in done.stdout
 
 
 def test_a_dotted_name_goes_in_its_package(tmp_path):

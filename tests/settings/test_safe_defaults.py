@@ -124,12 +124,7 @@ def test_the_debug_page_shows_no_password_from_database_url_or_email_url(setting
 
 
 @pytest.fixture
-def fast_passwords(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def user(django_user_model, fast_passwords):
+def user(django_user_model):
     return django_user_model.objects.create_user(
         "owner", email="owner@example.com", password="pw-owner-123", is_staff=True
     )

@@ -2,6 +2,7 @@
 database, and a client that speaks HTTP/1.1 on a bare socket: what a test needs to send what
 no library sends (a length it never keeps, a half-close) and to read a stream as it comes."""
 
+import functools
 import os
 import secrets
 import signal
@@ -34,6 +35,7 @@ def web_database_url():
     return database_url()
 
 
+@functools.cache  # the same files for the whole run: a manage.py process costs seconds
 def collect_static():
     """Pages with DEBUG off link hashed static names, read from collectstatic's manifest."""
     done = subprocess.run(

@@ -17,7 +17,7 @@ from inbox.models import Event, Membership, Role
 from tests.support.pages import detail_url, snapshot, text_of
 from tests.support.wording import field_error, in_html, limit_error, schema_error
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
+pytestmark = pytest.mark.django_db
 
 WINDOW = timedelta(hours=4)
 SCHEMA = {

@@ -19,19 +19,7 @@ from inbox.services import acquire, ingest, release
 from outbox.models import OutboxMessage
 from tests.support.outbox import hold
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
-
-
-@pytest.fixture
-def desk(make_inbox, owner):
-    return make_inbox("desk", owner=owner)
-
-
-@pytest.fixture
-def owner_client(owner):
-    client = Client()
-    client.force_login(owner)
-    return client
+pytestmark = pytest.mark.django_db
 
 
 def say(inbox, body):

@@ -21,11 +21,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def desk(make_inbox, owner):
-    return make_inbox("desk", owner=owner)
-
-
-@pytest.fixture
 def renders(monkeypatch):
     """The entries rendered, as (entry key, username) pairs."""
     rendered = []

@@ -16,15 +16,9 @@ from tests.support.outbox import hold
 pytestmark = [
     pytest.mark.postgres_only,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("fast_passwords"),
 ]
 
 WAIT = 20  # seconds: a bound on a wait, never a measure
-
-
-@pytest.fixture
-def desk(make_inbox, owner):
-    return make_inbox("desk", owner=owner)
 
 
 def say(inbox, body):

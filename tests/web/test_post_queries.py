@@ -14,7 +14,7 @@ from django.test import Client
 
 from inbox.models import Event, Inbox, Membership, Role
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
+pytestmark = pytest.mark.django_db
 
 # The session, the user, the inbox with the role; then storing, in a savepoint of the
 # test's transaction: PostgreSQL's one statement, SQLite's insert and marker.

@@ -34,7 +34,7 @@ from outbox.models import OutboxMessage
 from tests.support.runs import finish_run, start_run
 from tests.support.wording import field_error, in_html, limit_error
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
+pytestmark = pytest.mark.django_db
 
 POLICY = {
     "refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}],
@@ -90,21 +90,6 @@ def now():
     return clock.whole_seconds(clock.database_now())
 
 
-@pytest.fixture
-def desk(make_inbox, owner):
-    return make_inbox("desk", owner=owner)
-
-
-@pytest.fixture
-def stranger(django_user_model):
-    return django_user_model.objects.create_user(username="stranger")
-
-
-@pytest.fixture
-def their_desk(make_inbox, stranger):
-    return make_inbox("their-desk", owner=stranger)
-
-
 # --- who sees what ---------------------------------------------------------------------------
 
 
@@ -117,14 +102,14 @@ def test_both_pages_need_a_login(client, desk, now):
 
 
 def test_a_run_of_an_inbox_without_a_role_is_the_same_404_as_a_missing_inbox(
-    owner, desk, their_desk, now
+    owner, desk, stranger_desk, now
 ):
-    record(their_desk, 1, now)
+    record(stranger_desk, 1, now)
     client = client_of(owner)
 
-    theirs = client.get("/runs/their-desk/1/")
+    theirs = client.get("/runs/other-desk/1/")
     missing = client.get("/runs/no-such-desk/1/")
-    inbox_page = client.get("/inbox/their-desk/")
+    inbox_page = client.get("/inbox/other-desk/")
 
     assert theirs.status_code == missing.status_code == inbox_page.status_code == 404
     assert theirs.content == missing.content == inbox_page.content
@@ -136,29 +121,31 @@ def test_an_unrecorded_run_of_ones_own_inbox_is_404(owner, desk, now):
 
 
 def test_a_viewer_sees_the_runs_and_the_timeline_of_their_inbox_only(
-    desk, their_desk, django_user_model, now
+    desk, stranger_desk, django_user_model, now
 ):
     viewer = django_user_model.objects.create_user(username="vera")
     Membership.objects.create(inbox=desk, user=viewer, role=Role.VIEWER)
     record(desk, 1, now)
-    record(their_desk, 1, now + timedelta(seconds=1))
+    record(stranger_desk, 1, now + timedelta(seconds=1))
     client = client_of(viewer)
 
     assert listed(client.get("/runs/")) == [("desk", 1)]
     assert client.get("/runs/desk/1/").status_code == 200
-    assert client.get("/runs/their-desk/1/").status_code == 404
+    assert client.get("/runs/other-desk/1/").status_code == 404
 
 
-def test_an_operator_follows_an_admin_link_to_any_inbox_s_run(their_desk, django_user_model, now):
+def test_an_operator_follows_an_admin_link_to_any_inbox_s_run(
+    stranger_desk, django_user_model, now
+):
     operator = django_user_model.objects.create_user(username="op", is_staff=True)
-    record(their_desk, 1, now)
+    record(stranger_desk, 1, now)
     client = client_of(operator)
-    assert client.get("/runs/their-desk/1/").status_code == 404
+    assert client.get("/runs/other-desk/1/").status_code == 404
 
     operator.user_permissions.add(
         *Permission.objects.filter(codename__in=["view_runrecord", "view_event"])
     )
-    assert client.get("/runs/their-desk/1/").status_code == 200
+    assert client.get("/runs/other-desk/1/").status_code == 200
 
 
 # --- the list and its filters ----------------------------------------------------------------
@@ -221,7 +208,7 @@ def test_filters_by_how_long_a_run_took_and_how_many_tokens_it_cost(owner, desk,
     [
         # Django's reasons, with the limits alwayson set.
         (
-            {"inbox": "their-desk"},
+            {"inbox": "other-desk"},
             field_error(forms.ModelChoiceField(Inbox.objects.none()), "invalid_choice"),
         ),
         (
@@ -240,7 +227,7 @@ def test_filters_by_how_long_a_run_took_and_how_many_tokens_it_cost(owner, desk,
     ],
 )
 def test_a_filter_that_cannot_be_read_is_a_400_that_says_why(
-    owner, desk, their_desk, now, query, reason
+    owner, desk, stranger_desk, now, query, reason
 ):
     record(desk, 1, now)
     response = client_of(owner).get("/runs/", query)

@@ -46,34 +46,6 @@ def section(html, heading):
     return html[start : end if end != -1 else len(html)]
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings):
-    """The real hasher costs most of a second per user; these tests are not about it."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def owner_client(owner):
-    client = Client()
-    client.force_login(owner)
-    return client
-
-
-@pytest.fixture
-def desk(make_inbox, owner):
-    return make_inbox("desk", owner=owner)
-
-
-@pytest.fixture
-def stranger(django_user_model):
-    return django_user_model.objects.create_user(username="stranger", password="pw-stranger-123")
-
-
-@pytest.fixture
-def stranger_desk(make_inbox, stranger):
-    return make_inbox("other-desk", owner=stranger)
-
-
 # --- login -----------------------------------------------------------------------------------
 
 
