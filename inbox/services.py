@@ -16,9 +16,9 @@ PostgreSQL and SQLite in backends/.
 """
 
 from .finish import Defer, SaveState, finish, finish_and_take, record_refused
-from .ingest import event_traces, ingest, ingest_many, store_event
+from .ingest import announce_stored, event_traces, ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
-from .locks import bounded_write, lock_inbox, locked_write
+from .locks import bounded_write, lock_inbox, lock_timeout, locked_write, write_in_one
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
 from .rules import (
     CLAIM_EXTRAS,
@@ -46,6 +46,7 @@ __all__ = [
     "Effect",
     "SaveState",
     "acquire",
+    "announce_stored",
     "acquire_next",
     "bounded_write",
     "claim_batch",
@@ -56,6 +57,7 @@ __all__ = [
     "ingest_many",
     "lease_ttl",
     "lock_inbox",
+    "lock_timeout",
     "locked_write",
     "record_refused",
     "mark_dead",
@@ -68,4 +70,5 @@ __all__ = [
     "retry_delay",
     "store_event",
     "take_next",
+    "write_in_one",
 ]

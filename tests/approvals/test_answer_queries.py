@@ -16,24 +16,20 @@ from tests.support.pages import WINDOW, ask, detail_url, text_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_passwords")]
 
-# Outside the transaction:
-# - the session and the user: any logged-in post reads them (the reference view too);
-# - the request with its inbox and the user's role there, one statement (get_visible): it
-#   decides the 404 and the 403 and gives the forms the request they read, before any lock.
-# The inbox's transaction (in a test, a savepoint in the test's: its SAVEPOINT and RELEASE count):
-# - the lock and the clock, one statement (lock_now.sql; on SQLite the IMMEDIATE transaction
-#   is the lock, and the lease row is read to refuse an unknown inbox);
-# - the request again, locked, with its answer event: what the checks decide from, as
-#   committed before the lock was granted;
-# - the answer event (the UNIQUE key refuses a second one; on SQLite the inbox is read first,
-#   then its insert and the work marker, in a savepoint of their own);
-# - the row settled, with who answered (record_answer);
-# - the audit entry.
-# On PostgreSQL the plan settings and the lock's bound go first on psycopg's own cursor (how
-# statements are planned, not queries), and the transaction is three round trips: the
-# settings, the lock and the locked read; the event; the settle and the audit entry with the
-# COMMIT (inbox/backends/postgresql.py, locked_write).
-ANSWER_POST = {"postgresql": 10, "sqlite": 14}
+# Any logged-in post reads the session and the user (the reference view too). Then:
+# - on PostgreSQL, one statement (approvals/sql/answer.sql, answer_at_once), its own
+#   transaction (in a test, a savepoint in the test's: its SAVEPOINT and RELEASE count): the
+#   request with its inbox and the user's role (the 404, the 403), the inbox's lock and the
+#   clock, the request locked with its answer event, the answer event (its UNIQUE key
+#   refuses a second one) and the work marker, the row settled, the audit entry;
+# - on SQLite, decide_answer's path: the request with its inbox and the user's role
+#   (get_visible), before any lock; the transaction (IMMEDIATE: the lock), the lease row read
+#   to refuse an unknown inbox, the request again with its answer event, the answer event
+#   (the inbox read first, then its insert and the work marker, in a savepoint of their
+#   own), the row settled with who answered (record_answer), the audit entry.
+# (PostgreSQL's plan setting goes first on psycopg's own cursor, in the same round trip: how
+# the statement is planned, not a query.)
+ANSWER_POST = {"postgresql": 5, "sqlite": 14}
 
 
 @pytest.fixture
