@@ -37,8 +37,8 @@ from alwayson.runtime.api import (
 )
 from approvals.models import Approval
 from approvals.services import answer_at_once
-from inbox.exceptions import InboxBusy
 from inbox.clock import occurrence_label
+from inbox.exceptions import InboxBusy
 from inbox.models import Event, Inbox, Lease
 from inbox.services import acquire_next, release
 from inbox.signals import event_stored
