@@ -359,6 +359,9 @@ def record_answer(sender, event: Event, now, **kwargs):
     an expiry goes into the audit here too, as nobody's answer."""
     if event.source != APPROVAL_SOURCE or not isinstance(event.payload, dict):
         return
+    if kwargs.get("recorded"):
+        # Stored by answer.sql, which settled the row and audited the answer in its statement.
+        return
     answer = event.payload.get("answer")
     if answer not in Approval.Answer.values:
         return

@@ -1,23 +1,33 @@
 """Deferred approvals: request_approval, answer_approval and answer_group."""
 
+import json
 import re
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import OuterRef, Subquery
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from alwayson import tracing
 from inbox import clock
 from inbox.models import Event, Inbox
 from inbox.prebuilt import Given, Prebuilt
-from inbox.services import locked_write, store_event
+from inbox.rules import given_now
+from inbox.services import (
+    WORK_CHANNEL,
+    announce_stored,
+    lock_timeout,
+    locked_write,
+    store_event,
+    write_in_one,
+)
 from inbox.validation import (
     require_duration,
     require_int,
@@ -29,7 +39,15 @@ from timers.models import RESERVED_KEY_PREFIX
 from timers.services import KEY_MAX as TIMER_KEY_MAX
 from timers.services import Schedule
 
-from .models import APPROVAL_SOURCE, Approval, AuditEntry, expiry_timer_key, may_answer
+from .models import (
+    APPROVAL_SOURCE,
+    Approval,
+    AuditEntry,
+    display_name,
+    expiry_timer_key,
+    is_operator,
+    may_answer,
+)
 from .signals import approval_requested
 
 UNKNOWN = "unknown"
@@ -466,6 +484,77 @@ def decide_group(
             given = responses.get(approval.request_id, response)
             answered.append((approval.request_id, *_answer(inbox, approval, given, by, via, now)))
         return answered
+
+
+# answer.sql's function, called: a plain yes or no to one approval in one statement.
+ANSWER_AT_ONCE = (
+    "SELECT * FROM approvals_answer(%(user_id)s::bigint, %(operator)s::boolean,"
+    " %(username)s::text, %(name)s::text, %(slug)s::text, %(request_id)s::text,"
+    " %(answer)s::text, %(via)s::text, %(reasons)s::jsonb, %(now)s::timestamptz,"
+    " %(lock_timeout)s::text, %(channel)s::text, %(trace)s::text)"
+)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """What answer_at_once did: decide_answer's two values, and the request's deadline (the
+    page's words for a late answer)."""
+
+    result: str | None
+    stands: str
+    expires_at: datetime | None
+
+
+def answer_at_once(
+    user, slug, request_id, answer, *, via=AuditEntry.Via.PAGE, reasons=None, now=None
+) -> Answered | None:
+    """A person's plain "yes" or "no" to request `request_id` of inbox `slug`, as its page
+    posts it, in one statement on PostgreSQL (approvals/sql/answer.sql): the request read
+    with the person's role, the inbox's lock, the request locked, the answer decided,
+    stored, settled and audited, as get_visible and decide_answer do in four round trips.
+
+    `reasons`: a "no"'s reason (stripped, checked) by the approval's id, as the page's forms
+    name them (the caller does not know the id before the request is read). None when the
+    statement hands the answer back (nothing written): to decide_answer's path, which takes
+    every case it does not (a viewer's answer, a question, two approvers, an edit, a deadline
+    passed, an action shown beyond ASCII), and on SQLite always. Approval.DoesNotExist for a
+    request the person may not see (the page's 404); InboxBusy past the lock's bound."""
+    if connection.vendor != "postgresql" or answer not in ("yes", "no"):
+        return None
+    if via not in VIAS:
+        raise ValueError(f'via must be "page", "conversation" or "api", not {via!r}')
+    # The function reads the group link of Django's own user model.
+    if get_user_model().groups.through._meta.db_table != "auth_user_groups":
+        return None
+    wait = settings.ALWAYSON_INGEST_LOCK_WAIT
+    params = {
+        "user_id": user.pk,
+        "operator": is_operator(user),
+        "username": user.get_username(),
+        "name": display_name(user),
+        "slug": slug,
+        "request_id": request_id,
+        "answer": answer,
+        "via": via,
+        "reasons": json.dumps({str(pk): reason for pk, reason in (reasons or {}).items()}),
+        "now": given_now(now),
+        "lock_timeout": lock_timeout(wait),
+        "channel": WORK_CHANNEL,
+        "trace": tracing.traceparent(),
+    }
+    row = write_in_one(slug, ANSWER_AT_ONCE, params, wait)
+    status = row["o_status"]
+    if status == "unknown":
+        raise Approval.DoesNotExist(f"no approval {request_id!r} of {slug!r} for {user}")
+    if status != "done":
+        return None
+    if row["o_event"] is not None:
+        payload = row["o_payload"]
+        payload = json.loads(payload) if isinstance(payload, str) else payload
+        announce_stored(
+            row["o_inbox"], row["o_event"], APPROVAL_SOURCE, request_id, payload, row["o_at"]
+        )
+    return Answered(row["o_result"], row["o_stands"], row["o_expires"])
 
 
 @contextmanager

@@ -1,4 +1,5 @@
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -7,15 +8,18 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
 from inbox import clock
 from inbox.exceptions import InboxBusy
+from inbox.models import is_person
+from inbox.validation import UNSTORABLE
 
 from .forms import AnswerForms, DenyForm, Invalid
 from .models import Approval, AuditEntry, may_answer
-from .services import ANSWERS, decide_answer, decide_group
+from .services import ANSWERS, answer_at_once, decide_answer, decide_group
 
 RECENT = 20
 PEOPLE = ("inbox", "first_approved_by", "answered_by")
@@ -56,6 +60,10 @@ class Call:
 @login_required
 @require_http_methods(["GET", "HEAD", "POST"])
 def approval_detail(request, slug, request_id):
+    if request.method == "POST":
+        answered = _answered_at_once(request, slug, request_id)
+        if answered is not None:
+            return answered
     approval = _visible(request, slug, request_id)
     answerer = may_answer(request.user, approval.inbox)
     if request.method != "POST":
@@ -118,6 +126,54 @@ def approval_answer_all(request, slug, request_id):
         return _page(request, approval, answerer, status=400, problem=str(exc), all_form=form)
     messages.success(request, _group_words(answered, approval))
     return _back(request, approval)
+
+
+# The fields of one approval's forms are prefixed with its id (AnswerForms): an argument of
+# its edit, its denial's reason.
+ARGUMENT_FIELD = re.compile(r"a\d+-arg-")
+REASON_FIELD = re.compile(r"a(\d+)-reason")
+
+
+def _answered_at_once(request, slug, request_id):
+    """The common answer, a plain yes or a no with its reason, in one statement
+    (answer_at_once: on PostgreSQL, where the request is read, locked, decided, settled and
+    audited at once); None for approval_detail's path, which takes every other answer: an
+    edit, a reason its form refuses, a viewer's, one the statement hands back, SQLite's."""
+    answers = request.POST.getlist("answer")
+    answer = answers[0] if len(answers) == 1 else None
+    if answer not in (Approval.Answer.YES, Approval.Answer.NO) or not is_person(request.user):
+        return None
+    if UNSTORABLE.search(slug) or UNSTORABLE.search(request_id):
+        return None
+    reasons = {}
+    for key in request.POST:
+        if ARGUMENT_FIELD.match(key):
+            return None
+        named = REASON_FIELD.fullmatch(key)
+        if named and answer == Approval.Answer.NO:
+            # The reason as the approval's own DenyForm cleans it (AnswerForms.answer); the
+            # statement takes the one of the approval it reads.
+            form = DenyForm(request.POST, prefix=f"a{named[1]}")
+            if not form.is_valid():
+                return None
+            reasons[named[1]] = form.cleaned_data["reason"]
+    try:
+        answered = answer_at_once(
+            request.user, slug, request_id, answer, via=_via(request), reasons=reasons
+        )
+    except Approval.DoesNotExist:
+        raise Http404("No approval matches the given query.") from None
+    except InboxBusy:
+        approval = _visible(request, slug, request_id)
+        messages.error(request, "The inbox is busy and your answer was not recorded yet.")
+        posted = AnswerForms(approval, request.POST)
+        posted.answer(answer)
+        answerer = may_answer(request.user, approval.inbox)
+        return _page(request, approval, answerer, status=503, posted=posted)
+    if answered is None:
+        return None
+    _tell(request, answered.result, answered.stands, answered.expires_at, {})
+    return _back(request, reverse("approvals:detail", args=[slug, request_id]))
 
 
 SHOWN = "shown-"
@@ -197,6 +253,7 @@ def _via(request):
 
 
 def _back(request, approval):
+    """`approval`'s page (it, or its URL), or the page the answer was posted from."""
     # Answered inline on the conversation page: back there, to see what comes next.
     back = request.POST.get("next", "")
     if back and url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
@@ -223,8 +280,15 @@ def _answer(request, approval, answer, given):
     except InboxBusy:
         messages.error(request, "The inbox is busy and your answer was not recorded yet.")
         return None
+    _tell(request, result, stands, approval.expires_at, given)
+    return _back(request, approval)
+
+
+def _tell(request, result, stands, expires_at, given):
+    """The message that tells the person what their answer did (decide_answer's result and
+    what stands), `given` what they sent with it."""
     if result == AuditEntry.Result.TOO_LATE or stands == Approval.Answer.EXPIRED:
-        messages.info(request, _too_late(approval))
+        messages.info(request, _too_late(expires_at))
     elif result in (None, AuditEntry.Result.ALREADY_SETTLED):
         messages.info(request, "This request was already settled; the first outcome stands.")
     elif result in WAITING_FOR_A_SECOND and _via(request) == AuditEntry.Via.CONVERSATION:
@@ -242,7 +306,7 @@ def _answer(request, approval, answer, given):
         messages.success(
             request,
             f"Your approval{changed} is recorded. A second, different approver must also"
-            f" approve before {approval.expires_at:%H:%M} UTC.",
+            f" approve before {expires_at:%H:%M} UTC.",
         )
     elif given.get("arguments"):
         messages.success(
@@ -250,7 +314,6 @@ def _answer(request, approval, answer, given):
         )
     else:
         messages.success(request, "Your answer was recorded.")
-    return _back(request, approval)
 
 
 GROUP_WORDS = {
@@ -262,16 +325,16 @@ GROUP_WORDS = {
 }
 
 
-def _too_late(approval) -> str:
+def _too_late(expires_at) -> str:
     return (
-        f"Too late: this request expired at {approval.expires_at:%H:%M} UTC, before your"
+        f"Too late: this request expired at {expires_at:%H:%M} UTC, before your"
         " answer, which was not counted; nothing was done."
     )
 
 
 def _group_words(answered, approval) -> str:
     if not answered and approval.standing_answer(clock.database_now()) == Approval.Answer.EXPIRED:
-        return _too_late(approval)
+        return _too_late(approval.expires_at)
     if not answered:
         return "Nothing was left to answer; the first outcomes stand."
     counts = Counter(result for _, result, _ in answered)

@@ -70,6 +70,19 @@ def store_event(inbox_id, source, source_id, payload, now, lock_wait=None) -> bo
     return bool(_store(inbox_id, [(source, source_id, payload)], now, lock_wait))
 
 
+def announce_stored(inbox_id, event_id, source, source_id, payload, at) -> None:
+    """Announce an event a statement of an app above inbox/ stored together with what that
+    app records of it (approvals' answer.sql: the row settled, the audit entry): as _store
+    announces one, with `recorded=True`, so that a receiver which records the same outcome
+    (approvals' record_answer) knows it is written, and the others (the metrics) count it."""
+    row = store.Stored(event_id, source, source_id, at)
+    event = store.as_event(inbox_id, row, payload)
+    if event_stored.receivers:
+        event_stored.send(sender=Event, event=event, now=at, recorded=True)
+    if source in RESERVED_SOURCES:
+        reserved_event_stored.send(sender=Event, event=event, now=at, recorded=True)
+
+
 def event_traces(event_ids) -> dict[int, str]:
     """The traceparents stored with these events at ingest, by event id: one query, for a
     caller with tracing on (the worker's run span continues them)."""

@@ -51,3 +51,20 @@ def locked_write(inbox, wait: float | None, now=None, then=()):
     """
     with current().locked_write(inbox, wait, clock.in_statement(now), then) as locked:
         yield locked
+
+
+def write_in_one(inbox, sql: str, params: dict, wait: float | None) -> dict | None:
+    """On PostgreSQL, a write above inbox/ stated as one statement: a database function of
+    its app that takes the inbox's lock itself, first (its lease row FOR UPDATE, as
+    locked_write does), then its own rows, with `params["lock_timeout"]` (lock_timeout(wait))
+    bounding that wait. Its own transaction, one round trip (a savepoint inside a caller's):
+    the statement's first row by column name, or None. InboxBusy past `wait`, rolled back.
+    For a hot write whose round trips under locked_write cost more than its statements
+    (approvals' plain answer: approvals/sql/answer.sql)."""
+    return current().write_in_one(inbox, sql, params, wait)
+
+
+def lock_timeout(wait: float | None) -> str | None:
+    """The lock_timeout setting that bounds a wait of `wait` seconds (None: unbounded), for
+    a statement given to write_in_one."""
+    return current().lock_timeout(wait)

@@ -17,9 +17,9 @@ PostgreSQL and SQLite in backends/.
 """
 
 from .finish import SaveState, finish, finish_and_take, record_refused
-from .ingest import event_traces, ingest, ingest_many, store_event
+from .ingest import announce_stored, event_traces, ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
-from .locks import bounded_write, lock_inbox, locked_write
+from .locks import bounded_write, lock_inbox, lock_timeout, locked_write, write_in_one
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
 from .outcomes import DONE, Defer, Done, Ending, Failed
 from .rules import (
@@ -54,6 +54,7 @@ __all__ = [
     "Held",
     "SaveState",
     "acquire",
+    "announce_stored",
     "acquire_next",
     "bounded_write",
     "claim_batch",
@@ -64,6 +65,7 @@ __all__ = [
     "ingest_many",
     "lease_ttl",
     "lock_inbox",
+    "lock_timeout",
     "locked_write",
     "record_refused",
     "mark_dead",
@@ -76,4 +78,5 @@ __all__ = [
     "retry_delay",
     "store_event",
     "take_next",
+    "write_in_one",
 ]

@@ -76,6 +76,14 @@ class Backend:
                 raise InboxBusy(inbox_id, wait, reason) from exc
             raise
 
+    def write_in_one(self, ref, sql, params, wait):
+        """A whole write as one statement of its own (a database function): PostgreSQL's
+        (postgresql.py); elsewhere the caller takes its portable path."""
+        raise NotImplementedError(f"{type(self).__name__} runs no database functions")
+
+    def lock_timeout(self, wait):
+        raise NotImplementedError(f"{type(self).__name__} runs no database functions")
+
     @contextmanager
     def locked_write(self, ref, wait: float | None, now, then=()):
         """bounded_write on the inbox `ref` (an Inbox, its id or its slug) with its lock taken

@@ -752,6 +752,29 @@ class PostgreSQL(Backend):
             finally:
                 _held.pop(raw, None)
 
+    def write_in_one(self, ref, sql, params, wait):
+        """`sql`, a whole write that takes the inbox's lock itself, first (a database function
+        of an app above this one: approvals' answer.sql), as its own transaction, planned by
+        index (BY_INDEX before it, in its round trip): its first row, by column name. Inside
+        a caller's transaction a savepoint, so a lock wait past `wait` (the statement sets
+        its own lock_timeout) does not abort the caller's. InboxBusy then, rolled back."""
+        db = connections[DEFAULT_DB_ALIAS]
+        try:
+            if db.in_atomic_block:
+                with transaction.atomic():
+                    return _fetch_one(db, sql, params)
+            return _fetch_direct(db, sql, params)
+        except OperationalError as exc:
+            reason = None if wait is None else self.out_of_time(exc, wait)
+            if reason:
+                raise InboxBusy(ref, wait, reason) from exc
+            raise
+
+    @staticmethod
+    def lock_timeout(wait) -> str | None:
+        """`wait` (seconds, None: unbounded) as a statement that sets lock_timeout takes it."""
+        return _lock_timeout(wait)
+
     def read(self, statement):
         """Prepared and planned by index: alone inside bounded()'s transaction, whose settings
         hold (after the writes held there); elsewhere after BY_INDEX, in one round trip

@@ -16,24 +16,20 @@ from tests.support.pages import WINDOW, ask, detail_url, text_of
 
 pytestmark = pytest.mark.django_db
 
-# Outside the transaction:
-# - the session and the user: any logged-in post reads them (the reference view too);
-# - the request with its inbox and the user's role there, one statement (get_visible): it
-#   decides the 404 and the 403 and gives the forms the request they read, before any lock.
-# The inbox's transaction (in a test, a savepoint in the test's: its SAVEPOINT and RELEASE count):
-# - the lock and the clock, one statement (lock_now.sql; on SQLite the IMMEDIATE transaction
-#   is the lock, and the lease row is read to refuse an unknown inbox);
-# - the request again, locked, with its answer event: what the checks decide from, as
-#   committed before the lock was granted;
-# - the answer event (the UNIQUE key refuses a second one; on SQLite the inbox is read first,
-#   then its insert and the work marker, in a savepoint of their own);
-# - the row settled, with who answered (record_answer);
-# - the audit entry.
-# On PostgreSQL the plan settings and the lock's bound go first on psycopg's own cursor (how
-# statements are planned, not queries), and the transaction is three round trips: the
-# settings, the lock and the locked read; the event; the settle and the audit entry with the
-# COMMIT (inbox/backends/postgresql.py, locked_write).
-ANSWER_POST = {"postgresql": 10, "sqlite": 14}
+# Any logged-in post reads the session and the user (the reference view too). Then:
+# - on PostgreSQL, one statement (approvals/sql/answer.sql, answer_at_once), its own
+#   transaction (in a test, a savepoint in the test's: its SAVEPOINT and RELEASE count): the
+#   request with its inbox and the user's role (the 404, the 403), the inbox's lock and the
+#   clock, the request locked with its answer event, the answer event (its UNIQUE key
+#   refuses a second one) and the work marker, the row settled, the audit entry;
+# - on SQLite, decide_answer's path: the request with its inbox and the user's role
+#   (get_visible), before any lock; the transaction (IMMEDIATE: the lock), the lease row read
+#   to refuse an unknown inbox, the request again with its answer event, the answer event
+#   (the inbox read first, then its insert and the work marker, in a savepoint of their
+#   own), the row settled with who answered (record_answer), the audit entry.
+# (PostgreSQL's plan setting goes first on psycopg's own cursor, in the same round trip: how
+# the statement is planned, not a query.)
+ANSWER_POST = {"postgresql": 5, "sqlite": 14}
 
 
 @pytest.fixture
@@ -134,3 +130,83 @@ def test_an_edited_yes_is_settled_and_recorded_by_the_one_update_of_a_plain_yes(
         "arguments": {"order": "881", "amount": 80},
         "by": "dana",
     }
+
+
+def test_a_no_with_its_reason_costs_the_queries_of_a_yes(people, django_assert_num_queries):
+    """The reason is read from the approval's own form field, cleaned as its DenyForm cleans
+    it, and goes to the agent (the event), the row and the audit entry."""
+    desk, clients = people
+    approval = ask(desk)
+    form = {"answer": "no", f"a{approval.pk}-reason": "  not this order  ", "a999999-reason": "x"}
+
+    with django_assert_num_queries(ANSWER_POST[connection.vendor]):
+        response = clients["dana"].post(detail_url("desk", "refund-881"), form)
+
+    assert response.status_code == 302
+    approval.refresh_from_db()
+    assert (approval.answer, approval.reason, approval.answered_by.username) == (
+        "no",
+        "not this order",
+        "dana",
+    )
+    event = Event.objects.get(inbox=desk, source="approval", source_id="refund-881")
+    assert (event.payload["reason"], event.payload["approved_by"]) == ("not this order", [])
+    assert event.payload["names"] == {"dana": "dana"}
+    entry = AuditEntry.objects.get()
+    assert (entry.username, entry.result, entry.reason, entry.action_shown) == (
+        "dana",
+        "denied",
+        "not this order",
+        "Refund order 881",
+    )
+
+
+def test_a_reason_its_form_refuses_is_told_and_nothing_is_stored(people):
+    desk, clients = people
+    approval = ask(desk)
+    form = {"answer": "no", f"a{approval.pk}-reason": "x" * 1001}
+
+    response = clients["dana"].post(detail_url("desk", "refund-881"), form)
+
+    assert response.status_code == 400
+    assert "Ensure this value has at most 1000 characters" in text_of(response)
+    assert (Approval.objects.get().answer, AuditEntry.objects.count()) == ("", 0)
+    assert not Event.objects.filter(source="approval").exists()
+
+
+def test_an_answer_the_statement_hands_back_is_decided_as_before(people):
+    """A request of two approvers (like a question, an edit, a deadline passed) is decided
+    by decide_answer: the first approval waits for a second approver."""
+    desk, clients = people
+    request_approval(desk, "big-1", "refund order 900", WINDOW, approvers=2)
+    url = detail_url("desk", "big-1")
+
+    first = clients["dana"].post(url, {"answer": "yes"}, follow=True)
+    second = clients["lee"].post(url, {"answer": "yes"}, follow=True)
+
+    assert "A second, different approver must also approve" in text_of(first)
+    assert "Your answer was recorded." in text_of(second)
+    approval = Approval.objects.get()
+    assert (approval.answer, approval.first_approved_by.username) == ("yes", "dana")
+    assert approval.answered_by.username == "lee"
+    results = list(AuditEntry.objects.order_by("id").values_list("username", "result"))
+    assert results == [("dana", "first_approval"), ("lee", "approved")]
+
+
+def test_a_viewer_is_refused_and_a_stranger_gets_a_404(people, django_user_model):
+    desk, _ = people
+    ask(desk)
+    viewer = django_user_model.objects.create_user(username="vic")
+    Membership.objects.create(inbox=desk, user=viewer, role=Role.VIEWER)
+    stranger = django_user_model.objects.create_user(username="sam")
+    url = detail_url("desk", "refund-881")
+    pages = {}
+    for user in (viewer, stranger):
+        client = Client()
+        client.force_login(user)
+        pages[user.username] = client.post(url, {"answer": "yes"})
+
+    assert pages["vic"].status_code == 403
+    assert "you are a viewer of" in text_of(pages["vic"])
+    assert pages["sam"].status_code == 404
+    assert (Approval.objects.get().answer, AuditEntry.objects.count()) == ("", 0)

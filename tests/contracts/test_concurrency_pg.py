@@ -36,7 +36,9 @@ from alwayson.runtime.api import (
     run_scheduler,
 )
 from approvals.models import Approval
+from approvals.services import answer_at_once
 from inbox.clock import occurrence_label
+from inbox.exceptions import InboxBusy
 from inbox.models import Event, Inbox, Lease
 from inbox.services import Held, acquire_next, release
 from inbox.signals import event_stored
@@ -963,6 +965,81 @@ def test_a_second_yes_and_a_no_at_once_one_answer_stands(inbox, approvers, t0):
         )
         outcomes[stands] += 1
     assert sum(outcomes.values()) == ROUNDS
+
+
+# --- (g') the page's plain answers in one statement (approvals/sql/answer.sql) -------------
+
+
+def _at_once(user, inbox, request_id, answer, now):
+    """The page's one-statement answer: (the audit's result, what stands)."""
+    answered = answer_at_once(user, inbox.slug, request_id, answer, now=now)
+    return answered.result, answered.stands
+
+
+def test_a_yes_and_a_no_in_one_statement_each_at_once_one_answer_stands(inbox, approvers, t0):
+    dana, lee, _ = approvers
+    outcomes = Counter()
+    for n in range(ROUNDS):
+        request_id = f"refund-{n}"
+        request_approval(inbox, request_id, "refund order 42", EXPIRES_IN, now=t0)
+        yes, no = _answers_queued_on_the_lease(
+            inbox,
+            partial(_at_once, dana, inbox, request_id, "yes", t0 + SECOND),
+            partial(_at_once, lee, inbox, request_id, "no", t0 + SECOND),
+        )
+        [event] = Event.objects.filter(inbox=inbox, source="approval", source_id=request_id)
+        stands = event.payload["answer"]
+        assert yes[1] == no[1] == stands, f"round {n}: told {yes}/{no}, stored {stands}"
+        assert sorted([yes[0], no[0]]) == sorted(
+            ["approved" if stands == "yes" else "denied", "already_settled"]
+        )
+        approval = Approval.objects.get(inbox=inbox, request_id=request_id)
+        assert (approval.answer, approval.answered_by) == (stands, dana if stands == "yes" else lee)
+        assert approval.audit.count() == 2
+        outcomes[stands] += 1
+    assert sum(outcomes.values()) == ROUNDS
+
+
+def test_a_one_statement_answer_racing_the_expiry_scheduler_one_answer_stands(
+    make_inbox, django_user_model, t0
+):
+    from inbox.models import Membership, Role
+
+    dana = django_user_model.objects.create_user(username="dana")
+    deadline = t0 + timedelta(seconds=EXPIRES_IN)
+    outcomes = Counter()
+    for n in range(ROUNDS):
+        inbox = make_inbox()
+        Membership.objects.create(inbox=inbox, user=dana, role=Role.APPROVER)
+        request_id = f"refund-{n}"
+        request_approval(inbox, request_id, "refund order 42", EXPIRES_IN, now=t0)
+        (result, told), handled = together(
+            partial(_at_once, dana, inbox, request_id, "yes", deadline - SECOND),
+            partial(run_scheduler, now=deadline),
+        )
+        stands, approval, timer = _approval_state(inbox, request_id)
+        assert told == stands == approval.answer, f"round {n}: told {told}, stored {stands}"
+        assert result == ("approved" if stands == "yes" else "already_settled")
+        assert (handled, timer.done) == (1, True)
+        outcomes[stands] += 1
+    assert sum(outcomes.values()) == ROUNDS
+
+
+def test_a_one_statement_answer_waiting_past_its_bound_is_busy_and_stores_nothing(
+    inbox, approvers, t0, settings
+):
+    settings.ALWAYSON_INGEST_LOCK_WAIT = 0.2
+    dana = approvers[0]
+    request_approval(inbox, "r1", "refund order 42", EXPIRES_IN, now=t0)
+    with lease_row_locked(inbox):
+        answer = Together(partial(_at_once, dana, inbox, "r1", "yes", t0 + SECOND)).start()
+        with pytest.raises(InboxBusy):
+            answer.join()
+    approval = Approval.objects.get(inbox=inbox, request_id="r1")
+    assert (approval.answer, approval.audit.count()) == ("", 0)
+    assert not Event.objects.filter(inbox=inbox, source="approval").exists()
+    # The bound was the statement's own (SET LOCAL): the session's next one waits as before.
+    assert _at_once(dana, inbox, "r1", "yes", t0 + SECOND) == ("approved", "yes")
 
 
 def test_a_second_yes_racing_a_third_approvers_edit_never_approves_unseen_arguments(
