@@ -18,8 +18,9 @@ collect_ignore = ["embedded"]
 
 def pytest_collection_modifyitems(config, items):
     """PostgreSQL-only tests (real parallel connections) are deselected on SQLite, not
-    skipped: CI fails on any skip, and it runs the suite on both databases. The chaos run
-    (a minute and a half, a cluster of its own) runs only when asked for: `-m chaos`."""
+    skipped: CI fails on any skip, and it runs the suite on both databases. The chaos runs
+    (the standard one and the failover, minutes each, clusters of their own) run only when
+    asked for: `-m chaos`."""
     from django.conf import settings
 
     on_sqlite = not settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
