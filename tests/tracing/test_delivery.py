@@ -235,3 +235,28 @@ def test_a_batch_stored_in_a_span_keeps_its_context_for_each_new_event(receiver,
         ("evt_2", traceparent),
         ("evt_3", traceparent),
     ]
+
+
+@pytest.mark.django_db
+def test_an_answer_posted_in_a_span_keeps_its_context_for_its_event(
+    receiver, inbox, django_user_model
+):
+    """On PostgreSQL the page's plain answer is one statement (approvals/sql/answer.sql): the
+    trace goes in it, as store_event keeps it on decide_answer's path (SQLite)."""
+    from approvals.services import request_approval
+    from inbox.models import Membership, Role
+
+    dana = django_user_model.objects.create_user(username="dana")
+    Membership.objects.create(inbox=inbox, user=dana, role=Role.APPROVER)
+    request_approval(inbox, "r1", "refund order 7", 3600)
+    client = Client()
+    client.force_login(dana)
+    with tracing.span("POST /approvals"):
+        traceparent = tracing.traceparent()
+        response = client.post(f"/approvals/{inbox.slug}/r1/", {"answer": "yes"})
+
+    assert response.status_code == 302
+    event = Event.objects.get(inbox=inbox, source="approval", source_id="r1")
+    assert event.payload["answer"] == "yes"
+    assert EventTrace.objects.get().event_id == event.pk
+    assert EventTrace.objects.get().traceparent == traceparent
