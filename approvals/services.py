@@ -19,7 +19,6 @@ from alwayson import tracing
 from inbox import clock
 from inbox.models import Event, Inbox
 from inbox.prebuilt import Given, Prebuilt
-from inbox.rules import given_now
 from inbox.services import (
     WORK_CHANNEL,
     announce_stored,
@@ -537,7 +536,7 @@ def answer_at_once(
         "answer": answer,
         "via": via,
         "reasons": json.dumps({str(pk): reason for pk, reason in (reasons or {}).items()}),
-        "now": given_now(now),
+        "now": clock.in_statement(now),
         "lock_timeout": lock_timeout(wait),
         "channel": WORK_CHANNEL,
         "trace": tracing.traceparent(),
