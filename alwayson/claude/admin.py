@@ -20,7 +20,9 @@ from .models import TOTAL_TOKENS, ModelCall, ModelSettings, ToolResult
 class EditedConfig(InlineForeignKeyField):
     """The inline's link to its configuration: the one edited on the same page, even before
     it is saved (Django's gives none to a primary key on the add page), so that the settings
-    are checked against the tools the person is saving."""
+    are checked against the tools the person is saving. InlineForeignKeyField is Django's
+    own, not documented: tests/claude/test_claude_config.py's admin cases that name a tool
+    on the add page fail if it changes."""
 
     def clean(self, value):
         super().clean(value)  # refuses a key that is not the page's configuration
