@@ -431,7 +431,7 @@ def test_a_finish_waiting_behind_an_uncommitted_ingest_counts_its_event(make_inb
             ).start()
             hold.wait_reached()
             done = Together(
-                partial(finish, inbox, "W", generation, [event_id], now=t0 + 2 * SECOND)
+                partial(finish, Held(inbox, "W", generation, [event_id]), now=t0 + 2 * SECOND)
             ).start()
             wait_until_blocked(done.pids)
             hold.release.set()
@@ -481,7 +481,7 @@ def test_a_finish_waits_for_ingests_sharing_the_lease_row_and_counts_their_event
             # Both wait only on the inbox row the test holds, not on each other's lease lock.
             assert [_blockers(pid) for pid in deliveries.pids] == [{_own_pid()}] * 2
             done = Together(
-                partial(finish, inbox, "W", generation, [event_id], now=t0 + SECOND)
+                partial(finish, Held(inbox, "W", generation, [event_id]), now=t0 + SECOND)
             ).start()
             wait_until_blocked(done.pids)
             # On their lease lock (PostgreSQL names the sharer it waits on first).
@@ -502,7 +502,7 @@ def test_ingests_and_finishes_racing_on_one_inbox_never_lose_a_marker(inbox, t0)
         generation = acquire(inbox, "W", now=now)
         claimed = [event.pk for event in claim_batch(inbox, "W", generation, now=now)]
         results = together(
-            partial(finish, inbox, "W", generation, claimed, now=now + SECOND),
+            partial(finish, Held(inbox, "W", generation, claimed), now=now + SECOND),
             *(partial(ingest, inbox, "chat", f"r{n}-{k}", now=now + SECOND) for k in range(4)),
         )
         assert results == [True] * 5
@@ -845,7 +845,7 @@ def test_late_finish_racing_a_takeover_after_expiry_is_refused(make_inbox, t0, t
         inbox = make_inbox()
         old, ids = _claimed_run(inbox, t0)
         finished, (new, batch) = together(
-            partial(finish, inbox, "A", old, ids, [Say(inbox.pk, "lost")], now=later),
+            partial(finish, Held(inbox, "A", old, ids), [Say(inbox.pk, "lost")], now=later),
             partial(take_over, inbox),
         )
         # Refused whichever went first: the lease had expired at `later` either way.
@@ -865,7 +865,7 @@ def test_takeover_waits_for_a_finish_in_progress(inbox, t0, ttl):
 
     in_time = t0 + ttl - SECOND
     later = t0 + ttl + SECOND
-    finishing = Together(partial(finish, inbox, "A", old, ids, [slow_effect], now=in_time))
+    finishing = Together(partial(finish, Held(inbox, "A", old, ids), [slow_effect], now=in_time))
     finishing.start()
     try:
         hold.wait_reached()
