@@ -397,10 +397,7 @@ def test_an_ingest_waiting_behind_a_finish_that_recounts_keeps_its_work_marker(m
         done = Together(
             partial(
                 finish,
-                inbox,
-                "W",
-                generation,
-                [event_id],
+                Held(inbox, "W", generation, [event_id]),
                 effects=[lambda now, hold=hold: hold()],
                 now=t0 + SECOND,
             )
@@ -817,7 +814,7 @@ def test_late_finish_racing_the_new_holders_claim_is_refused(make_inbox, t0, ttl
         new = acquire(inbox, "B", now=later)
         assert new == old + 1
         late_finish = partial(
-            finish, inbox, "A", old, ids, [Say(inbox.pk, "from the lost run")], now=later
+            finish, Held(inbox, "A", old, ids), [Say(inbox.pk, "from the lost run")], now=later
         )
         claim = partial(claim_batch, inbox, "B", new, now=later)
         if n % 2:
