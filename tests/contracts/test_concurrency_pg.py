@@ -399,10 +399,7 @@ def test_an_ingest_waiting_behind_a_finish_that_recounts_keeps_its_work_marker(m
         done = Together(
             partial(
                 finish,
-                inbox,
-                "W",
-                generation,
-                [event_id],
+                Held(inbox, "W", generation, [event_id]),
                 effects=[lambda now, hold=hold: hold()],
                 now=t0 + SECOND,
             )
@@ -433,7 +430,7 @@ def test_a_finish_waiting_behind_an_uncommitted_ingest_counts_its_event(make_inb
             ).start()
             hold.wait_reached()
             done = Together(
-                partial(finish, inbox, "W", generation, [event_id], now=t0 + 2 * SECOND)
+                partial(finish, Held(inbox, "W", generation, [event_id]), now=t0 + 2 * SECOND)
             ).start()
             wait_until_blocked(done.pids)
             hold.release.set()
@@ -483,7 +480,7 @@ def test_a_finish_waits_for_ingests_sharing_the_lease_row_and_counts_their_event
             # Both wait only on the inbox row the test holds, not on each other's lease lock.
             assert [_blockers(pid) for pid in deliveries.pids] == [{_own_pid()}] * 2
             done = Together(
-                partial(finish, inbox, "W", generation, [event_id], now=t0 + SECOND)
+                partial(finish, Held(inbox, "W", generation, [event_id]), now=t0 + SECOND)
             ).start()
             wait_until_blocked(done.pids)
             # On their lease lock (PostgreSQL names the sharer it waits on first).
@@ -504,7 +501,7 @@ def test_ingests_and_finishes_racing_on_one_inbox_never_lose_a_marker(inbox, t0)
         generation = acquire(inbox, "W", now=now)
         claimed = [event.pk for event in claim_batch(inbox, "W", generation, now=now)]
         results = together(
-            partial(finish, inbox, "W", generation, claimed, now=now + SECOND),
+            partial(finish, Held(inbox, "W", generation, claimed), now=now + SECOND),
             *(partial(ingest, inbox, "chat", f"r{n}-{k}", now=now + SECOND) for k in range(4)),
         )
         assert results == [True] * 5
@@ -819,7 +816,7 @@ def test_late_finish_racing_the_new_holders_claim_is_refused(make_inbox, t0, ttl
         new = acquire(inbox, "B", now=later)
         assert new == old + 1
         late_finish = partial(
-            finish, inbox, "A", old, ids, [Say(inbox.pk, "from the lost run")], now=later
+            finish, Held(inbox, "A", old, ids), [Say(inbox.pk, "from the lost run")], now=later
         )
         claim = partial(claim_batch, inbox, "B", new, now=later)
         if n % 2:
@@ -847,7 +844,7 @@ def test_late_finish_racing_a_takeover_after_expiry_is_refused(make_inbox, t0, t
         inbox = make_inbox()
         old, ids = _claimed_run(inbox, t0)
         finished, (new, batch) = together(
-            partial(finish, inbox, "A", old, ids, [Say(inbox.pk, "lost")], now=later),
+            partial(finish, Held(inbox, "A", old, ids), [Say(inbox.pk, "lost")], now=later),
             partial(take_over, inbox),
         )
         # Refused whichever went first: the lease had expired at `later` either way.
@@ -867,7 +864,7 @@ def test_takeover_waits_for_a_finish_in_progress(inbox, t0, ttl):
 
     in_time = t0 + ttl - SECOND
     later = t0 + ttl + SECOND
-    finishing = Together(partial(finish, inbox, "A", old, ids, [slow_effect], now=in_time))
+    finishing = Together(partial(finish, Held(inbox, "A", old, ids), [slow_effect], now=in_time))
     finishing.start()
     try:
         hold.wait_reached()
