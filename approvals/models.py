@@ -122,7 +122,7 @@ class Approval(models.Model):
     # What exactly is asked, shown on the approval page: {"tool", "arguments", "asked_by",
     # "context"} for a tool call; empty for a plain action. With "schema" (the arguments'
     # JSON Schema) a person may edit the arguments before approving ("edit_check" names who
-    # checks an edit beyond it: register_edit_check; "argument_order", added, the schema's
+    # checks an edit beyond it: services.edit_checks; "argument_order", added, the schema's
     # order of its properties); with "question" ({"choices", "free_text", "max_length"}) the
     # call asks for a value instead of a yes.
     details = models.JSONField(default=dict, blank=True)

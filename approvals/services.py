@@ -2,7 +2,6 @@
 
 import json
 import re
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -17,6 +16,7 @@ from jsonschema.exceptions import SchemaError
 
 from alwayson import tracing
 from inbox import clock
+from inbox.extensions import Extension
 from inbox.models import Event, Inbox
 from inbox.prebuilt import Given, Prebuilt
 from inbox.services import (
@@ -68,11 +68,7 @@ VIAS = (AuditEntry.Via.PAGE, AuditEntry.Via.CONVERSATION, AuditEntry.Via.API)
 # its app's ready()), its rules living in a layer above this one. A check takes the approval
 # and the edited arguments and returns how many approvers the edited call needs (1 or 2),
 # or raises ValueError with the reason the edit is refused.
-_edit_checks: dict[str, Callable] = {}
-
-
-def register_edit_check(name: str, check: Callable) -> None:
-    _edit_checks[name] = check
+edit_checks = Extension("the checks of a person's edit, by name")
 
 
 @dataclass(frozen=True)
@@ -213,7 +209,7 @@ def _check_details(details):
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
             raise ValueError(f"details schema is not a JSON Schema: {exc.message}") from None
-    if "edit_check" in details and details["edit_check"] not in _edit_checks:
+    if "edit_check" in details and details["edit_check"] not in edit_checks:
         raise ValueError(f"details edit_check {details['edit_check']!r} is not registered")
     if "question" in details:
         question = details["question"]
@@ -334,9 +330,9 @@ class Response:
         approvers = 1
         check = approval.details.get("edit_check")
         if check:
-            if check not in _edit_checks:
+            if check not in edit_checks:
                 raise ValueError(f"arguments: edits of {rid} cannot be checked ({check!r})")
-            approvers = _edit_checks[check](approval, self.arguments)
+            approvers = edit_checks[check](approval, self.arguments)
         # An edit never lowers the bar the request was asked with.
         return self, max(approvers, approval.approvers_needed)
 

@@ -27,6 +27,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from . import clock, services
+from .extensions import inbox_admin_fields
 from .models import Event, EventTrace, Inbox, Lease, Membership, Role, RunRecord, Session
 from .validation import require_key
 
@@ -267,7 +268,7 @@ class InboxAdmin(InboxRoleMixin, admin.ModelAdmin):
         if not has_model_perm(request, self.opts, "change"):
             # A manager edits the inbox; who owns it is the operators' decision.
             fields = (*fields, "owner")
-        return fields
+        return (*fields, *inbox_admin_fields.values())
 
     @admin.display(description="events")
     def events_link(self, obj):

@@ -79,7 +79,7 @@ class Claim:
     generation: int
     events: list[Event]
     state: dict | None
-    # What CLAIM_EXTRAS read with the take, by name; empty where the take could not.
+    # What extensions.claim_extras read with the take, by name; empty where the take could not.
     extras: dict = field(default_factory=dict)
 
     def held_by(self, holder) -> "Held":
@@ -110,9 +110,3 @@ class Held:
         require_run(self.holder, self.generation)
         ids = tuple(sorted(set(require_ids("event_ids", self.event_ids))))
         object.__setattr__(self, "event_ids", ids)
-
-
-# Values an app above inbox/ reads with the claim, by name: a scalar SQL expression over the
-# taken inbox's id (`t.inbox_id`), read in take_next's statement on PostgreSQL instead of in
-# a round trip of its own. alwayson registers the inbox's agent (alwayson/runtime/apps.py).
-CLAIM_EXTRAS: dict[str, str] = {}

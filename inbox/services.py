@@ -23,7 +23,6 @@ from .locks import bounded_write, lock_inbox, lock_timeout, locked_write, write_
 from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
 from .outcomes import DONE, Defer, Done, Ending, Failed
 from .rules import (
-    CLAIM_EXTRAS,
     HOLDER_MAX,
     RESERVED_SOURCES,
     SOURCE_ID_MAX,
@@ -38,7 +37,6 @@ from .rules import (
 from .store import WORK_CHANNEL  # idle workers LISTEN there; a stored event NOTIFYs
 
 __all__ = [
-    "CLAIM_EXTRAS",
     "HOLDER_MAX",
     "RESERVED_SOURCES",
     "SOURCE_ID_MAX",

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
 from django.utils.html import escape, linebreaks, urlize
 
+from inbox.extensions import Extension
 from inbox.webhooks import sign_standard
 
 
@@ -133,24 +134,16 @@ def send_webhook(delivery, channel):
         raise SendFailed(f"webhook {channel.url}: HTTP {status}")
 
 
-# Senders by channel kind. The chat APIs' senders need bot tokens, which only the egress
-# gateway adds: its app registers them (alwayson/egress/apps.py), so this module never
-# imports anything above the machinery.
-SENDERS = {
-    "email": send_email,
-    "webhook": send_webhook,
-}
-
-
-def register_sender(kind: str, send) -> None:
-    """`send(delivery, channel)` delivers a merged send to a channel of `kind`; it raises
-    SendFailed for a failure the dispatcher should retry."""
-    SENDERS[kind] = send
+# Senders by channel kind: `send(delivery, channel)` delivers a merged send to a channel of
+# that kind, raising SendFailed for a failure the dispatcher should retry. The chat APIs'
+# senders need bot tokens, which only the egress gateway adds: its app adds them
+# (alwayson/egress/apps.py), so this module never imports anything above the machinery.
+senders = Extension("the outbox's senders by channel kind", email=send_email, webhook=send_webhook)
 
 
 def sender_for(channel):
     try:
-        send = SENDERS[channel.kind]
+        send = senders[channel.kind]
     except KeyError:
         raise SendFailed(f"no sender for {channel.kind} channels is installed") from None
     return lambda delivery: send(delivery, channel)

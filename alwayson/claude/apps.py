@@ -17,7 +17,7 @@ class ClaudeConfig(AppConfig):
     def ready(self):
         from alwayson.ops import retention
         from alwayson.ops.workerrole import DELETE, INSERT, SELECT, UPDATE, need
-        from approvals.services import register_edit_check
+        from approvals.services import edit_checks
 
         from . import retention as own_tables
         from .models import ModelCall, ModelSettings, ToolResult
@@ -26,10 +26,11 @@ class ClaudeConfig(AppConfig):
         # Here, not in the settings, which import no app: every process stops at start-up on
         # a malformed default policy, not when a Claude agent first reads it.
         checked_policy("ALWAYSON_CLAUDE_POLICY", alwayson_setting("ALWAYSON_CLAUDE_POLICY"))
-        retention.register(self.label, own_tables.rules)
+        # What this app adds to the apps below (inbox/extensions.py).
+        retention.table_rules.add(self.label, own_tables.rules)
         # A person's edit of an asked call is checked against this agent's policy, in
         # whichever process takes the answer (the approval page's, the API's).
-        register_edit_check(EDIT_CHECK, check_edit)
+        edit_checks.add(EDIT_CHECK, check_edit)
         need(ModelSettings, SELECT, why="the inbox's Messages API settings")
         # What its runs write outside the fence, and read again on a retry.
         need(ModelCall, SELECT, INSERT, why="model answers: cached, and the daily budget")

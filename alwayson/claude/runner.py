@@ -58,7 +58,7 @@ from inbox.services import retry_delay
 
 # Timers the model sets are namespaced, so they never take an application's timer key.
 TIMER_PREFIX = "claude:"
-# The name its approvals give the check of a person's edit (approvals.register_edit_check).
+# The name its approvals give the check of a person's edit (approvals.services.edit_checks).
 EDIT_CHECK = "claude"
 
 DEFAULT_SYSTEM_PROMPT = """\

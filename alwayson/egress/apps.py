@@ -18,19 +18,23 @@ class EgressConfig(AppConfig):
     verbose_name = "egress gateway"
 
     def ready(self):
-        from outbox.channels import register_sender
+        from inbox.extensions import inbox_admin_fields
+        from outbox.channels import senders
 
         from . import checks  # noqa: F401  registers the deploy check
+        from .admin import outbound_services
         from .channels import send_slack, send_telegram
         from .sealing import SEALED, hide_from_same_user, sealing
 
         # Here, not in the settings, which import no app: every process that sets Django up
         # (gunicorn's too) refuses a malformed service before an agent calls one.
         checked_services("ALWAYSON_EGRESS_SERVICES", alwayson_setting("ALWAYSON_EGRESS_SERVICES"))
+        # What this app adds to the apps below (inbox/extensions.py).
         # The chat senders need the bot tokens, which only the gateway adds: the outbox
-        # sends through whatever is registered and never imports the gateway.
-        register_sender("slack", send_slack)
-        register_sender("telegram", send_telegram)
+        # sends through whatever is added and never imports the gateway.
+        senders.add("slack", send_slack)
+        senders.add("telegram", send_telegram)
+        inbox_admin_fields.add("outbound_services", outbound_services)
         if sealing() and os.environ.get(SEALED) != "1":
             # A process of a sealed deployment that holds credentials (web, scheduler,
             # dispatcher, egress, runall): the worker, the same Unix user, must not read them.

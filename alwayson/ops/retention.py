@@ -38,6 +38,7 @@ from django.db.models.functions import Concat
 from alwayson.egress.models import EgressCall
 from alwayson.ops.models import PROCESS_RETENTION, Process
 from approvals.models import APPROVAL_SOURCE, Approval, AuditEntry
+from inbox.extensions import Extension
 from inbox.models import Event, RunRecord
 from outbox.models import Notice, OutboxMessage
 from timers.models import RESERVED_KEY_PREFIX, Timer
@@ -136,14 +137,10 @@ def settled_approvals_without_keys():
 
 
 # Rules for the tables of apps above this one (the Claude agent's cached calls, the login
-# throttle's rows), by app label: each app registers a function of `now` in its ready(), so
-# prune knows every table without importing the apps that own them.
-_REGISTERED: dict[str, Callable] = {}
-
-
-def register(label: str, make_rules: Callable) -> None:
-    """`make_rules(now)` returns the Rules for `label`'s tables, pruned after the egress audit."""
-    _REGISTERED[label] = make_rules
+# throttle's rows), by app label: each app adds a function of `now` returning its tables'
+# Rules in its ready(), so prune knows every table without importing the apps that own them.
+# They are pruned after the egress audit.
+table_rules = Extension("the tables prune keeps, by app label")
 
 
 def rules(now) -> list[Rule]:
@@ -204,7 +201,7 @@ def rules(now) -> list[Rule]:
             ),
             "at",
         ),
-        *(rule for make in _REGISTERED.values() for rule in make(now)),
+        *(rule for make in table_rules.values() for rule in make(now)),
         Rule(
             "alwayson_ops.Process",
             Process.objects.filter(last_beat__lt=now - PROCESS_RETENTION),

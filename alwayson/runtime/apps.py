@@ -10,12 +10,13 @@ class RuntimeConfig(AppConfig):
 
     def ready(self):
         from alwayson.ops.workerrole import SELECT, need
-        from inbox.services import CLAIM_EXTRAS
+        from inbox.extensions import claim_extras
 
         from .models import AgentConfig
 
+        # What this app adds to the apps below (inbox/extensions.py).
         # Which agent runs the inbox, read with the worker's take (Agents.for_inbox).
-        CLAIM_EXTRAS["agent"] = (
-            f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = t.inbox_id"
+        claim_extras.add(
+            "agent", f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = t.inbox_id"
         )
         need(AgentConfig, SELECT, why="which agent runs the inbox, and its configuration")

@@ -92,8 +92,9 @@ from psycopg import pq
 from psycopg.adapt import AdaptersMap, Loader, Transformer
 
 from ..exceptions import InboxBusy, UnknownInbox
+from ..extensions import claim_extras
 from ..models import Event, Inbox, Lease, Session
-from ..rules import CLAIM_EXTRAS, Claim, lease_ttl
+from ..rules import Claim, lease_ttl
 from ..signals import lease_taken_over
 from ..store import WORK_CHANNEL, Stored
 from ..validation import require_now
@@ -1019,11 +1020,11 @@ _take_texts = {}
 
 
 def _take(holder, now) -> _Take:
-    names = sorted(CLAIM_EXTRAS)
-    key = tuple((name, CLAIM_EXTRAS[name]) for name in names)
+    names = sorted(claim_extras)
+    key = tuple((name, claim_extras[name]) for name in names)
     sql = _take_texts.get(key)
     if sql is None:
-        extras = "".join(f',\n    ({CLAIM_EXTRAS[name]}) AS "extra.{name}"' for name in names)
+        extras = "".join(f',\n    ({claim_extras[name]}) AS "extra.{name}"' for name in names)
         sql = _take_texts[key] = TAKE.replace("{extras}", extras)
     params = {
         "now": now,

@@ -63,7 +63,7 @@ def checks(monkeypatch):
             raise ValueError("arguments: order 13 is never refunded")
         return 2 if arguments["amount"] > 500 else 1
 
-    monkeypatch.setitem(services._edit_checks, "test", check)
+    monkeypatch.setitem(services.edit_checks, "test", check)
     return seen
 
 
@@ -219,7 +219,7 @@ def test_a_plain_action_cannot_be_edited(people, t0):
 
 def test_an_edit_named_check_that_is_not_registered_refuses_edits(people, t0, checks, monkeypatch):
     editable(people.desk, t0)
-    monkeypatch.delitem(services._edit_checks, "test")
+    monkeypatch.delitem(services.edit_checks, "test")
 
     with pytest.raises(ValueError, match=r"edits of refund-881 cannot be checked \('test'\)"):
         answer_approval(

@@ -11,7 +11,7 @@ from django.apps import apps
 
 from alwayson.egress.channels import send_slack, send_telegram, slack_text, telegram_html
 from alwayson.runtime.api import dispatch
-from outbox.channels import SENDERS
+from outbox.channels import senders
 from outbox.models import Channel, OutboxMessage
 from tests.support.clock import HOUR, MINUTE, SECOND
 from tests.support.loopback import Loopback
@@ -215,8 +215,8 @@ def test_links_render_as_links_and_the_rest_stays_plain_text(body, slack, telegr
 
 
 def test_the_egress_app_registers_the_chat_senders_into_the_outbox():
-    assert SENDERS["slack"] is send_slack
-    assert SENDERS["telegram"] is send_telegram
+    assert senders["slack"] is send_slack
+    assert senders["telegram"] is send_telegram
 
 
 @pytest.mark.django_db
@@ -227,7 +227,7 @@ def test_a_channel_whose_sender_is_not_installed_is_a_failed_send_and_nothing_is
     counted, with the reason on the message and the channel."""
     inbox = make_inbox("desk")
     channel_for(inbox, kind=Channel.Kind.SLACK, target="C0123ABC")
-    monkeypatch.delitem(SENDERS, "slack")
+    monkeypatch.delitem(senders, "slack")
     hold(inbox, "to a channel nobody sends to", t0)
 
     assert dispatch(now=t0) == 0
