@@ -14,8 +14,7 @@ from django.db.models import OuterRef, Subquery
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from alwayson import tracing
-from inbox import clock
+from inbox import clock, tracing
 from inbox.extensions import Extension
 from inbox.models import Event, Inbox
 from inbox.prebuilt import Given, Prebuilt

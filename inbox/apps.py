@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from . import webhooks
+from . import tracing, webhooks
 from .validation import alwayson_setting, checked_setting
 
 
@@ -30,3 +30,5 @@ class InboxConfig(AppConfig):
         checked_inbox_secrets(
             "ALWAYSON_WEBHOOK_INBOX_SECRETS", alwayson_setting("ALWAYSON_WEBHOOK_INBOX_SECRETS")
         )
+        # Once per process, web and loops alike; a no-op unless an OTLP endpoint is set.
+        tracing.configure()

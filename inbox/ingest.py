@@ -4,9 +4,7 @@ announced (event_stored)."""
 
 from django.conf import settings
 
-from alwayson import tracing
-
-from . import clock, store
+from . import clock, store, tracing
 from .backends import current
 from .models import Event, EventTrace, Inbox
 from .rules import RESERVED_SOURCES, SOURCE_ID_MAX, SOURCE_MAX, require_unreserved_source

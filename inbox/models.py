@@ -486,7 +486,7 @@ class EventTraceQuerySet(models.QuerySet):
 
 class EventTrace(models.Model):
     """The trace context of the request that stored an event, so the run that handles it
-    continues that trace (alwayson/tracing; docs/how-to/tracing.md).
+    continues that trace (inbox/tracing.py; docs/how-to/tracing.md).
 
     A table of its own rather than a column of Event: a column would cost every event row
     and every insert statement whether tracing is on or not, and the hot insert statements
@@ -568,7 +568,7 @@ class RunRecord(models.Model):
     # What the run produced, as the runtime counts it: {"said", "asked", "scheduled",
     # "state_bytes", ...}; the rows themselves carry the run's generation.
     produced = models.JSONField(default=dict, blank=True)
-    # The W3C traceparent of the run's span when tracing is on (alwayson/tracing/).
+    # The W3C traceparent of the run's span when tracing is on (inbox/tracing.py).
     trace = models.CharField(max_length=55, blank=True)
 
     objects = RunRecordQuerySet.as_manager()

@@ -11,9 +11,7 @@ from django.conf import settings
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from alwayson import tracing
-
-from . import webhooks
+from . import tracing, webhooks
 from .clock import database_now
 from .exceptions import InboxBusy, UnknownInbox
 from .services import ingest

@@ -9,8 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 
-from alwayson import tracing
-from inbox import clock
+from inbox import clock, tracing
 from inbox.models import Inbox, RunRecord
 from inbox.services import retry_delay
 from inbox.validation import require_int, require_text

@@ -28,12 +28,11 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
 
-from alwayson import tracing
 from alwayson.claude.models import ModelCall
 from alwayson.egress.client import run_headers
 from alwayson.egress.scrub import scrub
 from alwayson.egress.server import MODEL_SERVICE, SOCKET_HOST
-from inbox import clock
+from inbox import clock, tracing
 from inbox.clock import day_start
 
 log = logging.getLogger("alwayson.claude")

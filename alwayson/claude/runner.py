@@ -36,7 +36,6 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from alwayson import tracing
 from alwayson.claude import client, transcript
 from alwayson.claude.models import ModelSettings, ToolResult
 from alwayson.claude.session import STATE_KEY, Answer, ClaudeSession, WaitingTurn
@@ -52,7 +51,7 @@ from alwayson.runtime.tools import (
     offered_tools,
 )
 from approvals.models import APPROVAL_SOURCE, Approval, approval_url, is_operator
-from inbox import clock
+from inbox import clock, tracing
 from inbox.models import Event, person_fields
 from inbox.services import retry_delay
 

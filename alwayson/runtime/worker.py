@@ -29,7 +29,6 @@ from alwayson.ops.models import Process
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
 from alwayson.runtime.run import LeaseLost, Run, lease_clock
-from alwayson.tracing import enabled, span, traceparent
 from inbox.backends.postgresql import session_params
 from inbox.models import RunRecord
 from inbox.services import (
@@ -47,6 +46,7 @@ from inbox.services import (
     renew,
     take_next,
 )
+from inbox.tracing import enabled, span, traceparent
 
 log = logging.getLogger("alwayson.worker")
 

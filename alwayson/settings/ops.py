@@ -18,7 +18,7 @@ ALWAYSON_METRICS_TOKEN = env.bearer_token("ALWAYSON_METRICS_TOKEN")
 # An inbox's operators hear of its dead events at most once per this many seconds: one email
 # each (alwayson/ops/alerts.py), counting every event that went dead since the last one.
 ALWAYSON_DEAD_ALERT_INTERVAL = env.seconds("ALWAYSON_DEAD_ALERT_INTERVAL", 3600, env.MAX_INTERVAL)
-# OpenTelemetry traces (alwayson/tracing) are on when OTEL_EXPORTER_OTLP_ENDPOINT or
+# OpenTelemetry traces (inbox/tracing.py) are on when OTEL_EXPORTER_OTLP_ENDPOINT or
 # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; spans carry message content only when this is on,
 # since the messages are the users'.
 ALWAYSON_TRACE_CONTENT = env.strict_bool("ALWAYSON_TRACE_CONTENT", False)

@@ -5,7 +5,7 @@ submit is one event), with the payload `{"text": what they wrote, "from": their 
 what an agent reads in `event.payload` and what the conversation shows.
 """
 
-from alwayson import tracing
+from inbox import tracing
 from inbox.services import ingest
 
 CHAT_SOURCE = "chat"

@@ -34,7 +34,6 @@ INSTALLED_APPS = [
     "approvals",
     "outbox",
     "alwayson.egress",
-    "alwayson.tracing",
     "alwayson.ops",
     "alwayson.runtime",
     "alwayson.claude",

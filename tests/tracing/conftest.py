@@ -7,7 +7,7 @@ import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from alwayson import tracing
+from inbox import tracing
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):

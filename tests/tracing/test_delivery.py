@@ -9,10 +9,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from alwayson import tracing
 from alwayson.runtime.worker import Worker
 from alwayson.testing.model import message, tool_use, usage
 from alwayson.web.chat import post_chat
+from inbox import tracing
 from inbox.models import Event, EventTrace, RunRecord
 from outbox.services import dispatch
 from tests.support.otlp import attributes

@@ -4,10 +4,10 @@ execute_tool spans inside it. Exported through the loopback OTLP receiver (conft
 import pytest
 from django.test import Client
 
-from alwayson import tracing
 from alwayson.runtime.api import ingest
 from alwayson.runtime.worker import Worker
 from alwayson.testing.model import message, tool_use, usage
+from inbox import tracing
 from inbox.models import RunRecord
 from tests.support.otlp import attributes
 from tests.support.webhooks import STANDARD_SECRET, post, standard_headers

@@ -3,8 +3,8 @@ transaction, and a lock wait past ALWAYSON_INGEST_LOCK_WAIT stores neither."""
 
 import pytest
 
-from alwayson import tracing
 from alwayson.runtime.api import ingest
+from inbox import tracing
 from inbox.exceptions import InboxBusy
 from inbox.models import Event, EventTrace
 from tests.support import postgres

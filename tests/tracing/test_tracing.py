@@ -1,6 +1,6 @@
 """The tracing leaf: off costs nothing, on exports OTLP/HTTP spans with parents and links."""
 
-from alwayson import tracing
+from inbox import tracing
 
 
 def test_off_without_an_endpoint_builds_nothing_and_spans_are_free(monkeypatch):

@@ -1,7 +1,8 @@
 """OpenTelemetry traces, off unless an OTLP endpoint is configured.
 
-A leaf package: it imports only Django settings and opentelemetry, so inbox,
-outbox, the runtime, the Claude agent and the pages may all open spans.
+A leaf module of the lowest layer: it imports only opentelemetry, so inbox, outbox, the
+runtime, the Claude agent and the pages may all open spans. The inbox app's ready() calls
+configure(), once per process.
 When tracing is off every helper here is a cheap no-op: no exporter is built,
 ``span`` yields None and ``traceparent`` returns "".
 """
