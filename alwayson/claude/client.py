@@ -14,6 +14,8 @@ hold the inbox's lease and hide the outage from the event; the inbox's backoff r
 durably, no sooner than the API's `retry-after`.
 """
 
+from __future__ import annotations
+
 import email.utils
 import hashlib
 import json
@@ -21,8 +23,8 @@ import logging
 import time
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import anthropic
 import httpx2
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -34,6 +36,14 @@ from alwayson.egress.scrub import scrub
 from alwayson.egress.server import MODEL_SERVICE, SOCKET_HOST
 from inbox import clock, tracing
 from inbox.clock import day_start
+
+if TYPE_CHECKING:
+    import anthropic
+
+# The SDK is imported in the functions that call the API, not here: importing it costs about
+# 1.2 s of CPU, and every process loads this module (the Claude app's ready() reads the edit
+# check), the web's workers and each manage.py command included, where only a worker that
+# runs a Claude agent ever calls the API.
 
 log = logging.getLogger("alwayson.claude")
 
@@ -78,6 +88,8 @@ class BudgetSpent(Exception):
 
 @lru_cache(maxsize=8)
 def _client(api_key: str, base_url: str, timeout: int) -> anthropic.Anthropic:
+    import anthropic
+
     return anthropic.Anthropic(
         api_key=api_key, base_url=base_url or None, timeout=timeout, max_retries=0
     )
@@ -88,6 +100,7 @@ def _sealed_client(socket_path: str, timeout: int) -> anthropic.Anthropic:
     """The Messages API through the egress gateway, for a sealed worker, which holds no key:
     the gateway adds it (alwayson/egress/server.py). The SDK insists on a key, so it gets a
     placeholder, taken off each request before the request leaves."""
+    import anthropic
 
     def without_key(request):
         request.headers.pop("authorization", None)
@@ -213,6 +226,8 @@ def _traced_send(request: dict, run) -> dict:
 
 
 def _send(request: dict, run) -> dict:
+    import anthropic
+
     # A sealed worker's gateway serves a run only while it holds its lease.
     extra = {"extra_headers": run_headers(run)} if settings.ALWAYSON_EGRESS_SOCKET else {}
     params = dict(request)
@@ -333,6 +348,8 @@ def check_api_key():
             "ANTHROPIC_API_KEY is not set, and a Claude agent is configured (ALWAYSON_AGENT or "
             "an inbox's agent in the admin). Set it, or point those inboxes at another agent."
         )
+    import anthropic
+
     try:
         client().models.list(limit=1)
     except anthropic.APIStatusError as exc:
