@@ -705,8 +705,9 @@ class PostgreSQL(Backend):
 
     @contextmanager
     def lease_statements(self):
-        """Each statement of the transaction bounded by statement_timeout; inside a caller's
-        transaction, the caller's bound is put back after them. The setting goes on a cursor
+        """Each statement of the transaction bounded by statement_timeout, not its commit
+        (STATEMENT_TIMEOUT); inside a caller's transaction, the caller's bound is put back
+        after them. The setting goes on a cursor
         of psycopg's own, as bounded()'s do: it is how a statement runs, not a query."""
         inside = connection.in_atomic_block
         with transaction.atomic():
