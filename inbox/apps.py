@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.backends.signals import connection_created
 
 from . import tracing, webhooks
 from .validation import alwayson_setting, checked_setting
@@ -17,11 +18,21 @@ def checked_inbox_secrets(name, value):
     return checked_setting(name, webhooks.check_inbox_secrets, value, expected)
 
 
+def watch_commits(sender, connection, **kwargs):
+    """Every PostgreSQL connection Django opens says when a commit was cut short of the
+    synchronous standby (backends/postgresql.py, watch_commits)."""
+    if connection.vendor == "postgresql":
+        from .backends.postgresql import watch_commits
+
+        watch_commits(connection.connection)
+
+
 class InboxConfig(AppConfig):
     name = "inbox"
     verbose_name = "Inbox"
 
     def ready(self):
+        connection_created.connect(watch_commits, dispatch_uid="inbox.watch_commits")
         # Here, not in the settings, which import no app: a malformed secret stops every
         # process at start-up (gunicorn's too) instead of rejecting every delivery.
         for scheme in webhooks.SCHEMES:

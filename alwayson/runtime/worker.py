@@ -396,7 +396,9 @@ class Worker:
                 )
         except (OperationalError, InterfaceError):
             # The database, not the run, failed: nothing was committed, the events stay
-            # claimed until the lease lapses, and the next claim retries them.
+            # claimed until the lease lapses, and the next claim retries them. Or the outcome
+            # is unknown (a connection lost at the commit; Unreplicated, a commit here cut
+            # short of the synchronous standby): not logged as a finish a failover keeps.
             raise
         except Exception as exc:
             # What the run produced could not be committed (a bad effect): record why on the

@@ -77,6 +77,7 @@ generic plan) and a batch (arrays, planned for its size).
 
 import itertools
 import json
+import logging
 import re
 import select
 import weakref
@@ -157,6 +158,12 @@ _SET_TIMEOUT = "set_config('statement_timeout', %(statement_timeout)s, true)"
 _PUT_TIMEOUT_BACK = (
     "set_config('statement_timeout', current_setting('alwayson.statement_timeout'), true)"
 )
+# The bound never reaches a commit: PostgreSQL disarms statement_timeout before it commits
+# (postgres.c, finish_xact_command), a COMMIT statement's or a pipeline's Sync, so a commit
+# waiting for a synchronous standby waits as long as the standby takes, and is never reported
+# committed short of it (tests/ops/test_durability.py). Nothing here bounds that wait: the
+# run's own deadline (Run.check_lease, by its clock) stops it spending meanwhile, and a
+# commit that never returns holds the lease until it lapses, as a frozen worker does.
 STATEMENT_TIMEOUT = f"SELECT {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
 STATEMENT_TIMEOUT_AS_BEFORE = f"SELECT {_PUT_TIMEOUT_BACK}"
 BY_INDEX_LEASE = f"{BY_INDEX}, {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
@@ -683,8 +690,12 @@ class PostgreSQL(Backend):
 
     def out_of_time(self, exc, wait):
         """A lock wait past lock_timeout (lock_not_available), or a statement stopped by
-        statement_timeout or a cancel (query_canceled), the commit's included: the
-        transaction (or the savepoint) is rolled back, nothing of it stays."""
+        statement_timeout or a cancel (query_canceled), before its commit or in the commit's
+        own work before it is written (a lock a notifying commit waits for): the transaction
+        (or the savepoint) is rolled back, nothing of it stays. Not a commit already written
+        and waiting for a synchronous standby: statement_timeout does not reach that wait
+        (PostgreSQL disarms it first), and a cancel of it is no error at all, only a WARNING
+        the commit succeeds with (watch_commits)."""
         cause = exc.__cause__
         sqlstate = getattr(cause, "sqlstate", None)
         if sqlstate == "55P03":
@@ -695,8 +706,9 @@ class PostgreSQL(Backend):
 
     @contextmanager
     def lease_statements(self):
-        """Each statement of the transaction bounded by statement_timeout; inside a caller's
-        transaction, the caller's bound is put back after them. The setting goes on a cursor
+        """Each statement of the transaction bounded by statement_timeout, not its commit
+        (STATEMENT_TIMEOUT); inside a caller's transaction, the caller's bound is put back
+        after them. The setting goes on a cursor
         of psycopg's own, as bounded()'s do: it is how a statement runs, not a query."""
         inside = connection.in_atomic_block
         with transaction.atomic():
@@ -1061,7 +1073,71 @@ def _claimed(inbox, generation, rows, extras=None) -> Claim:
 # --- finishing a run that ended well ---------------------------------------------------------
 
 
+# --- commits a synchronous standby may not have ---------------------------------------------
+
+log = logging.getLogger("alwayson.durability")
+
+# PostgreSQL's WARNING (sqlstate 01000) when a commit written here stopped waiting for the
+# synchronous standbys: a cancel (pg_cancel_backend, a client's cancel request) or the
+# session's end. The commit stands here and the client is told it succeeded, but a failover
+# to a standby may lose it. In the server's messages as lc_messages words them (English).
+UNREPLICATED = "wait for synchronous replication"
+# Each watched connection's last such warning, until the code that committed reads it.
+_unreplicated = weakref.WeakKeyDictionary()
+_watched = weakref.WeakSet()
+
+
+class Unreplicated(OperationalError):
+    """A commit this server made, whose wait for the synchronous standby was cancelled: it
+    stands here, and a failover may lose it. Its outcome is unknown to the caller, as a
+    connection lost at the commit would leave it."""
+
+
+def watch_commits(raw):
+    """On psycopg connection `raw`: a commit whose wait for the synchronous standby was cut
+    short is logged as an ERROR (the only sign of it: PostgreSQL reports the commit a
+    success) and kept for the code that committed (_finish_done raises Unreplicated)."""
+    if raw in _watched:
+        return
+    _watched.add(raw)
+    owner = weakref.ref(raw)  # the connection keeps its handlers: no cycle through them
+
+    def heard(diag):
+        message = diag.message_primary or ""
+        if diag.sqlstate != "01000" or UNREPLICATED not in message:
+            return
+        conn = owner()
+        if conn is not None:
+            _unreplicated[conn] = message
+        log.error(
+            "a commit may not be on the synchronous standby, a failover may lose it: %s (%s)",
+            message,
+            diag.message_detail,
+        )
+
+    raw.add_notice_handler(heard)
+
+
 def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict]]:
+    """_finish_in_one, Unreplicated when its commit was cut short of the synchronous
+    standby: the worker treats it as a database failure (the run's outcome unknown), not as
+    a finish that a failover keeps. Inside a caller's transaction the caller's commit is
+    what counts."""
+    connection.ensure_connection()
+    raw = connection.connection
+    committing = not connection.in_atomic_block
+    if committing:
+        _unreplicated.pop(raw, None)
+    done = _finish_in_one(ref, run, effects, release, take)
+    if committing and (message := _unreplicated.pop(raw, None)) is not None:
+        raise Unreplicated(
+            f"the finish of inbox {ref} committed on this server, but {message}: a failover"
+            " to the standby may lose it"
+        )
+    return done
+
+
+def _finish_in_one(ref, run, effects, release, take=None) -> tuple[bool, list[dict]]:
     """The lease row locked (lock.sql), then one statement that checks the fence, marks the
     events done, recounts the work and gives the lease back, all or nothing
     (finish_done.sql), then the effects; one transaction.

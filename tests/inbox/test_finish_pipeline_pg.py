@@ -6,6 +6,7 @@ transaction, where the pipeline is used, and check that a refusal or an error le
 written and no transaction open.
 """
 
+from contextlib import nullcontext
 from datetime import timedelta
 
 import psycopg
@@ -146,6 +147,71 @@ def test_a_finish_for_an_inbox_that_is_gone_raises_unknown_inbox(inbox, t0, pipe
         finish(Held(inbox_id, "W", claim.generation, ids), now=t0, release=True)
     assert no_transaction_open()
     assert not Event.objects.exists()
+
+
+@pytest.fixture
+def warn_unreplicated():
+    """warn_unreplicated(model, on): `on` (UPDATE, INSERT) of `model`'s rows answered with the
+    WARNING PostgreSQL sends when a commit's wait for the synchronous standby is cancelled,
+    until warn_unreplicated(None). A trigger stands in for the commit here;
+    tests/ops/test_durability.py has the real one, on a cluster with a standby."""
+    table = []
+
+    def warn(model, on=None):
+        with connection.cursor() as cursor:
+            if table:
+                cursor.execute(f"DROP TRIGGER syncrep_warning ON {table.pop()}")
+            if model is not None:
+                table.append(connection.ops.quote_name(model._meta.db_table))
+                cursor.execute(
+                    f"CREATE TRIGGER syncrep_warning AFTER {on} ON {table[0]}"
+                    " FOR EACH ROW EXECUTE FUNCTION syncrep_warning()"
+                )
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION syncrep_warning() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+            " RAISE WARNING 'canceling wait for synchronous replication due to user request'"
+            " USING DETAIL = 'The transaction has already committed locally, but might not"
+            " have been replicated to the standby.'; RETURN NEW; END $$"
+        )
+    yield warn
+    warn(None)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP FUNCTION syncrep_warning()")
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["libpq", "psycopg-cursors"])
+def test_a_finish_cut_short_of_the_synchronous_standby_is_not_reported_done(
+    inbox, t0, warn_unreplicated, caplog, watched, django_assert_max_num_queries
+):
+    ingest(inbox, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    held = Held(inbox, "W", claim.generation, [e.pk for e in claim.events])
+    warn_unreplicated(Lease, "UPDATE")
+
+    with (
+        caplog.at_level("ERROR", logger="alwayson.durability"),
+        django_assert_max_num_queries(10) if watched else nullcontext(),
+        pytest.raises(postgresql.Unreplicated, match="a failover to the standby may lose it"),
+    ):
+        finish(held, now=t0 + SECOND, release=True)
+    [record] = caplog.records
+    assert "a failover may lose it" in record.getMessage()
+    assert "committed locally" in record.getMessage()
+    # Committed here all the same: only a failover would lose it.
+    assert states(inbox) == [("done", claim.generation)]
+    assert no_transaction_open()
+
+    # A warning heard outside a finish (an ingest's commit) is logged, and no later finish
+    # on the connection is blamed for it.
+    warn_unreplicated(Event, "INSERT")
+    ingest(inbox, "chat", "m-2", {}, now=t0 + SECOND)
+    assert len(caplog.records) == 2
+    warn_unreplicated(None)
+    again = take_next("W", now=t0 + 2 * SECOND)
+    ids = [e.pk for e in again.events]
+    assert finish(Held(inbox, "W", again.generation, ids), now=t0 + 2 * SECOND, release=True)
 
 
 def test_a_lock_timeout_mid_pipeline_rolls_back_and_leaves_the_connection_usable(inbox, t0):

@@ -4,6 +4,7 @@ the test's own: pg_receivewal streams from it as a standby would, asynchronously
 synchronous_standby_names lists it."""
 
 import subprocess
+import threading
 import time
 from io import StringIO
 
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from alwayson.ops import durability, metrics
 from alwayson.ops.checks import check_durability
+from inbox.backends import postgresql
 from tests.chaos.cluster import Cluster
 
 
@@ -165,3 +167,84 @@ def test_a_streaming_standby_is_at_risk_until_it_is_synchronous(primary, tmp_pat
         standby.terminate()
         standby.wait(10)
         set_system(primary, synchronous_standby_names="", synchronous_commit="on")
+
+
+# --- a commit waiting for a synchronous standby that does not answer ----------------------------
+
+# A client's cancel of the commit's wait, this long after the commit was sent: PostgreSQL's
+# only way to end the wait short of the standby (the lease's statement_timeout, much shorter,
+# does not reach it).
+CANCEL_AFTER = 1.0
+LEASE_BOUND = "50ms"
+
+
+def commit_cancelled_after(conn, seconds, commit):
+    """Seconds `commit` (a function of `conn`) took, cancelled after `seconds`."""
+    canceller = threading.Timer(seconds, conn.cancel)
+    sent = time.monotonic()
+    canceller.start()
+    try:
+        commit(conn)
+    finally:
+        canceller.cancel()
+    return time.monotonic() - sent
+
+
+def standby_gone(cluster):
+    """A synchronous standby listed that is not connected (stopped, or cut off): every commit
+    waits for it. Returns once one does (the server applies the setting on its own time)."""
+    with psycopg.connect(cluster.url("postgres"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS probe (n int)")
+        conn.execute("CREATE TABLE IF NOT EXISTS finished (how text)")
+    set_system(cluster, synchronous_standby_names="gone")
+    heard = []
+    deadline = time.monotonic() + 30
+    with psycopg.connect(cluster.url("postgres"), autocommit=True) as conn:
+        conn.add_notice_handler(lambda diag: heard.append(diag.message_primary))
+        while not heard and time.monotonic() < deadline:
+            commit_cancelled_after(conn, 0.2, probe)
+    assert heard, "commits never waited for the listed standby"
+
+
+def probe(conn):
+    conn.execute("INSERT INTO probe VALUES (1)")
+
+
+def lease_bounded_explicit(conn):
+    """A lease transaction as lease_statements() makes one: BEGIN, the bound, a write, COMMIT."""
+    with conn.transaction():
+        conn.execute(postgresql.STATEMENT_TIMEOUT, {"statement_timeout": LEASE_BOUND})
+        conn.execute("INSERT INTO finished VALUES ('explicit')")
+
+
+def lease_bounded_pipeline(conn):
+    """A lease transaction as take_next's pipeline makes one: the bound and a write, one
+    implicit transaction committed at the Sync."""
+    with conn.pipeline():
+        conn.execute(postgresql.BY_INDEX_LEASE, {"statement_timeout": LEASE_BOUND})
+        conn.execute("INSERT INTO finished VALUES ('pipeline')")
+
+
+@pytest.mark.postgres_only  # a cluster of its own, once: on the PostgreSQL lane
+@pytest.mark.parametrize("commit", [lease_bounded_explicit, lease_bounded_pipeline])
+def test_a_lease_bounded_commit_waits_for_the_synchronous_standby_and_a_cut_wait_is_loud(
+    primary, commit, caplog
+):
+    try:
+        standby_gone(primary)
+        with psycopg.connect(primary.url("postgres"), autocommit=True) as conn:
+            postgresql.watch_commits(conn)
+            with caplog.at_level("ERROR", logger="alwayson.durability"):
+                took = commit_cancelled_after(conn, CANCEL_AFTER, commit)
+            # Not cut at the lease's bound: the commit waited until it was cancelled.
+            assert took >= CANCEL_AFTER
+            # PostgreSQL then answers success: committed here, not on the standby...
+            how = commit.__name__.removeprefix("lease_bounded_")
+            found = conn.execute("SELECT count(*) FROM finished WHERE how = %s", [how]).fetchone()
+            assert found == (1,)
+            # ...and says so only in a WARNING, which alwayson logs and keeps for the finish.
+            [record] = caplog.records
+            assert "a failover may lose it" in record.getMessage()
+            assert "synchronous replication" in postgresql._unreplicated[conn]
+    finally:
+        set_system(primary, synchronous_standby_names="")
