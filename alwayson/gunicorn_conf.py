@@ -66,7 +66,7 @@ def on_starting(server):
 
 def post_worker_init(worker):
     """Each web worker adds its metrics every heartbeat interval, not one transaction per
-    counted request (alwayson/ops/metrics.py)."""
+    counted request (alwayson/ops/metrics/)."""
     from django.conf import settings
 
     from alwayson.ops.metrics import flush_periodically

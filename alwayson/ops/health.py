@@ -99,7 +99,7 @@ class ProcessBeat:
     def start(self):
         """Register (a database outage leaves that to the first beat) and start beating;
         from now on this process's metrics are flushed with each beat."""
-        metrics.RECORDER.batched = True
+        metrics.recorder.RECORDER.batched = True
         try:
             self.register()
         except DatabaseError:
@@ -113,7 +113,7 @@ class ProcessBeat:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         self._flush_metrics()
-        metrics.RECORDER.batched = False
+        metrics.recorder.RECORDER.batched = False
         if not clean:
             return
         try:

@@ -141,7 +141,7 @@ class MetricTotal(models.Model):
     """One running total of a Prometheus counter or histogram, shared by every process.
 
     Loop processes count in memory and add their counts here every heartbeat, with an
-    upsert that adds (alwayson/ops/metrics.py), so the totals of every process on every host add
+    upsert that adds (alwayson/ops/metrics/), so the totals of every process on every host add
     up and survive restarts; /metrics reads this table at scrape. A counter is one row
     (bucket ""); a histogram is a row per bucket (its upper bound, not cumulative) and one
     for its sum ("sum"). Never written inside a run's transaction.

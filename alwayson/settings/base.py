@@ -52,7 +52,7 @@ MIDDLEWARE = [
     "alwayson.ops.health.HealthCheckMiddleware",
     # /metrics likewise, so Prometheus may scrape a web process at its own address; it answers
     # only a scrape that brings ALWAYSON_METRICS_TOKEN, and 404 while that is unset
-    # (alwayson/ops/metrics.py).
+    # (alwayson/ops/metrics/).
     "alwayson.ops.metrics.MetricsMiddleware",
     # Before anything that looks a row up: a NUL in the address, query, form or headers is
     # refused.

@@ -1,5 +1,5 @@
 """Operations: process heartbeats and /healthz (alwayson/ops/health.py), /metrics
-(alwayson/ops/metrics.py), and the alerts of dead events (alwayson/ops/alerts.py)."""
+(alwayson/ops/metrics/), and the alerts of dead events (alwayson/ops/alerts.py)."""
 
 from . import env
 

@@ -40,7 +40,7 @@ TOKEN = "test-metrics-token-0123456789"
 def recorder(monkeypatch):
     """A fresh recorder per test, flushing as it counts (no heartbeat thread in a test)."""
     fresh = metrics.Recorder()
-    monkeypatch.setattr(metrics, "RECORDER", fresh)
+    monkeypatch.setattr(metrics.recorder, "RECORDER", fresh)
     return fresh
 
 
@@ -167,7 +167,7 @@ def test_a_scrape_while_the_database_is_down_answers_503(client, token, monkeypa
     def down(now=None):
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(metrics, "exposition", down)
+    monkeypatch.setattr(metrics.middleware, "exposition", down)
 
     response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {token}")
 
@@ -510,7 +510,7 @@ def test_counts_survive_a_failed_flush(recorder, monkeypatch):
         raise OperationalError("the database went away")
 
     with monkeypatch.context() as patched:
-        patched.setattr(metrics, "_add_totals", down)
+        patched.setattr(metrics.recorder, "_add_totals", down)
         with pytest.raises(OperationalError):
             recorder.flush()
     metrics.LEASE_TAKEOVERS.inc()

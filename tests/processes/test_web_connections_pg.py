@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)
 WORKERS = 2
 WEB_THREADS = 4
 # Each worker's budget: a session per thread, and the metrics thread's while it adds the counts
-# (alwayson/ops/metrics.py). No page is open, so no stream's hub holds its LISTEN connection
+# (alwayson/ops/metrics/). No page is open, so no stream's hub holds its LISTEN connection
 # and its refreshing threads' sessions.
 SESSIONS_PER_WORKER = WEB_THREADS + 1
 THREADS = 8
