@@ -33,7 +33,6 @@ from .happenings import (
     record_run,
 )
 from .middleware import MetricsMiddleware
-from . import recorder
 from .recorder import Recorder, flush, flush_periodically
 from .series import Counter, Histogram
 
