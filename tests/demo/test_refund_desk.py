@@ -216,15 +216,10 @@ def test_digest_sums_up_events_settled_in_the_last_day(inbox):
     Event.objects.filter(source_id="settled-long-ago").update(status="done", updated=now - 2 * DAY)
     ingest(inbox, "webhook", "poison", {"bad": True})
     ingest(inbox, "webhook", "old-poison", {"bad": True}, now=now - 2 * DAY)
-    assert (
-        mark_dead(
-            list(Event.objects.filter(source_id="poison").values_list("pk", flat=True)),
-            "operator: bad payload",
-        )
-        == 1
-    )
-    old = Event.objects.filter(source_id="old-poison").values_list("pk", flat=True)
-    assert mark_dead(list(old), "died long ago", now=now - 2 * DAY) == 1
+    poison = list(Event.objects.filter(source_id="poison").values_list("pk", flat=True))
+    assert mark_dead(poison, "operator: bad payload") == poison
+    old = list(Event.objects.filter(source_id="old-poison").values_list("pk", flat=True))
+    assert mark_dead(old, "died long ago", now=now - 2 * DAY) == old
     refund_desk.install(inbox, whole_seconds(now) - timedelta(minutes=1))
 
     assert run_scheduler() == 1
@@ -273,7 +268,7 @@ def test_digest_reports_an_event_that_died_in_the_last_day_but_arrived_earlier(i
     now = database_now()
     ingest(inbox, "webhook", "slow-poison", {"bad": True}, now=now - 25 * HOUR)
     [poison] = Event.objects.filter(source_id="slow-poison").values_list("pk", flat=True)
-    assert mark_dead([poison], "too many attempts (3)", now=now - HOUR) == 1
+    assert mark_dead([poison], "too many attempts (3)", now=now - HOUR) == [poison]
     refund_desk.install(inbox, whole_seconds(now) - timedelta(minutes=1))
     run_scheduler()
 
