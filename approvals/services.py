@@ -98,6 +98,8 @@ class Ask:
                 f"expires_in must be a positive number of seconds, not {self.expires_in!r}"
             )
         object.__setattr__(self, "expires_in", expires_in)
+        # None (or nothing) is no details, as run.ask and request_approval always took it.
+        object.__setattr__(self, "details", self.details or {})
         require_mapping("details", self.details)
         _check_details(self.details)
         if "schema" in self.details and "argument_order" not in self.details:
@@ -228,17 +230,7 @@ def _check_details(details):
             )
 
 
-def request_approval(
-    inbox,
-    request_id,
-    action,
-    expires_in,
-    now=None,
-    *,
-    approvers=1,
-    details=None,
-    group="",
-) -> Approval:
+def request_approval(inbox, request_id, action, expires_in, now=None, **options) -> Approval:
     """Ask a person (or, with approvers=2, two different people); the run ends here. The
     answer, or its expiry, comes back as the inbox event ("approval", request_id), and only
     one of them is ever stored.
@@ -247,19 +239,11 @@ def request_approval(
     request nobody answers still resumes the session, as a denial. Asking again with the
     same request_id, action and approvers returns the existing request while it waits;
     once it is answered (or expired), ValueError: a request id names one request for good.
-    `details` and `group` are run.ask's (the page shows the details; a group's calls share
-    one card).
+    `options` are Ask's, as run.ask takes them: `details` (the page shows them), `approvers`
+    and `group` (a group's calls share one card).
     """
     inbox = Inbox.objects.resolve(inbox)
-    ask = Ask(
-        inbox.pk,
-        request_id,
-        action,
-        expires_in,
-        details=details or {},
-        approvers=approvers,
-        group=group,
-    )
+    ask = Ask(inbox.pk, request_id, action, expires_in, **options)
     with transaction.atomic():
         return ask(clock.resolve(now))
 
