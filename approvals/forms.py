@@ -272,7 +272,7 @@ class AnswerForms:
         )
 
     def answer(self, answer) -> dict:
-        """decide_answer's keywords for `answer` from the posted forms; Invalid if they do
+        """answer_approval's keywords for `answer` from the posted forms; Invalid if they do
         not validate. A "yes" without the argument fields (a plain Approve) changes nothing."""
         if answer == "yes" and self.approval.editable:
             posted = self._arguments(self.data)

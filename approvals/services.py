@@ -49,7 +49,7 @@ from .models import (
 from .signals import approval_requested
 
 UNKNOWN = "unknown"
-# What answer_approval returns while a two-person request has its first approval only.
+# What stands while a two-person request has its first approval only.
 WAITING = "waiting"
 # It names the approval's page in a URL, so it stays one path segment.
 REQUEST_ID = re.compile(r"[\w.:-]+")
@@ -98,6 +98,8 @@ class Ask:
                 f"expires_in must be a positive number of seconds, not {self.expires_in!r}"
             )
         object.__setattr__(self, "expires_in", expires_in)
+        # None (or nothing) is no details, as run.ask and request_approval always took it.
+        object.__setattr__(self, "details", self.details or {})
         require_mapping("details", self.details)
         _check_details(self.details)
         if "schema" in self.details and "argument_order" not in self.details:
@@ -228,17 +230,7 @@ def _check_details(details):
             )
 
 
-def request_approval(
-    inbox,
-    request_id,
-    action,
-    expires_in,
-    now=None,
-    *,
-    approvers=1,
-    details=None,
-    group="",
-) -> Approval:
+def request_approval(inbox, request_id, action, expires_in, now=None, **options) -> Approval:
     """Ask a person (or, with approvers=2, two different people); the run ends here. The
     answer, or its expiry, comes back as the inbox event ("approval", request_id), and only
     one of them is ever stored.
@@ -247,19 +239,11 @@ def request_approval(
     request nobody answers still resumes the session, as a denial. Asking again with the
     same request_id, action and approvers returns the existing request while it waits;
     once it is answered (or expired), ValueError: a request id names one request for good.
-    `details` and `group` are run.ask's (the page shows the details; a group's calls share
-    one card).
+    `options` are Ask's, as run.ask takes them: `details` (the page shows them), `approvers`
+    and `group` (a group's calls share one card).
     """
     inbox = Inbox.objects.resolve(inbox)
-    ask = Ask(
-        inbox.pk,
-        request_id,
-        action,
-        expires_in,
-        details=details or {},
-        approvers=approvers,
-        group=group,
-    )
+    ask = Ask(inbox.pk, request_id, action, expires_in, **options)
     with transaction.atomic():
         return ask(clock.resolve(now))
 
@@ -354,39 +338,12 @@ def answer_approval(
     arguments=None,
     reason="",
     reply=None,
-) -> str:
-    """Store a person's answer; the outcome that stands (see decide_answer)."""
-    return decide_answer(
-        inbox,
-        request_id,
-        answer,
-        now,
-        by=by,
-        via=via,
-        arguments=arguments,
-        reason=reason,
-        reply=reply,
-    )[1]
-
-
-def decide_answer(
-    inbox,
-    request_id,
-    answer,
-    now=None,
-    *,
-    by=None,
-    via=AuditEntry.Via.API,
-    arguments=None,
-    reason="",
-    reply=None,
-) -> tuple[str | None, str]:
-    """answer_approval's work, returning also what the answer did, the audit's result (None
-    for a request never made), for the page that tells the person.
-
-    Store a person's answer unless the deadline passed; return the outcome that stands:
-    "yes"/"no"/"replied", "expired", "unknown" for a request never made, or "waiting" while
-    a request that needs two approvers has its first "yes" only.
+) -> "Answered":
+    """Store a person's answer unless the deadline passed: what the answer did and what
+    stands (Answered). `stands` is "yes"/"no"/"replied", "expired", "unknown" for a request
+    never made, or "waiting" while a request that needs two approvers has its first "yes"
+    only; `result` is the audit's result (None for a request never made), for the page that
+    tells the person.
 
     `by` is the user who answers (an approver or manager of the inbox, or an operator;
     MayNotAnswer otherwise); `via` says from where, for the audit. A request that needs two
@@ -413,7 +370,7 @@ def decide_answer(
     require_key("request_id", request_id)
     with _answering(inbox, request_id, by, via, now) as (inbox, now, approval):
         if approval is None:
-            return None, UNKNOWN
+            return Answered(None, UNKNOWN, None)
         return _answer(inbox, approval, response, by, via, now)
 
 
@@ -427,33 +384,14 @@ def answer_group(
     via=AuditEntry.Via.API,
     reason="",
     arguments=None,
-) -> dict[str, str]:
+) -> dict[str, "Answered"]:
     """Answer every call still open in `request_id`'s group (the calls the model asked in
-    one turn; the request alone if it has none) the same way, in one transaction: what
-    stands for each, by request id. A "yes" approves each as it stands (or, for a call in
-    `arguments`, a mapping of request ids, with the arguments the person was shown, as
-    decide_answer's `arguments`) and leaves questions open, which need their own reply; a
-    "no" denies all, with the one `reason`. Each answer is decide_answer's, event and audit
-    entry included."""
-    answered = decide_group(
-        inbox, request_id, answer, now, by=by, via=via, reason=reason, arguments=arguments
-    )
-    return {rid: stands for rid, _, stands in answered}
-
-
-def decide_group(
-    inbox,
-    request_id,
-    answer,
-    now=None,
-    *,
-    by=None,
-    via=AuditEntry.Via.API,
-    reason="",
-    arguments=None,
-) -> list[tuple[str, str | None, str]]:
-    """answer_group's work: (request id, the audit's result, what stands) for each call it
-    answered, in the order asked; [] for a request never made."""
+    one turn; the request alone if it has none) the same way, in one transaction: what each
+    answer did, by request id, in the order asked ({} for a request never made). A "yes"
+    approves each as it stands (or, for a call in `arguments`, a mapping of request ids,
+    with the arguments the person was shown, as answer_approval's `arguments`) and leaves
+    questions open, which need their own reply; a "no" denies all, with the one `reason`.
+    Each answer is answer_approval's, event and audit entry included."""
     if answer not in (Approval.Answer.YES, Approval.Answer.NO):
         raise ValueError(f'answer must be "yes" or "no" for a group, not {answer!r}')
     response = Response(answer, reason=reason)
@@ -466,17 +404,17 @@ def decide_group(
     require_key("request_id", request_id)
     with _answering(inbox, request_id, by, via, now) as (inbox, now, lead):
         if lead is None:
-            return []
+            return {}
         members = [lead]
         if lead.group:
             members = _LOCKED_GROUP.all(inbox_id=inbox.pk, group=lead.group)
-        answered = []
+        answered = {}
         for approval in members:
             settled = approval.answer or approval.stored_payload is not None
             if settled or (approval.question is not None and answer == Approval.Answer.YES):
                 continue
             given = responses.get(approval.request_id, response)
-            answered.append((approval.request_id, *_answer(inbox, approval, given, by, via, now)))
+            answered[approval.request_id] = _answer(inbox, approval, given, by, via, now)
         return answered
 
 
@@ -491,8 +429,8 @@ ANSWER_AT_ONCE = (
 
 @dataclass(frozen=True)
 class Answered:
-    """What answer_at_once did: decide_answer's two values, and the request's deadline (the
-    page's words for a late answer)."""
+    """What an answer did: the audit's result (None for a request never made), what stands,
+    and the request's deadline (the page's words for a late answer)."""
 
     result: str | None
     stands: str
@@ -505,11 +443,11 @@ def answer_at_once(
     """A person's plain "yes" or "no" to request `request_id` of inbox `slug`, as its page
     posts it, in one statement on PostgreSQL (approvals/sql/answer.sql): the request read
     with the person's role, the inbox's lock, the request locked, the answer decided,
-    stored, settled and audited, as get_visible and decide_answer do in four round trips.
+    stored, settled and audited, as get_visible and answer_approval do in four round trips.
 
     `reasons`: a "no"'s reason (stripped, checked) by the approval's id, as the page's forms
     name them (the caller does not know the id before the request is read). None when the
-    statement hands the answer back (nothing written): to decide_answer's path, which takes
+    statement hands the answer back (nothing written): to answer_approval's path, which takes
     every case it does not (a viewer's answer, a question, two approvers, an edit, a deadline
     passed, an action shown beyond ASCII), and on SQLite always. Approval.DoesNotExist for a
     request the person may not see (the page's 404); InboxBusy past the lock's bound."""
@@ -610,9 +548,8 @@ _LOCKED_REQUEST = Prebuilt(lambda: _locked(_given("inbox_id"), request_id=_given
 _LOCKED_GROUP = Prebuilt(lambda: _locked(_given("inbox_id"), group=_given("group")).order_by("id"))
 
 
-def _answer(inbox, approval, response, by, via, now) -> tuple[str, str]:
-    """One approval's answer, checked, decided and audited: (the audit's result, what
-    stands)."""
+def _answer(inbox, approval, response, by, via, now) -> Answered:
+    """One approval's answer, checked, decided and audited."""
     approval.inbox = inbox
     response, approvers = response.checked(approval)
     result, stands = _decide(approval, response, approvers, by, now)
@@ -627,7 +564,7 @@ def _answer(inbox, approval, response, by, via, now) -> tuple[str, str]:
         reason=response.reason,
         reply=response.reply,
     )
-    return result, stands
+    return Answered(result, stands, approval.expires_at)
 
 
 def _decide(approval, response, approvers, by, now) -> tuple[str, str]:

@@ -19,7 +19,7 @@ from inbox.validation import UNSTORABLE
 
 from .forms import AnswerForms, DenyForm, Invalid
 from .models import Approval, AuditEntry, may_answer
-from .services import ANSWERS, answer_at_once, decide_answer, decide_group
+from .services import ANSWERS, answer_approval, answer_at_once, answer_group
 
 RECENT = 20
 PEOPLE = ("inbox", "first_approved_by", "answered_by")
@@ -110,7 +110,7 @@ def approval_answer_all(request, slug, request_id):
         return _page(request, approval, answerer, status=400, problem=problem, all_form=form)
     reason = form.cleaned_data["reason"] if answer == Approval.Answer.NO else ""
     try:
-        answered = decide_group(
+        answered = answer_group(
             approval.inbox,
             approval.request_id,
             answer,
@@ -172,7 +172,7 @@ def _answered_at_once(request, slug, request_id):
         return _page(request, approval, answerer, status=503, posted=posted)
     if answered is None:
         return None
-    _tell(request, answered.result, answered.stands, answered.expires_at, {})
+    _tell(request, answered, {})
     return _back(request, reverse("approvals:detail", args=[slug, request_id]))
 
 
@@ -269,7 +269,7 @@ def _answer(request, approval, answer, given):
     """Answer as the logged-in user; the redirect to show next, or None if the inbox was busy."""
     try:
         # What the answer did is decided under the inbox's lock: no reading ahead of it.
-        result, stands = decide_answer(
+        answered = answer_approval(
             approval.inbox,
             approval.request_id,
             answer,
@@ -280,13 +280,14 @@ def _answer(request, approval, answer, given):
     except InboxBusy:
         messages.error(request, "The inbox is busy and your answer was not recorded yet.")
         return None
-    _tell(request, result, stands, approval.expires_at, given)
+    _tell(request, answered, given)
     return _back(request, approval)
 
 
-def _tell(request, result, stands, expires_at, given):
-    """The message that tells the person what their answer did (decide_answer's result and
-    what stands), `given` what they sent with it."""
+def _tell(request, answered, given):
+    """The message that tells the person what their answer did, `given` what they sent with
+    it."""
+    result, stands, expires_at = answered.result, answered.stands, answered.expires_at
     if result == AuditEntry.Result.TOO_LATE or stands == Approval.Answer.EXPIRED:
         messages.info(request, _too_late(expires_at))
     elif result in (None, AuditEntry.Result.ALREADY_SETTLED):
@@ -337,6 +338,6 @@ def _group_words(answered, approval) -> str:
         return _too_late(approval.expires_at)
     if not answered:
         return "Nothing was left to answer; the first outcomes stand."
-    counts = Counter(result for _, result, _ in answered)
+    counts = Counter(each.result for each in answered.values())
     listed = ", ".join(f"{count} {GROUP_WORDS[result]}" for result, count in counts.items())
     return f"Your answer was recorded for {len(answered)} call(s): {listed}."

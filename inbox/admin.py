@@ -398,7 +398,7 @@ class EventAdmin(MachineryAdmin):
     def requeue(self, request, queryset):
         selected = queryset.count()
         ids = list(queryset.dead().values_list("pk", flat=True))
-        requeued = [pk for chunk in chunks(ids) for pk in services.requeue_ids(chunk)]
+        requeued = [pk for chunk in chunks(ids) for pk in services.requeue(chunk)]
         record_history(request, Event, requeued, "Requeued: back to pending, attempts reset.")
         self.report(request, selected, len(requeued), "requeued (back to pending, attempts reset)")
 
@@ -414,7 +414,7 @@ class EventAdmin(MachineryAdmin):
             return
         selected = queryset.count()
         ids = list(queryset.pending().values_list("pk", flat=True))
-        parked = [pk for chunk in chunks(ids) for pk in services.mark_dead_ids(chunk, reason)]
+        parked = [pk for chunk in chunks(ids) for pk in services.mark_dead(chunk, reason)]
         record_history(request, Event, parked, f"Marked dead: {reason}")
         self.report(request, selected, len(parked), f"marked dead ({reason})")
 

@@ -1,8 +1,8 @@
 """An operator's actions on events: put dead ones back (requeue), park pending ones by hand
 (mark_dead). Each inbox's events are moved under its lock, as every other writer's.
 
-Each action has one implementation answering which events it moved (the admin's history
-names each); the count the command line prints is len() of that.
+Each action answers which events it moved (the admin's history names each); the count the
+command line prints is len() of that.
 """
 
 import logging
@@ -19,13 +19,8 @@ from .validation import require_ids, require_key
 log = logging.getLogger("alwayson.events")
 
 
-def requeue(event_ids: Iterable[int], now=None) -> int:
-    """Put dead events back to pending with their attempts reset; the number requeued."""
-    return len(requeue_ids(event_ids, now))
-
-
-def requeue_ids(event_ids: Iterable[int], now=None) -> list[int]:
-    """requeue, answering which events it put back."""
+def requeue(event_ids: Iterable[int], now=None) -> list[int]:
+    """Put dead events back to pending with their attempts reset; the ids put back."""
     event_ids = require_ids("event_ids", event_ids)
     now = clock.resolve(now)
     requeued = []
@@ -52,13 +47,8 @@ def requeue_ids(event_ids: Iterable[int], now=None) -> list[int]:
     return requeued
 
 
-def mark_dead(event_ids: Iterable[int], reason: str, now=None) -> int:
-    """Park pending events as dead by hand (an operator's decision); the number parked."""
-    return len(mark_dead_ids(event_ids, reason, now))
-
-
-def mark_dead_ids(event_ids: Iterable[int], reason: str, now=None) -> list[int]:
-    """mark_dead, answering which events it parked."""
+def mark_dead(event_ids: Iterable[int], reason: str, now=None) -> list[int]:
+    """Park pending events as dead by hand (an operator's decision); the ids parked."""
     require_key("reason", reason)
     event_ids = require_ids("event_ids", event_ids)
     now = clock.resolve(now)

@@ -20,7 +20,7 @@ from .finish import SaveState, finish, finish_and_take, record_refused
 from .ingest import announce_stored, event_traces, ingest, ingest_many, store_event
 from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
 from .locks import bounded_write, lock_inbox, lock_timeout, locked_write, write_in_one
-from .operator import mark_dead, mark_dead_ids, requeue, requeue_ids
+from .operator import mark_dead, requeue
 from .outcomes import DONE, Defer, Done, Ending, Failed
 from .rules import (
     HOLDER_MAX,
@@ -67,11 +67,9 @@ __all__ = [
     "locked_write",
     "record_refused",
     "mark_dead",
-    "mark_dead_ids",
     "release",
     "renew",
     "requeue",
-    "requeue_ids",
     "require_unreserved_source",
     "retry_delay",
     "store_event",

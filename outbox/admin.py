@@ -107,7 +107,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):
     def resend(self, request, queryset):
         selected = queryset.count()  # before: a status filter stops matching the resent
         ids = list(queryset.failed().values_list("pk", flat=True))
-        put_back = [pk for chunk in chunks(ids) for pk in services.resend_ids(chunk)]
+        put_back = [pk for chunk in chunks(ids) for pk in services.resend(chunk)]
         record_history(
             request, OutboxMessage, put_back, "Resent: back to held, attempts reset, same send key."
         )
@@ -237,7 +237,7 @@ class NoticeAdmin(MachineryAdmin):
     def resend(self, request, queryset):
         selected = queryset.count()
         ids = list(queryset.failed().values_list("pk", flat=True))
-        put_back = [pk for chunk in chunks(ids) for pk in services.resend_notice_ids(chunk)]
+        put_back = [pk for chunk in chunks(ids) for pk in services.resend_notices(chunk)]
         record_history(
             request, Notice, put_back, "Resent: back to held, attempts reset, same Message-ID."
         )

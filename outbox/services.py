@@ -300,18 +300,13 @@ def log_parked(channel, batch, attempts, error, why):
     )
 
 
-def resend(message_ids) -> int:
-    """Put parked sends back to held, attempts reset; the number of messages put back.
+def resend(message_ids) -> list[int]:
+    """Put parked sends back to held, attempts reset; the ids of the messages put back.
 
     A resend is the same send again: the same rows under the same key, so a receiver that
     got it before (its answer lost) recognises it. Resending one message of a parked send
     therefore puts back the whole send.
     """
-    return len(resend_ids(message_ids))
-
-
-def resend_ids(message_ids) -> list[int]:
-    """resend, answering which messages it put back (the admin's history names each)."""
     ids = list(message_ids)
     failed = OutboxMessage.objects.failed()
     with transaction.atomic():
@@ -412,14 +407,9 @@ def _send_notice(pk, send, now) -> int:
         return 1
 
 
-def resend_notices(notice_ids, now=None) -> int:
-    """Put parked notices back, attempts reset, due now; the number put back. Each goes
-    again under its own Message-ID."""
-    return len(resend_notice_ids(notice_ids, now))
-
-
-def resend_notice_ids(notice_ids, now=None) -> list[int]:
-    """resend_notices, answering which notices it put back (for the admin's history)."""
+def resend_notices(notice_ids, now=None) -> list[int]:
+    """Put parked notices back, attempts reset, due now; the ids put back. Each goes again
+    under its own Message-ID."""
     failed = Notice.objects.failed()
     with transaction.atomic():
         put_back = list(

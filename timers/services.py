@@ -177,31 +177,20 @@ def add_timer(
     every=None,
     event_key=None,
     *,
-    cron=None,
-    timezone="UTC",
-    policy=Timer.Policy.COALESCE,
-    catch_up_max=10,
     now=None,
+    **options,
 ) -> Timer:
     """Register (or re-register) the timer `key` of an inbox.
 
     One-off or every-N-seconds timers start at `due` (whole seconds); cron timers at their
     next occurrence. Re-registering replaces the schedule; an occurrence already turned into
     an event stays one event, because the event's key is the timer key plus the scheduled
-    instant. `event_key` = (source, source_id) fixes the key of a one-off's event.
+    instant. `event_key` = (source, source_id) fixes the key of a one-off's event. `options`
+    are Schedule's (`cron`, `timezone`, `policy`, `catch_up_max`, `delay`).
     """
     inbox = Inbox.objects.resolve(inbox)
     schedule = Schedule(
-        inbox.pk,
-        key,
-        due=due,
-        payload=payload,
-        every=every,
-        event_key=event_key,
-        cron=cron,
-        timezone=timezone,
-        policy=policy,
-        catch_up_max=catch_up_max,
+        inbox.pk, key, due=due, payload=payload, every=every, event_key=event_key, **options
     )
     return schedule(clock.resolve(now))
 

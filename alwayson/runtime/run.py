@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from alwayson.egress.client import http_for
 from approvals.services import Ask
@@ -108,22 +108,15 @@ class Run:
         self._effects.append(replace(said, key=self.key(f"say-{self.said}-{words}")))
         self.said += 1
 
-    def ask(
-        self,
-        request_id: str,
-        action: str,
-        expires_in,
-        details: dict | None = None,
-        approvers: int = 1,
-        group: str = "",
-    ):
+    def ask(self, request_id: str, action: str, expires_in, details=None, **options):
         """A deferred approval: its answer or expiry comes back as ("approval", request_id).
 
         `details` ({"tool", "arguments", "asked_by", "context"}) are shown on the approval
         page, so the person sees exactly what they approve; with "schema" they may edit the
-        arguments, with "question" they answer with a value (docs/how-to/approvals.md). With
-        approvers=2 it needs a "yes" from two different people. Requests of one `group`
-        (say, the first one's request id) are shown and answerable together.
+        arguments, with "question" they answer with a value (docs/how-to/approvals.md).
+        `options` are Ask's, `approvers` and `group`: with approvers=2 it needs a "yes" from
+        two different people; requests of one `group` (say, the first one's request id) are
+        shown and answerable together.
 
         A request id names one request for good: asked again while it waits, it is the same
         request; once answered (or expired), ValueError naming it, here or, for an answer
@@ -134,40 +127,20 @@ class Run:
             request_id,
             action,
             expires_in,
-            details=details or {},
-            approvers=approvers,
-            group=group,
+            details=details,
             generation=self.generation,
+            **options,
         )
         ask.check_unanswered()
         self._effects.append(ask)
         self.asked += 1
 
-    def schedule(
-        self,
-        key: str,
-        due: datetime | None = None,
-        *,
-        delay: timedelta | float | None = None,
-        every: int | None = None,
-        payload: dict | None = None,
-        cron: str | None = None,
-        timezone: str = "UTC",
-    ):
+    def schedule(self, key: str, due: datetime | None = None, **options):
         """A one-off or recurring timer, at `due` or `delay` after the run finishes, or on a
-        `cron` schedule read in `timezone`."""
+        `cron` schedule read in `timezone`: `options` are Schedule's (`delay`, `every`,
+        `payload`, `cron`, `timezone`, ...)."""
         self._effects.append(
-            Schedule(
-                self.inbox.pk,
-                key,
-                due=due,
-                delay=delay,
-                every=every,
-                payload=payload or {},
-                cron=cron,
-                timezone=timezone,
-                generation=self.generation,
-            )
+            Schedule(self.inbox.pk, key, due=due, generation=self.generation, **options)
         )
         self.scheduled += 1
 

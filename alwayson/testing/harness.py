@@ -260,7 +260,8 @@ class Harness:
             )
         if by is None:
             by = Inbox.objects.select_related("owner").get(pk=approval.inbox_id).owner
-        return answer_approval(approval.inbox_id, approval.request_id, answer, by=by)
+        answered = answer_approval(approval.inbox_id, approval.request_id, answer, by=by)
+        return answered.stands
 
     # --- for AgentInbox ---------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 #   request with its inbox and the user's role (the 404, the 403), the inbox's lock and the
 #   clock, the request locked with its answer event, the answer event (its UNIQUE key
 #   refuses a second one) and the work marker, the row settled, the audit entry;
-# - on SQLite, decide_answer's path: the request with its inbox and the user's role
+# - on SQLite, answer_approval's path: the request with its inbox and the user's role
 #   (get_visible), before any lock; the transaction (IMMEDIATE: the lock), the lease row read
 #   to refuse an unknown inbox, the request again with its answer event, the answer event
 #   (the inbox read first, then its insert and the work marker, in a savepoint of their
@@ -176,7 +176,7 @@ def test_a_reason_its_form_refuses_is_told_and_nothing_is_stored(people):
 
 def test_an_answer_the_statement_hands_back_is_decided_as_before(people):
     """A request of two approvers (like a question, an edit, a deadline passed) is decided
-    by decide_answer: the first approval waits for a second approver."""
+    by answer_approval: the first approval waits for a second approver."""
     desk, clients = people
     request_approval(desk, "big-1", "refund order 900", WINDOW, approvers=2)
     url = detail_url("desk", "big-1")

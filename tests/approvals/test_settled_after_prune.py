@@ -45,7 +45,7 @@ def settle_and_prune(inbox, start, answer, by=None):
     The moment after the prune."""
     request_approval(inbox, "r1", "refund order 881", WINDOW, now=start)
     if answer is not None:
-        assert answer_approval(inbox, "r1", answer, now=start + HOUR, by=by) == answer
+        assert answer_approval(inbox, "r1", answer, now=start + HOUR, by=by).stands == answer
     assert run_scheduler(now=start + WINDOW + HOUR) == 1
     run_done(inbox, start + WINDOW + HOUR)
     pruned_at = start + (settings.ALWAYSON_RETAIN_EVENT_KEYS + 1) * DAY
@@ -76,7 +76,7 @@ def test_late_answer_after_prune_is_refused(inbox, t0, answer, late, stands):
     row = approval_row()
     assert row["answer"] == stands
 
-    assert answer_approval(inbox, "r1", late, now=later) == stands
+    assert answer_approval(inbox, "r1", late, now=later).stands == stands
 
     assert_nothing_stored(inbox, row)
     refused = AuditEntry.objects.filter(approval_id=row["id"]).latest("id")
@@ -124,9 +124,9 @@ def test_a_first_approval_of_two_after_its_deadline_is_still_expired(inbox, t0):
     first approval only) is decided by its deadline, as before."""
     lee = inbox.owner
     request_approval(inbox, "r1", "refund order 900", WINDOW, now=t0, approvers=2)
-    assert answer_approval(inbox, "r1", "yes", now=t0 + HOUR, by=lee) == "waiting"
+    assert answer_approval(inbox, "r1", "yes", now=t0 + HOUR, by=lee).stands == "waiting"
 
-    assert answer_approval(inbox, "r1", "no", now=t0 + WINDOW + HOUR, by=lee) == "expired"
+    assert answer_approval(inbox, "r1", "no", now=t0 + WINDOW + HOUR, by=lee).stands == "expired"
 
     assert Event.objects.get(source="approval", source_id="r1").payload["answer"] == "expired"
     assert approval_row()["answer"] == "expired"

@@ -295,7 +295,7 @@ def test_copied_approvals_wait_with_their_expiry_timers_and_the_product_answers_
         timer = Timer.objects.get(inbox__slug=slug, key=expiry_timer_key(request_id))
         assert (timer.due, timer.event_source) == (template.due, template.event_source)
         assert timer.event_id == request_id
-    assert answer_approval(slugs[0], "run1-1-0", "yes", by=owner) == "yes"
+    assert answer_approval(slugs[0], "run1-1-0", "yes", by=owner).stands == "yes"
     assert Event.objects.filter(inbox__slug=slugs[0], source_id="run1-1-0").exists()
     with pytest.raises(IntegrityError):
         waiting.make([(slugs[1], "run1-1-1")])  # already there: refused, not made twice

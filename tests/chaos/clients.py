@@ -130,7 +130,7 @@ def answer_forever(plan, out: Log):
                 if (slug, approval.request_id, step) in handled:
                     continue
                 returned = retrying(
-                    lambda a=approval, g=given: answer_approval(a.inbox, a.request_id, g),
+                    lambda a=approval, g=given: answer_approval(a.inbox, a.request_id, g).stands,
                     f"answer {slug}/{approval.request_id}",
                 )
                 out.write(

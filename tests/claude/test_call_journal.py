@@ -173,7 +173,7 @@ def test_an_asked_call_is_journaled_when_its_answer_resumes_it_with_who_approved
     [approval] = Approval.objects.filter(inbox=desk.inbox)
 
     desk.clock.jump(minutes=5)
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana) == "yes"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana).stands == "yes"
     desk.api.reply(message("Refunded."))
     step()
 

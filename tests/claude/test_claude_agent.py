@@ -351,7 +351,7 @@ def test_an_asked_call_ends_the_run_and_stores_the_pending_call(messages_api, cl
 def test_an_approved_call_runs_and_the_model_gets_its_result(messages_api, claude_inbox):
     inbox = claude_inbox()
     call, approval = ask_for_a_large_refund(messages_api, inbox)
-    assert answer_approval(inbox, approval.request_id, "yes") == "yes"
+    assert answer_approval(inbox, approval.request_id, "yes").stands == "yes"
     follow_up = tool_use("send_message", {"text": "Refunded 120 EUR on order 881."})
     messages_api.reply(message(follow_up), message("Done."))
 

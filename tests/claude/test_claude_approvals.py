@@ -47,6 +47,11 @@ POLICY = {
 }
 
 
+def standing(answered):
+    """What stands of each call answer_group answered, by request id."""
+    return {rid: each.stands for rid, each in answered.items()}
+
+
 @pytest.fixture
 def desk(messages_api, claude_inbox, django_user_model, settings):
     """A Claude inbox with the policy above, the question tools, and two approvers."""
@@ -133,7 +138,7 @@ def test_an_edited_call_runs_with_the_edit_and_the_model_is_told_what_changed_an
         "yes",
         by=desk.dana,
         arguments={"order": "881", "amount": 80},
-    )
+    ).stands
 
     assert stands == "yes"
     resumed = resume(desk)
@@ -209,7 +214,7 @@ def test_an_edit_the_policy_denies_is_refused_and_nothing_is_written(desk):
 
     assert snapshot() == before
     # Still open, and approved as asked it runs as asked.
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana) == "yes"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana).stands == "yes"
     [result] = results_of(resume(desk))
     assert json.loads(result["content"])["refunded"] == 120
 
@@ -237,13 +242,13 @@ def test_an_edit_into_a_two_approver_rule_needs_a_second_person_then_runs_once(d
 
     assert answer_approval(
         desk.inbox, approval.request_id, "yes", by=desk.dana, arguments=edit
-    ) == ("waiting")
+    ).stands == ("waiting")
     approval.refresh_from_db()
     assert (approval.approvers_needed, approval.first_approved_by) == (2, desk.dana)
     assert step() is None  # nothing for the agent yet: a first approval stores no event
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana) == "waiting"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana).stands == "waiting"
 
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee) == "yes"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee).stands == "yes"
 
     [result] = results_of(resume(desk))
     assert result["content"].startswith("Dana (dana) changed the arguments before approving")
@@ -261,13 +266,15 @@ def test_a_second_approver_who_changes_the_arguments_makes_the_first_approval_of
 
     lowered = {"order": "881", "amount": 700}
     assert (
-        answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee, arguments=lowered)
+        answer_approval(
+            desk.inbox, approval.request_id, "yes", by=desk.lee, arguments=lowered
+        ).stands
         == "waiting"
     )
     approval.refresh_from_db()
     assert (approval.first_approved_by, approval.edited_by) == (desk.lee, desk.lee)
 
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana) == "yes"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana).stands == "yes"
     [result] = results_of(resume(desk))
     assert "Lee (lee) changed the arguments" in result["content"]
     assert "amount: 900 → 700" in result["content"]
@@ -420,7 +427,7 @@ def test_an_answer_is_recorded_once_and_a_second_is_refused_with_the_first_stand
     )
 
     assert "already settled; the first outcome stands" in text_of(second)
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee) == "no"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee).stands == "no"
     assert Event.objects.filter(source="approval").count() == 1
     results = list(AuditEntry.objects.order_by("id").values_list("username", "result"))
     assert results == [("dana", "denied"), ("lee", "already_settled"), ("lee", "already_settled")]
@@ -437,7 +444,7 @@ def test_a_plain_yes_to_a_call_the_policy_denies_by_then_runs_nothing_and_tells_
     # While the approval waits, the inbox's policy for the tool becomes "deny".
     AgentConfig.objects.filter(inbox=desk.inbox).update(policy={**POLICY, "refund": "deny"})
 
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana) == "yes"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana).stands == "yes"
     [result] = results_of(resume(desk))
 
     assert claude_tools.CALLS == [] and not Refund.objects.exists()
@@ -457,7 +464,7 @@ def test_a_plain_yes_by_two_approvers_to_a_call_the_policy_denies_by_then_names_
     [approval] = ask(desk, call)
     AgentConfig.objects.filter(inbox=desk.inbox).update(policy={**POLICY, "delete_account": "deny"})
     answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana)
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee) == "yes"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee).stands == "yes"
 
     [result] = results_of(resume(desk))
 
@@ -513,7 +520,7 @@ def test_a_question_is_answered_with_a_value_that_is_the_tools_result(desk):
     assert (
         answer_approval(
             desk.inbox, approval.request_id, "replied", by=desk.dana, reply="Monday, after 10"
-        )
+        ).stands
         == "replied"
     )
 
@@ -681,7 +688,7 @@ def test_several_asks_in_one_turn_become_one_group_and_resume_once_all_are_answe
 def test_a_group_answered_all_at_once_resumes_in_one_run(desk):
     first, second = ask(desk, *turn_of_four())
 
-    assert answer_group(desk.inbox, second.request_id, "yes", by=desk.dana) == {
+    assert standing(answer_group(desk.inbox, second.request_id, "yes", by=desk.dana)) == {
         first.request_id: "yes",
         second.request_id: "yes",
     }
@@ -692,7 +699,7 @@ def test_a_group_answered_all_at_once_resumes_in_one_run(desk):
     assert [json.loads(r["content"])["refunded"] for r in (results[0], results[2])] == [100, 200]
     assert list(AuditEntry.objects.values_list("result", flat=True)) == ["approved", "approved"]
     # A second "all at once" finds nothing open and changes nothing.
-    assert answer_group(desk.inbox, first.request_id, "no", by=desk.lee) == {}
+    assert standing(answer_group(desk.inbox, first.request_id, "no", by=desk.lee)) == {}
     assert AuditEntry.objects.count() == 2
 
 
@@ -778,9 +785,9 @@ def test_a_tool_level_rule_asks_two_different_approvers(desk):
     assert said(desk.inbox)[0].startswith(
         "Approval needed: delete account (account: 5). Two different approvers must approve it."
     )
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana) == "waiting"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana).stands == "waiting"
     assert step() is None
-    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee) == "yes"
+    assert answer_approval(desk.inbox, approval.request_id, "yes", by=desk.lee).stands == "yes"
     [result] = results_of(resume(desk))
     assert result["content"] == "deleted 5"
     assert [n for n, _, _, _ in claude_tools.CALLS] == ["delete_account"]
@@ -795,12 +802,12 @@ def test_an_argument_rule_asks_two_approvers_for_a_refund_above_500(desk):
     assert (small.approvers_needed, large.approvers_needed) == (1, 2)
     assert "refund order 2 (750 EUR) (two approvers)" in said(desk.inbox)[0]
 
-    assert answer_group(desk.inbox, small.request_id, "yes", by=desk.dana) == {
+    assert standing(answer_group(desk.inbox, small.request_id, "yes", by=desk.dana)) == {
         small.request_id: "yes",
         large.request_id: "waiting",
     }
     assert step().outcome == "quiet"
-    assert answer_group(desk.inbox, small.request_id, "yes", by=desk.lee) == {
+    assert standing(answer_group(desk.inbox, small.request_id, "yes", by=desk.lee)) == {
         large.request_id: "yes"
     }
     resume(desk)

@@ -174,7 +174,7 @@ def test_the_agent_denies_a_list_with_one_item_over_the_limit_and_runs_what_the_
     assert [c["items"] for c in policy_tools.CALLS] == [[{"sku": "A", "amount": 10}]]
     approval = Approval.objects.get(inbox=inbox)
     assert approval.details["arguments"]["email"] == "ann@elsewhere.org"
-    assert answer_approval(inbox, approval.request_id, "no") == "no"
+    assert answer_approval(inbox, approval.request_id, "no").stands == "no"
     agent_tools.reply(message("One refund was denied by policy, one ran, one you declined."))
 
     assert Worker("w1").step().outcome == "quiet"

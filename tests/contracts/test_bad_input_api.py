@@ -137,7 +137,7 @@ def ask_with(**kwargs):
 def answer_with(**kwargs):
     def call(w):
         args = {"inbox": w.inbox, "request_id": "refund-1", "answer": "yes", "now": w.t0}
-        return answer_approval(**{**args, **kwargs})
+        return answer_approval(**{**args, **kwargs}).stands
 
     return call
 

@@ -518,6 +518,11 @@ def test_ingests_and_finishes_racing_on_one_inbox_never_lose_a_marker(inbox, t0)
         assert Lease.objects.get(inbox=inbox).work_at is None
 
 
+def answer_stands(*args, **kwargs):
+    """answer_approval's outcome that stands: what the racing callers are told."""
+    return answer_approval(*args, **kwargs).stands
+
+
 # --- (c) answer_approval vs the expiry scheduler -------------------------------------------
 
 EXPIRES_IN = 60
@@ -541,8 +546,8 @@ def test_answer_racing_the_expiry_scheduler_one_answer_stands(make_inbox, t0, an
         request_id = f"refund-{n}"
         request_approval(inbox, request_id, "refund order 42", EXPIRES_IN, now=t0)
         yes, no, handled = together(
-            partial(answer_approval, inbox, request_id, "yes", now=answered),
-            partial(answer_approval, inbox, request_id, "no", now=answered),
+            partial(answer_stands, inbox, request_id, "yes", now=answered),
+            partial(answer_stands, inbox, request_id, "no", now=answered),
             partial(run_scheduler, now=deadline),
         )
         stands, approval, timer = _approval_state(inbox, request_id)
@@ -567,9 +572,7 @@ def test_answer_waiting_on_an_uncommitted_expiry_is_told_expired(inbox, t0):
     with hold_after_store() as hold:
         scheduler = Together(holding(partial(run_scheduler, now=deadline))).start()
         hold.wait_reached()  # the expiry is stored, not committed
-        answer = Together(
-            partial(answer_approval, inbox, "r1", "yes", now=deadline - SECOND)
-        ).start()
+        answer = Together(partial(answer_stands, inbox, "r1", "yes", now=deadline - SECOND)).start()
         wait_until_blocked(answer.pids)
         hold.release.set()
         assert scheduler.join() == [1]
@@ -588,7 +591,7 @@ def test_expiry_waiting_on_an_uncommitted_answer_leaves_the_answer(inbox, t0):
     request_approval(inbox, "r1", "refund order 42", EXPIRES_IN, now=t0)
     with hold_after_store() as hold:
         answer = Together(
-            holding(partial(answer_approval, inbox, "r1", "yes", now=deadline - SECOND))
+            holding(partial(answer_stands, inbox, "r1", "yes", now=deadline - SECOND))
         ).start()
         hold.wait_reached()  # the answer is stored, not committed
         scheduler = Together(partial(run_scheduler, now=deadline)).start()
@@ -603,7 +606,7 @@ def test_expiry_waiting_on_an_uncommitted_answer_leaves_the_answer(inbox, t0):
         deadline - SECOND,
         True,
     )
-    assert answer_approval(inbox, "r1", "no", now=deadline) == "yes"
+    assert answer_approval(inbox, "r1", "no", now=deadline).stands == "yes"
 
 
 # --- (d) dispatchers -----------------------------------------------------------------------
@@ -917,8 +920,8 @@ def test_two_approvers_at_once_make_one_first_and_one_second_approval(inbox, app
         _ask_two(inbox, request_id, t0)
         results = _answers_queued_on_the_lease(
             inbox,
-            partial(answer_approval, inbox, request_id, "yes", now=t0 + SECOND, by=dana),
-            partial(answer_approval, inbox, request_id, "yes", now=t0 + SECOND, by=lee),
+            partial(answer_stands, inbox, request_id, "yes", now=t0 + SECOND, by=dana),
+            partial(answer_stands, inbox, request_id, "yes", now=t0 + SECOND, by=lee),
         )
         assert sorted(results) == ["waiting", "yes"], f"round {n}: {results}"
         first, second = (dana, lee) if results[0] == "waiting" else (lee, dana)
@@ -944,11 +947,13 @@ def test_a_second_yes_and_a_no_at_once_one_answer_stands(inbox, approvers, t0):
     for n in range(ROUNDS):
         request_id = f"refund-{n}"
         _ask_two(inbox, request_id, t0)
-        assert answer_approval(inbox, request_id, "yes", now=t0 + SECOND, by=dana) == "waiting"
+        assert (
+            answer_approval(inbox, request_id, "yes", now=t0 + SECOND, by=dana).stands == "waiting"
+        )
         yes, no = _answers_queued_on_the_lease(
             inbox,
-            partial(answer_approval, inbox, request_id, "yes", now=t0 + 2 * SECOND, by=lee),
-            partial(answer_approval, inbox, request_id, "no", now=t0 + 2 * SECOND, by=sam),
+            partial(answer_stands, inbox, request_id, "yes", now=t0 + 2 * SECOND, by=lee),
+            partial(answer_stands, inbox, request_id, "no", now=t0 + 2 * SECOND, by=sam),
         )
         [event] = Event.objects.filter(inbox=inbox, source="approval", source_id=request_id)
         stands = event.payload["answer"]
@@ -1063,7 +1068,7 @@ def test_a_second_yes_racing_a_third_approvers_edit_never_approves_unseen_argume
         yes, edit = _answers_queued_on_the_lease(
             inbox,
             partial(
-                answer_approval,
+                answer_stands,
                 inbox,
                 request_id,
                 "yes",
@@ -1072,7 +1077,7 @@ def test_a_second_yes_racing_a_third_approvers_edit_never_approves_unseen_argume
                 arguments=shown,
             ),
             partial(
-                answer_approval,
+                answer_stands,
                 inbox,
                 request_id,
                 "yes",
@@ -1103,7 +1108,7 @@ def test_one_approver_in_two_tabs_at_once_is_one_first_approval(inbox, approvers
     results = _answers_queued_on_the_lease(
         inbox,
         *(
-            partial(answer_approval, inbox, "refund-1", "yes", now=t0 + SECOND, by=dana)
+            partial(answer_stands, inbox, "refund-1", "yes", now=t0 + SECOND, by=dana)
             for _ in range(4)
         ),
     )
@@ -1130,7 +1135,7 @@ def test_a_second_approval_racing_the_expiry_one_answer_stands(make_inbox, appro
         _ask_two(inbox, "r", t0)
         answer_approval(inbox, "r", "yes", now=t0 + SECOND, by=dana)
         told, handled = together(
-            partial(answer_approval, inbox, "r", "yes", now=deadline - SECOND, by=lee),
+            partial(answer_stands, inbox, "r", "yes", now=deadline - SECOND, by=lee),
             partial(run_scheduler, now=deadline),
         )
         stands, approval, timer = _approval_state(inbox, "r")

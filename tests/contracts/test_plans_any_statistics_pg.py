@@ -302,7 +302,9 @@ def test_finish_plans_by_index(desk, capture, t0):
 def test_an_answer_plans_by_index(desk, capture, t0):
     outcome = []
     sent = capture(
-        lambda: outcome.append(answer_approval(desk.slug, "r1", "yes", now=t0, by=desk.approver))
+        lambda: outcome.append(
+            answer_approval(desk.slug, "r1", "yes", now=t0, by=desk.approver).stands
+        )
     )
     assert outcome == ["yes"]
     assert_by_index(sent, least=4)

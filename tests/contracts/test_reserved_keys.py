@@ -56,7 +56,7 @@ def assert_the_expiry_stands(inbox, t0):
     run_scheduler(now=t0 + WINDOW)
     answer = Event.objects.get(inbox=inbox, source="approval", source_id=REQUEST)
     assert answer.payload["answer"] == "expired"
-    assert answer_approval(inbox, REQUEST, "yes", now=t0 + WINDOW) == "expired"
+    assert answer_approval(inbox, REQUEST, "yes", now=t0 + WINDOW).stands == "expired"
 
 
 # --- add_timer, and a Schedule made by hand --------------------------------------------------

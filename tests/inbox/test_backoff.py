@@ -473,14 +473,15 @@ def test_requeue_puts_dead_events_back_with_attempts_reset(make_inbox, t0, ttl, 
         gen = acquire(a, f"W{n}", now=now)
         claim_batch(a, f"W{n}", gen, now=now)
         now += ttl + 60 * SECOND
-    assert mark_dead([event("parked").pk], "operator: bad payload", now=now) == 1
+    parked = event("parked")
+    assert mark_dead([parked.pk], "operator: bad payload", now=now) == [parked.pk]
     poison = event("poison")
     assert (poison.status, poison.attempts) == ("dead", 3)
     requeued_at = now + SECOND
 
-    count = requeue([poison.pk, event("parked").pk, event("healthy").pk], now=requeued_at)
+    requeued = requeue([poison.pk, parked.pk, event("healthy").pk], now=requeued_at)
 
-    assert count == 2
+    assert requeued == [poison.pk, parked.pk]
     rows = Event.objects.order_by("id").values_list(
         "source_id", "status", "attempts", "claim_gen", "error", "available_at"
     )
@@ -498,7 +499,7 @@ def test_requeue_of_events_that_are_not_dead_changes_nothing(inbox, t0):
     ingest(inbox, "chat", "m1", {}, now=t0)
     before = list(Event.objects.values())
 
-    assert requeue([event("m1").pk, 999_999], now=t0 + SECOND) == 0
+    assert requeue([event("m1").pk, 999_999], now=t0 + SECOND) == []
     assert list(Event.objects.values()) == before
 
 
@@ -514,7 +515,7 @@ def test_mark_dead_parks_pending_events_and_recounts_work(inbox, t0):
         [event("bad").pk, event("running").pk], "operator: bad payload", now=t0 + 3 * SECOND
     )
 
-    assert parked == 1
+    assert parked == [event("bad").pk]
     rows = Event.objects.order_by("id").values_list("source_id", "status", "error", "updated")
     assert list(rows) == [
         ("running", "running", "", t0),  # a running row is its worker's, not the operator's
@@ -523,7 +524,8 @@ def test_mark_dead_parks_pending_events_and_recounts_work(inbox, t0):
     ]
     assert lease(inbox).work_at == t0 + 2 * SECOND
 
-    assert mark_dead([event("good").pk], "operator: spam", now=t0 + 4 * SECOND) == 1
+    good = event("good").pk
+    assert mark_dead([good], "operator: spam", now=t0 + 4 * SECOND) == [good]
     assert lease(inbox).work_at is None
 
 

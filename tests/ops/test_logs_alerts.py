@@ -109,7 +109,7 @@ def test_an_operators_mark_dead_is_logged_at_warning_and_alerts_nobody(
     ingest(inbox, "chat", "m2", {}, now=t0)
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert mark_dead(Event.objects.values_list("pk", flat=True), "spam", now=t0) == 2
+        assert len(mark_dead(Event.objects.values_list("pk", flat=True), "spam", now=t0)) == 2
 
     [record] = records(events_log, "alwayson.events", logging.WARNING)
     assert (record.inbox_id, record.count, record.reason) == (inbox.pk, 2, "spam")

@@ -169,7 +169,7 @@ def test_a_failed_notice_is_retried_with_backoff_and_parked_like_the_outbox(team
     # Every attempt carried the same key: the same Message-ID.
     assert {key for name, key in attempts if name == "lee"} == {lee.key}
 
-    assert resend_notices([lee.pk], now=at) == 1
+    assert resend_notices([lee.pk], now=at) == [lee.pk]
     assert dispatch_notices(now=at) == 1
     assert mail.outbox[-1].extra_headers["Message-ID"] == f"<{lee.key}@alwayson>"
     lee.refresh_from_db()

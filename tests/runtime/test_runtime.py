@@ -70,6 +70,34 @@ def test_verbs_write_nothing_before_the_finish(inbox, t0):
 
 
 @pytest.mark.django_db
+def test_the_verbs_options_are_their_effects_and_no_others(inbox, t0):
+    """run.schedule and run.ask state no options of their own: Schedule's and Ask's reach
+    the rows, and a name neither knows is refused at the call, before anything is recorded."""
+    ingest(inbox, "chat", "m1", {}, now=t0)
+    run = start_run(inbox, "A", now=t0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'delai'"):
+        run.schedule("follow-up", delai=60)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'approver'"):
+        run.ask("refund-1", "refund order 1", 3600, approver=2)
+    with pytest.raises(ValueError, match="payload must be"):
+        run.schedule("follow-up", delay=60, payload=[])
+    assert (run.scheduled, run.asked) == (0, 0)
+
+    run.schedule("digest", t0 + HOUR, every=3600, policy="catch_up", catch_up_max=3)
+    run.ask("refund-1", "refund order 1", 3600, {"tool": "refund"}, approvers=2, group="g-1")
+    assert finish_run(run, now=t0) is True
+
+    timer = Timer.objects.get(inbox=inbox, key="digest")
+    assert (timer.every, timer.policy, timer.catch_up_max) == (3600, "catch_up", 3)
+    approval = Approval.objects.get(inbox=inbox, request_id="refund-1")
+    assert (approval.details["tool"], approval.approvers_needed, approval.group) == (
+        "refund",
+        2,
+        "g-1",
+    )
+
+
+@pytest.mark.django_db
 def test_say_becomes_outbox_messages_with_their_urgent_flag(inbox, t0):
     ingest(inbox, "chat", "m1", {}, now=t0)
     run = start_run(inbox, "A", now=t0)

@@ -498,7 +498,7 @@ class InboxMachine(RuleBasedStateMachine):
             expected = "expired"
         else:
             expected = answer
-        got = answer_approval(self.inboxes[i], request_id, answer, now=self.now)
+        got = answer_approval(self.inboxes[i], request_id, answer, now=self.now).stands
         assert got == expected, f"answer {answer} to {request_id} at {self.now} = {got}"
         event(f"answer: {got}")
         if approval is not None:

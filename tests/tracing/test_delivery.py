@@ -242,7 +242,7 @@ def test_an_answer_posted_in_a_span_keeps_its_context_for_its_event(
     receiver, inbox, django_user_model
 ):
     """On PostgreSQL the page's plain answer is one statement (approvals/sql/answer.sql): the
-    trace goes in it, as store_event keeps it on decide_answer's path (SQLite)."""
+    trace goes in it, as store_event keeps it on answer_approval's path (SQLite)."""
     from approvals.services import request_approval
     from inbox.models import Membership, Role
 

@@ -52,11 +52,11 @@ class Command(AlwaysonCommand):
             self.check_ids(failed, resend or [], "failed outbox messages")
             self.check_ids(notices, resend_notices or [], "failed notices")
             if requeue:
-                self.stdout.write(f"requeued {requeue_events(requeue)} event(s)")
+                self.stdout.write(f"requeued {len(requeue_events(requeue))} event(s)")
             if resend:
-                self.stdout.write(f"resent {resend_messages(resend)} message(s)")
+                self.stdout.write(f"resent {len(resend_messages(resend))} message(s)")
             if resend_notices:
-                self.stdout.write(f"resent {resend_parked_notices(resend_notices)} notice(s)")
+                self.stdout.write(f"resent {len(resend_parked_notices(resend_notices))} notice(s)")
             return
         events = list(dead)
         self.stdout.write(f"{len(events)} dead event(s)")

@@ -169,19 +169,21 @@ class Scenarios:
         window = 4 * HOUR
         request_approval(inbox, "refund-881", "refund order 881", window, now=later)
         run_scheduler(later + 5 * HOUR, inbox=inbox)
-        outcome = answer_approval(inbox, "refund-881", "yes", now=later + 6 * HOUR)
+        outcome = answer_approval(inbox, "refund-881", "yes", now=later + 6 * HOUR).stands
         self.say("   881: expiry ran at 5h, yes at 6h ->", outcome)
         request_approval(inbox, "refund-882", "refund order 882", window, now=later)
-        outcome = answer_approval(inbox, "refund-882", "yes", now=later + 5 * HOUR)
+        outcome = answer_approval(inbox, "refund-882", "yes", now=later + 5 * HOUR).stands
         self.say("   882: yes at 5h, scheduler not run yet ->", outcome)
         request_approval(inbox, "refund-883", "refund order 883", window, now=later)
-        first = answer_approval(inbox, "refund-883", "yes", now=later + HOUR)
-        second = answer_approval(inbox, "refund-883", "no", now=later + 2 * HOUR)
+        first = answer_approval(inbox, "refund-883", "yes", now=later + HOUR).stands
+        second = answer_approval(inbox, "refund-883", "no", now=later + 2 * HOUR).stands
         self.say("   883: yes at 1h ->", first, " second tap no at 2h ->", second)
         run_scheduler(later + 5 * HOUR, inbox=inbox)
         stored = self.events().get(source="approval", source_id="refund-883").payload["answer"]
         self.say("   883 after its expiry timer fired:", stored)
-        self.say("   never requested ->", answer_approval(inbox, "refund-999", "yes", now=later))
+        self.say(
+            "   never requested ->", answer_approval(inbox, "refund-999", "yes", now=later).stands
+        )
 
         self.say("8. outbox: three updates inside an hour")
         sent = []
