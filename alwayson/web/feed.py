@@ -61,6 +61,7 @@ class State:
     working: bool = False
     working_at: int = 0  # the revision at which `working` last changed
     shape_at: int = 0  # the revision at which the list last became empty or not
+    order_at: int = 0  # the revision at which the entries' order last changed
     views: dict[int, View] = field(default_factory=dict)  # user id -> their view
     checked: frozenset = frozenset()  # the people whose role this read checked
     messages: dict = field(default_factory=dict, compare=False)  # encoded, per (user, since)
@@ -131,6 +132,7 @@ def read(inbox_id, previous: State | None, people: set[int]) -> State:
         working=working,
         working_at=revision if last is None or working != last.working else last.working_at,
         shape_at=revision if last is None or bool(order) != bool(last.order) else last.shape_at,
+        order_at=revision if last is None or order != last.order else last.order_at,
         views=views,
         checked=frozenset(people),
     )
@@ -173,10 +175,13 @@ def _encode(state: State, view: View, since: int | None) -> str:
             inbox=state.inbox, items=items, working=state.working, cursor=state.cursor
         )
         return live.sse(state.cursor, region)
-    change = {
-        "order": state.order,
-        "items": {key: view.html[key] for key in state.order if view.rendered_at[key] > since},
-    }
+    items = {key: view.html[key] for key in state.order if view.rendered_at[key] > since}
+    if not items and state.order_at <= since and state.working_at <= since:
+        # A revision that moved nothing this person sees (another person's page opened,
+        # a change to what they may see only): nothing to send. A reconnect from the older
+        # cursor still gets the whole region.
+        return None
+    change = {"order": state.order, "items": items}
     if state.working_at > since:
         change["working"] = conversation.render_working(state.working)
     return f"event: patch\nid: {state.cursor}\ndata: {json.dumps(change)}\n\n"

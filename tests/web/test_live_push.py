@@ -387,3 +387,25 @@ def test_open_approval_lists_of_one_person_share_one_refresh_per_change(desk, ow
         await live.hub().stop()
 
     async_to_sync(scenario)()
+
+
+def test_another_persons_page_opening_sends_nothing_to_the_pages_already_open(
+    desk, owner, django_user_model
+):
+    from alwayson.web import feed
+
+    colleague = django_user_model.objects.create_user("colleague", password="x")
+    Membership.objects.create(inbox=desk, user=colleague, role=Role.VIEWER)
+    say(desk, "Before either page")
+    alone = feed.read(desk.pk, None, {owner.pk})
+
+    both = feed.read(desk.pk, alone, {owner.pk, colleague.pk})
+
+    assert both is not alone  # the colleague's view was rendered
+    assert feed.message(both, owner.pk, alone.revision) is None
+    assert "Before either page" in feed.message(both, colleague.pk, None)
+    # What the owner's page does hear of next is a change.
+    say(desk, "After the second page")
+    changed = feed.read(desk.pk, both, {owner.pk, colleague.pk})
+    patch = feed.message(changed, owner.pk, both.revision)
+    assert patch.startswith("event: patch") and "After the second page" in patch
