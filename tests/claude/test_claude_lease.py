@@ -15,21 +15,11 @@ from inbox.models import Event
 from inbox.services import acquire, claim_batch, ingest
 from outbox.models import OutboxMessage
 from tests.support import claude_tools
+from tests.support.clock import Ticks
 
 pytestmark = pytest.mark.django_db
 
 TTL = 60
-
-
-class Ticks:
-    def __init__(self, at=1000.0):
-        self.at = at
-
-    def __call__(self):
-        return self.at
-
-    def move(self, seconds):
-        self.at += seconds
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from alwayson.runtime.worker import Heartbeat, Worker
 from inbox.clock import database_now
 from inbox.models import Event, Lease, RunRecord
 from outbox.models import OutboxMessage
+from tests.support.clock import Ticks
 from tests.support.egress import SECRET, answer, services_for
 from tests.support.loopback import Loopback
 from tests.support.runs import session_state
@@ -32,19 +33,6 @@ from tests.support.runs import session_state
 pytestmark = pytest.mark.django_db
 
 TTL = 60
-
-
-class Ticks:
-    """A lease clock the test moves."""
-
-    def __init__(self, at=1000.0):
-        self.at = at
-
-    def __call__(self):
-        return self.at
-
-    def move(self, seconds):
-        self.at += seconds
 
 
 @pytest.fixture(autouse=True)
