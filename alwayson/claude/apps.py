@@ -20,7 +20,7 @@ class ClaudeConfig(AppConfig):
         from approvals.services import edit_checks
 
         from . import retention as own_tables
-        from .models import ModelCall, ModelSettings, ToolResult
+        from .models import MemoryFile, MemoryVersion, ModelCall, ModelSettings, ToolResult
         from .runner import EDIT_CHECK, check_edit
 
         # Here, not in the settings, which import no app: every process stops at start-up on
@@ -36,3 +36,6 @@ class ClaudeConfig(AppConfig):
         need(ModelCall, SELECT, INSERT, why="model answers: cached, and the daily budget")
         need(ToolResult, SELECT, INSERT, UPDATE, why="the tool calls' journal and results")
         need(ToolResult.events.through, SELECT, INSERT, DELETE, why="a call's events")
+        # Its memory: read by a run, written by its fenced finish.
+        need(MemoryFile, SELECT, INSERT, UPDATE, DELETE, why="the agent's memory files")
+        need(MemoryVersion, SELECT, INSERT, why="each memory change, kept as a version")

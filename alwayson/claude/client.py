@@ -50,6 +50,9 @@ log = logging.getLogger("alwayson.claude")
 # Request fields the SDK (1.0 on) no longer takes as arguments but the API still accepts for
 # the models that have them: sent as extra body fields, its documented way.
 EXTRA_BODY_FIELDS = ("temperature",)
+# The memory tool's type (alwayson/claude/memory.py) and the beta the API serves it behind.
+MEMORY_TOOL_TYPE = "memory_20250818"
+MEMORY_BETA = "context-management-2025-06-27"
 
 # Statuses that say "not now" rather than "never": timeouts, lock conflicts, rate limits,
 # overloads and server errors (the SDK's own retry list), a refused key (fixed by an operator,
@@ -234,6 +237,9 @@ def _send(request: dict, run) -> dict:
     body = {name: params.pop(name) for name in EXTRA_BODY_FIELDS if name in params}
     if body:
         extra["extra_body"] = body
+    # The memory tool (alwayson/claude/memory.py) is served behind a beta the request names.
+    if any(tool.get("type") == MEMORY_TOOL_TYPE for tool in params.get("tools") or ()):
+        extra["extra_headers"] = {**extra.get("extra_headers", {}), "anthropic-beta": MEMORY_BETA}
     # Raised `from None`: the SDK's exception carries the raw error body, which the worker
     # would print with the traceback, key and all; ours carries the same facts, scrubbed.
     try:

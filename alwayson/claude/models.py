@@ -325,3 +325,77 @@ class ToolResult(models.Model):
         the call runs again on the retry, under the same key. Kept so the journal shows why."""
         self.error, self.finished = error, now
         ToolResult.objects.filter(pk=self.pk).update(error=error, finished=now)
+
+
+class MemoryFile(models.Model):
+    """One file of an inbox's memory (/memories/...), as the Claude agent's memory tool and
+    the inbox's memory page show it now. Written only by a run's fenced finish (MemoryWrites,
+    alwayson/claude/memory.py) or by a manager's edit; every change also leaves a
+    MemoryVersion."""
+
+    inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="+")
+    # Normalised: "/memories/" then names without "." or ".." (alwayson/claude/memory.py).
+    path = models.CharField(max_length=255)
+    content = models.TextField(blank=True)
+    # Written by a run that read content from outside the owner (a webhook, an untrusted
+    # file): shown to the model as data, never as instructions, until a person rewrites it.
+    untrusted = models.BooleanField(default=False)
+    updated = models.DateTimeField()
+
+    class Meta:
+        ordering = ["inbox", "path"]
+        constraints = [
+            models.UniqueConstraint(fields=["inbox", "path"], name="memoryfile_unique_path"),
+        ]
+
+    def __str__(self):
+        return f"{self.path} of inbox {self.inbox_id}"
+
+
+class MemoryVersion(models.Model):
+    """One change of a memory file, never changed: what the file held after it (empty and
+    `deleted` for a deletion), made by which run (its generation) or which person, and when.
+    A rename leaves one on each path."""
+
+    class Action(models.TextChoices):
+        CREATE = "create"
+        STR_REPLACE = "str_replace"
+        INSERT = "insert"
+        DELETE = "delete"
+        RENAME = "rename"
+        EDIT = "edit", "edited by a person"
+
+    # No index of its own: memoryversion_path_idx starts with inbox_id.
+    inbox = models.ForeignKey(
+        "inbox.Inbox", on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    path = models.CharField(max_length=255)
+    action = models.CharField(max_length=12, choices=Action.choices)
+    content = models.TextField(blank=True)
+    deleted = models.BooleanField(default=False)
+    # For a rename: the other path (where it came from, or went).
+    other_path = models.CharField(max_length=255, blank=True)
+    untrusted = models.BooleanField(default=False)
+    # The run that wrote it (with the inbox, the run page's address); null for a person's.
+    generation = models.PositiveBigIntegerField(null=True, blank=True)
+    # The person who wrote it; null for a run's. Kept (SET_NULL) when the account goes.
+    person = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # A file's history on the memory page.
+            models.Index(fields=["inbox", "path", "id"], name="memoryversion_path_idx"),
+            # Retention: the oldest versions first.
+            models.Index(fields=["created"], name="memoryversion_created_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.action} {self.path} of inbox {self.inbox_id}"

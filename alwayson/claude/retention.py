@@ -4,7 +4,9 @@ from django.conf import settings
 
 from alwayson.ops.retention import Rule, days_before, unfinished_run_since
 
-from .models import ModelCall, ToolResult
+from django.db.models import Exists, OuterRef
+
+from .models import MemoryVersion, ModelCall, ToolResult
 
 
 def rules(now) -> list[Rule]:
@@ -22,4 +24,19 @@ def rules(now) -> list[Rule]:
             unfinished_run_since(ToolResult).filter(created__lt=cutoff),
             "created",
         ),
+        *memory_rules(now),
     ]
+
+
+def memory_rules(now) -> list[Rule]:
+    """Memory versions after ALWAYSON_RETAIN_MEMORY_VERSIONS days, once a later version of the
+    same file exists: a file's latest version stays (its page names who wrote it), and so do
+    the files. Unset: kept forever."""
+    days = settings.ALWAYSON_RETAIN_MEMORY_VERSIONS
+    if days is None:
+        return []
+    later = MemoryVersion.objects.filter(
+        inbox_id=OuterRef("inbox_id"), path=OuterRef("path"), pk__gt=OuterRef("pk")
+    )
+    old = MemoryVersion.objects.filter(created__lt=days_before(now, days)).filter(Exists(later))
+    return [Rule("alwayson_claude.MemoryVersion", old, "created")]

@@ -36,7 +36,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from alwayson.claude import client, transcript
+from alwayson.claude import client, memory, transcript
 from alwayson.claude.models import ModelSettings, ToolResult
 from alwayson.claude.session import STATE_KEY, Answer, ClaudeSession, WaitingTurn
 from alwayson.runtime.models import AgentConfig
@@ -102,6 +102,8 @@ class AgentSettings:
     temperature: float | None
     thinking_budget: int | None
     tool_choice: str
+    # Whether the memory tool is offered (ALWAYSON_CLAUDE_MEMORY).
+    memory: bool = False
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
@@ -119,9 +121,16 @@ class AgentSettings:
             )
         window = config.approval_window or settings.ALWAYSON_CLAUDE_APPROVAL_WINDOW
         own = config.system_prompt.strip()
+        remembers = settings.ALWAYSON_CLAUDE_MEMORY
+        if remembers and memory.TOOL_NAME in tools:
+            raise ValueError(
+                f"the agent configuration of {inbox.slug}: tools: {memory.TOOL_NAME!r} is the "
+                "memory tool's name (ALWAYSON_CLAUDE_MEMORY): rename the application tool"
+            )
+        guidance = (DEFAULT_SYSTEM_PROMPT, memory.GUIDANCE) if remembers else (DEFAULT_SYSTEM_PROMPT,)
         return cls(
             model=config.model or settings.ALWAYSON_CLAUDE_MODEL,
-            system_prompt=(DEFAULT_SYSTEM_PROMPT, own) if own else (DEFAULT_SYSTEM_PROMPT,),
+            system_prompt=(*guidance, own) if own else guidance,
             tools=tools,
             policy={**settings.ALWAYSON_CLAUDE_POLICY, **(config.policy or {})},
             budget=config.daily_token_budget or settings.ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET,
@@ -130,6 +139,7 @@ class AgentSettings:
             temperature=sent.temperature,
             thinking_budget=sent.thinking_budget,
             tool_choice=sent.tool_choice,
+            memory=remembers,
         )
 
     def tool_choice_for(self, opening: bool) -> dict | None:
@@ -247,6 +257,8 @@ class ClaudeRun:
         self.calls_made = Counter()
         # Why the policy asked each waiting call, by tool-use id, for its journal row.
         self.ask_reasons = {}
+        # The inbox's memory as this run sees it, its own writes included.
+        self.memory = memory.RunMemory(run.inbox.pk) if config.memory else None
 
     # --- the run ------------------------------------------------------------------------
 
@@ -263,8 +275,15 @@ class ClaudeRun:
         self.session.turn, self.session.held = None, []
         if turn is None:
             rendered = [transcript.render_event(e) for e in self.run.events]
-            exchange = [{"role": "user", "content": [transcript.events_text(rendered)]}]
+            content = [transcript.events_text(rendered)]
+            if self.memory is not None:
+                content.insert(0, self.memory.snapshot())
+            exchange = [{"role": "user", "content": content}]
             self.runs.append(exchange)
+            if self.memory is not None:
+                leaving = self._runs_leaving()
+                if leaving:
+                    content.append(transcript.condense_note(leaving, len(self.runs) - leaving))
             self._converse(exchange)
             return
         self.ask_reasons = turn.reasons
@@ -314,6 +333,8 @@ class ClaudeRun:
     def _request(self, opening: bool) -> dict:
         config = self.config
         tools = [tool.spec() for tool in config.tools.values()]
+        if self.memory is not None:
+            tools.append(memory.tool_spec())
         system, tools, messages = transcript.with_cache_breakpoints(
             config.system_prompt, tools, transcript.flatten(self.runs)
         )
@@ -346,6 +367,9 @@ class ClaudeRun:
             name, arguments, tool_use_id = call["name"], call["input"], call["id"]
             if tool_use_id in answers:
                 results.append(self._resolve(call, answers[tool_use_id]))
+                continue
+            if self.memory is not None and name == memory.TOOL_NAME:
+                results.append(self._remember(call))
                 continue
             tool = self.config.tools.get(name)
             if tool is None:
@@ -644,10 +668,37 @@ class ClaudeRun:
         when = f"in {delay} seconds" if delay is not None else f"on cron {cron!r}"
         return ok_result(tool_use_id, f"Timer {arguments['key']} set: you will be woken {when}.")
 
+    def _remember(self, call) -> dict:
+        """A memory command, on the run's own view of the files; its writes commit with the
+        run's finish. A write is marked untrusted when the conversation the model has read
+        holds content from outside the owner."""
+        self.run.check_lease()
+        untrusted = memory.read_untrusted(transcript.flatten(self.runs))
+        try:
+            output = self.memory.command(call["input"], untrusted)
+        except memory.MemoryCommandError as refused:
+            return error_result(call["id"], str(refused))
+        return ok_result(call["id"], output)
+
+    def _runs_leaving(self) -> int:
+        """How many of the transcript's runs leave it when this run is saved, as it stands
+        now (the runs over ALWAYSON_CLAUDE_KEEP_RUNS, and those the character bound drops)."""
+        kept = transcript.bound(
+            json.loads(json.dumps(self.runs)),
+            settings.ALWAYSON_CLAUDE_KEEP_RUNS,
+            settings.ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS,
+            settings.ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS,
+        )
+        return len(self.runs) - len(kept)
+
     # --- the session --------------------------------------------------------------------
 
     def _save(self, turn=None, held=()):
         session = self.session
+        if self.memory is not None:
+            writes = self.memory.writes(self.run.generation)
+            if writes is not None:
+                self.run.effect(writes)
         session.runs = transcript.bound(
             self.runs,
             settings.ALWAYSON_CLAUDE_KEEP_RUNS,

@@ -22,6 +22,9 @@ import json
 # third-party content and goes to the model marked as untrusted data.
 TRUSTED_SOURCES = frozenset({"chat", "timer", "approval"})
 DROPPED_RESULT = "[tool result dropped to keep the transcript short]"
+# A run's view of its memory (alwayson/claude/memory.py), a text block of its user turn.
+SNAPSHOT_OPEN = "<memory>"
+DROPPED_SNAPSHOT = "[memory as it was then: dropped to keep the transcript short]"
 
 
 def _attribute(value) -> str:
@@ -99,6 +102,19 @@ def assistant_blocks(answer: dict) -> list[dict]:
     return blocks or [{"type": "text", "text": "(no reply)"}]
 
 
+def condense_note(leaving: int, kept: int) -> dict:
+    """Told to the model in the run after which older runs leave its transcript: what it
+    needs of them must go to memory now, or it is gone."""
+    runs = "run" if leaving == 1 else f"{leaving} runs"
+    return {
+        "type": "text",
+        "text": f"<transcript_note>When this run ends, the oldest {runs} of the conversation "
+        f"above leave your transcript (it keeps the last {kept}). Before you end this run, "
+        "write to memory what you will still need of them and cannot look up again; "
+        "what is not written down is forgotten.</transcript_note>",
+    }
+
+
 def flatten(runs: list[list[dict]]) -> list[dict]:
     return [message for run in runs for message in run]
 
@@ -112,6 +128,8 @@ def bound(runs, keep_runs: int, keep_tool_results: int, max_chars: int) -> list:
             for block in message["content"]:
                 if block.get("type") == "tool_result":
                     block["content"] = DROPPED_RESULT
+                elif block.get("type") == "text" and block["text"].startswith(SNAPSHOT_OPEN):
+                    block["text"] = DROPPED_SNAPSHOT
     while len(runs) > 1 and len(json.dumps(runs, ensure_ascii=False)) > max_chars:
         runs = runs[1:]
     return runs

@@ -144,6 +144,14 @@ class Run:
         )
         self.scheduled += 1
 
+    def effect(self, effect):
+        """An effect of the agent's own: a callable taking `now`, run inside the finish's
+        fenced transaction with the verbs' effects, so it commits with them or not at all
+        (the Claude agent's memory writes). Dropped, like them, by a later `defer`."""
+        if not callable(effect):
+            raise ValueError(f"effect must be callable, not {type(effect).__name__}")
+        self._effects.append(effect)
+
     def defer(self, reason: str, *, until: datetime | None = None, delay=None):
         """Give the batch back untouched, to be claimed again at `until` (or `delay` after the
         finish), without counting the attempt: for a run that cannot do its work yet through

@@ -35,3 +35,14 @@ ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS = env.positive_int("ALWAYSON_CLAUDE_KEEP_TOOL_
 ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS = env.positive_int(
     "ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS", 200_000
 )
+# Memory (the Messages API's memory tool, alwayson/claude/memory.py): whether the agent is
+# offered it; the most characters one file and one inbox's files may hold; and how much of
+# the memory each run's opening turn shows (past it, the files are listed, to be viewed).
+ALWAYSON_CLAUDE_MEMORY = env.strict_bool("ALWAYSON_CLAUDE_MEMORY", False)
+ALWAYSON_CLAUDE_MEMORY_FILE_CHARS = env.positive_int("ALWAYSON_CLAUDE_MEMORY_FILE_CHARS", 20_000)
+ALWAYSON_CLAUDE_MEMORY_INBOX_CHARS = env.positive_int(
+    "ALWAYSON_CLAUDE_MEMORY_INBOX_CHARS", 100_000
+)
+ALWAYSON_CLAUDE_MEMORY_PROMPT_CHARS = env.positive_int(
+    "ALWAYSON_CLAUDE_MEMORY_PROMPT_CHARS", 20_000
+)

@@ -38,3 +38,7 @@ ALWAYSON_RETAIN_RUN_RECORDS = env.days("ALWAYSON_RETAIN_RUN_RECORDS", 30)
 # login log. Unset: kept forever; deleting it is the operator's decision. Not shorter than
 # the event keys: a settled approval refuses a second answer for as long as it exists.
 ALWAYSON_RETAIN_AUDIT = env.optional_days("ALWAYSON_RETAIN_AUDIT", ALWAYSON_RETAIN_EVENT_KEYS)
+# The Claude agent's memory history (MemoryVersion): a version older than this goes once a
+# later one of the same file exists; a file's latest version, and the files, are kept.
+# Unset: kept forever.
+ALWAYSON_RETAIN_MEMORY_VERSIONS = env.optional_days("ALWAYSON_RETAIN_MEMORY_VERSIONS", 1)

@@ -31,6 +31,8 @@ _EXPORTS = {
     "Reply": "model",
     "message": "model",
     "tool_use": "model",
+    "memory": "model",
+    "MemoryFileSeen": "harness",
     "usage": "model",
     "error": "model",
     "rate_limited": "model",

@@ -29,7 +29,7 @@ from django.db.models import Min
 from django.test import Client
 from django.urls import reverse
 
-from alwayson.claude.models import ModelCall, ModelSettings, ToolResult
+from alwayson.claude.models import MemoryFile, MemoryVersion, ModelCall, ModelSettings, ToolResult
 from alwayson.claude.session import STATE_KEY, ClaudeSession
 from alwayson.runtime.loading import load_agent
 from alwayson.runtime.management.commands import rundispatcher, runscheduler
@@ -57,6 +57,17 @@ MAX_STOPS = 1000
 MODEL_SETTINGS = ("max_tokens", "temperature", "thinking_budget", "tool_choice")
 
 ALLOWED, ASKED, DENIED, REFUSED, UNANSWERED = "allowed", "asked", "denied", "refused", "unanswered"
+
+
+@dataclass(frozen=True)
+class MemoryFileSeen:
+    """A memory file of the Claude agent: its content, whether it is marked untrusted, and
+    its versions as (action, run generation or None, person's username or None)."""
+
+    path: str
+    content: str
+    untrusted: bool
+    versions: tuple
 
 
 class AgentError(AssertionError):
@@ -416,6 +427,25 @@ class AgentInbox:
     def state(self) -> dict:
         """The session state the last finished run saved (`run.state`)."""
         return Session.objects.get(inbox=self.inbox).state or {}
+
+    def memory(self) -> dict[str, str]:
+        """The Claude agent's memory as committed: path -> content, by path."""
+        files = MemoryFile.objects.filter(inbox=self.inbox).order_by("path")
+        return dict(files.values_list("path", "content"))
+
+    def memory_files(self) -> list["MemoryFileSeen"]:
+        """The memory files as committed, by path, with their untrusted mark and history
+        (who or which run wrote each version, oldest first)."""
+        versions = {}
+        for version in MemoryVersion.objects.filter(inbox=self.inbox).order_by("id"):
+            who = version.person.get_username() if version.person_id else None
+            versions.setdefault(version.path, []).append(
+                (version.action, version.generation, who)
+            )
+        return [
+            MemoryFileSeen(f.path, f.content, f.untrusted, tuple(versions.get(f.path, ())))
+            for f in MemoryFile.objects.filter(inbox=self.inbox).order_by("path")
+        ]
 
     def tool_calls(self) -> list[ToolCallSeen]:
         """Every tool call the model made for this inbox (the Claude agent), oldest first,

@@ -73,6 +73,13 @@ def tool_use(name, tool_input, id=None):
     }
 
 
+def memory(command, **arguments):
+    """A call of the memory tool (ALWAYSON_CLAUDE_MEMORY): `memory("create",
+    path="/memories/notes.md", file_text="...")`, `memory("str_replace", path=..., old_str=...,
+    new_str=...)`, `memory("view", path="/memories")`, and insert, delete, rename."""
+    return tool_use("memory", {"command": command, **arguments})
+
+
 def error(status, kind, text, headers=None):
     body = {"type": "error", "error": {"type": kind, "message": text}}
     return Reply(
@@ -135,7 +142,7 @@ class ScriptedModel:
     `ANTHROPIC_BASE_URL`) until it stops."""
 
     def __init__(self):
-        self.script: list[Reply] = []
+        self.script: list = []
         self.requests: list[Request] = []
         self.unexpected: list[Request] = []
         self.api_key = API_KEY
@@ -176,8 +183,10 @@ class ScriptedModel:
         forget_clients()
         self.stop()
 
-    def reply(self, *replies: Reply):
-        """Append to the script: each request takes the next reply, in order."""
+    def reply(self, *replies):
+        """Append to the script: each request takes the next reply, in order. A reply may be
+        a callable: given the `Request`, it returns the Reply, so a script can answer from
+        what the prompt holds (and fail the test, raising, when it does not hold it)."""
         with self._lock:
             self.script.extend(replies)
 
@@ -208,7 +217,14 @@ class ScriptedModel:
             if not self.script:
                 self.unexpected.append(request)
                 return error(500, "api_error", "loopback: no scripted reply for this request")
-            return self.script.pop(0)
+            reply = self.script.pop(0)
+        if callable(reply):
+            try:
+                return reply(request)
+            except Exception as exc:
+                self.unexpected.append(request)
+                return error(500, "api_error", f"loopback: the scripted reply raised {exc!r}")
+        return reply
 
     def _handler(self):
         api = self
