@@ -14,7 +14,7 @@ from inbox.clock import day_start
 from inbox.models import Inbox
 
 from .conversations import reset_conversations
-from .models import TOTAL_TOKENS, ModelCall, ModelSettings, ToolResult
+from .models import TOTAL_TOKENS, MemoryFile, MemoryVersion, ModelCall, ModelSettings, ToolResult
 
 
 class EditedConfig(InlineForeignKeyField):
@@ -248,3 +248,54 @@ class ToolResultAdmin(MachineryAdmin):
     @admin.display(description="result")
     def result_pretty(self, obj):
         return pretty_json(obj.result)
+
+
+@admin.register(MemoryFile)
+class MemoryFileAdmin(MachineryAdmin):
+    """The Claude agent's memory files, as they are now; corrected on the inbox's memory page,
+    where each change is kept as a version naming who made it."""
+
+    list_display = ("path", "inbox", "characters", "untrusted", "updated", "page")
+    list_filter = ("untrusted", "inbox")
+    list_select_related = ("inbox",)
+    search_fields = ("=inbox__slug", "path")
+    search_help_text = "the exact inbox slug, or the path (contains)"
+    ordering = ("inbox", "path")
+    fields = ("inbox", "path", "untrusted", "updated", "content", "page")
+    readonly_fields = fields
+
+    @admin.display(description="characters")
+    def characters(self, obj):
+        return len(obj.content)
+
+    @admin.display(description="memory page")
+    def page(self, obj):
+        name = obj.path.removeprefix("/memories/")
+        url = reverse("memory-file", kwargs={"slug": obj.inbox.slug, "name": name})
+        return format_html('<a href="{}">open</a>', url)
+
+
+@admin.register(MemoryVersion)
+class MemoryVersionAdmin(MachineryAdmin):
+    """Every change of a memory file: by which run (its generation) or which person, when."""
+
+    list_display = ("created", "inbox", "path", "action", "generation", "person", "untrusted")
+    list_filter = ("action", "untrusted", "inbox")
+    list_select_related = ("inbox", "person")
+    search_fields = ("=inbox__slug", "path")
+    search_help_text = "the exact inbox slug, or the path (contains)"
+    date_hierarchy = "created"
+    ordering = ("-id",)
+    fields = (
+        "inbox",
+        "path",
+        "action",
+        "other_path",
+        "deleted",
+        "untrusted",
+        "generation",
+        "person",
+        "created",
+        "content",
+    )
+    readonly_fields = fields

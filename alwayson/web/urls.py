@@ -5,7 +5,7 @@ does, at the root; docs/how-to/embed-in-a-project.md). Their names are not names
 
 from django.urls import include, path
 
-from alwayson.web import streams, views
+from alwayson.web import memory, streams, views
 from alwayson.web.dashboard import dashboard
 
 urlpatterns = [
@@ -14,6 +14,8 @@ urlpatterns = [
     # The live pages' updates (alwayson/web/live.py): a poll and, under ASGI, a push.
     path("inbox/<slug:slug>/live/", streams.inbox_poll, name="inbox-live"),
     path("inbox/<slug:slug>/stream/", streams.inbox_stream, name="inbox-stream"),
+    path("inbox/<slug:slug>/memory/", memory.memory_list, name="memory"),
+    path("inbox/<slug:slug>/memory/<path:name>", memory.memory_file, name="memory-file"),
     path("runs/", views.run_list, name="runs"),
     path("runs/<slug:slug>/<int:generation>/", views.run_page, name="run"),
     path("approvals/live/", streams.approvals_poll, name="approvals-live"),
