@@ -193,7 +193,9 @@ class RunMemory:
                 f"{SNAPSHOT_OPEN}\nYour memory is too long to show here ({total} characters): "
                 f"view the files you need.\n{listed}\n</memory>"
             )
-        shown = [_file_text(path, content, untrusted) for path, (content, untrusted) in files.items()]
+        shown = [
+            _file_text(path, content, untrusted) for path, (content, untrusted) in files.items()
+        ]
         head = f"Your memory directory {ROOT} as this run began:"
         return _text("\n".join([SNAPSHOT_OPEN, head, *shown, "</memory>"]))
 
@@ -241,9 +243,7 @@ class RunMemory:
                     raise MemoryCommandError(
                         f"view_range {view_range} is outside {path}'s lines 1 to {len(lines)}."
                     )
-            numbered = "\n".join(
-                f"{n:6}\t{lines[n - 1]}" for n in range(first, last + 1)
-            )
+            numbered = "\n".join(f"{n:6}\t{lines[n - 1]}" for n in range(first, last + 1))
             return _file_text(path, numbered, marked)
         inside = [p for p in files if _under(p, path)]
         if not inside and path != ROOT:
@@ -329,7 +329,9 @@ class RunMemory:
             self.files[target] = (content, marked)
             rename = MemoryVersion.Action.RENAME
             self.changes.append(Change(source, rename, deleted=True, other_path=target))
-            self.changes.append(Change(target, rename, content, other_path=source, untrusted=marked))
+            self.changes.append(
+                Change(target, rename, content, other_path=source, untrusted=marked)
+            )
         return f"Renamed {old} to {new}."
 
     def _file_path(self, path) -> str:

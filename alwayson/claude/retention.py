@@ -1,10 +1,9 @@
 """What `manage.py prune` may delete of the Claude agent's tables (alwayson/ops/retention.py)."""
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 
 from alwayson.ops.retention import Rule, days_before, unfinished_run_since
-
-from django.db.models import Exists, OuterRef
 
 from .models import MemoryVersion, ModelCall, ToolResult
 

@@ -127,7 +127,9 @@ class AgentSettings:
                 f"the agent configuration of {inbox.slug}: tools: {memory.TOOL_NAME!r} is the "
                 "memory tool's name (ALWAYSON_CLAUDE_MEMORY): rename the application tool"
             )
-        guidance = (DEFAULT_SYSTEM_PROMPT, memory.GUIDANCE) if remembers else (DEFAULT_SYSTEM_PROMPT,)
+        guidance = (
+            (DEFAULT_SYSTEM_PROMPT, memory.GUIDANCE) if remembers else (DEFAULT_SYSTEM_PROMPT,)
+        )
         return cls(
             model=config.model or settings.ALWAYSON_CLAUDE_MODEL,
             system_prompt=(*guidance, own) if own else guidance,

@@ -439,9 +439,7 @@ class AgentInbox:
         versions = {}
         for version in MemoryVersion.objects.filter(inbox=self.inbox).order_by("id"):
             who = version.person.get_username() if version.person_id else None
-            versions.setdefault(version.path, []).append(
-                (version.action, version.generation, who)
-            )
+            versions.setdefault(version.path, []).append((version.action, version.generation, who))
         return [
             MemoryFileSeen(f.path, f.content, f.untrusted, tuple(versions.get(f.path, ())))
             for f in MemoryFile.objects.filter(inbox=self.inbox).order_by("path")

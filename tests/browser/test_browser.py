@@ -1143,3 +1143,50 @@ def test_a_message_links_to_its_run_whose_timeline_shows_the_tool_call_and_its_d
     # From the list, each run's link opens its timeline.
     page.get_by_role("link", name="Run 2 of desk: timeline").click()
     expect(page.locator(".step.approval")).to_contain_text("Refund order 881")
+
+
+# --- memory: a person corrects what the agent remembered ---------------------------------------
+
+
+def test_a_manager_corrects_a_memory_file_and_the_next_run_uses_the_correction(
+    new_page, site, desk, messages_api, settings
+):
+    from alwayson.runtime.models import AgentConfig
+    from alwayson.testing.model import memory, message, tool_use
+
+    settings.ALWAYSON_CLAUDE_MEMORY = True
+    AgentConfig.objects.create(inbox=desk, agent="alwayson.claude.agent")
+    assert ingest(desk, "chat", "m1", {"text": "my refund limit is 900 EUR", "from": "owner"})
+    messages_api.reply(
+        message(memory("create", path="/memories/owner.md", file_text="Refund limit: 900 EUR")),
+        message("Noted."),
+    )
+    assert run_background_once() is not None
+    written_by = Lease.objects.get(inbox=desk).generation
+
+    page = new_page()
+    log_in(page, site, "owner", "/inbox/desk/")
+    page.get_by_role("link", name="Memory").click()
+    page.get_by_role("link", name="/memories/owner.md").click()
+    history = page.get_by_label("Versions, newest first")
+    expect(history.get_by_role("link", name=f"run #{written_by}")).to_have_attribute(
+        "href", f"/runs/desk/{written_by}/"
+    )
+    page.get_by_label("Content").fill("Refund limit: 450 EUR")
+    page.get_by_role("button", name="Save").click()
+    expect(page.get_by_role("status")).to_have_text("Saved /memories/owner.md.")
+    expect(history.locator("li").first).to_contain_text("edited by a person by owner")
+    screenshot(page, "memory-file")
+
+    def answer_from_memory(request):
+        snapshot = request.body["messages"][-1]["content"][0]["text"]
+        limit = re.search(r"Refund limit: (\d+) EUR", snapshot)[1]
+        return message(tool_use("send_message", {"text": f"Your refund limit is {limit} EUR."}))
+
+    messages_api.reply(answer_from_memory, message("Done."))
+    page.get_by_role("link", name="Conversation").click()
+    page.get_by_label("Message to your agent").fill("What is my refund limit?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("status")).to_have_text("Sent.")
+    assert run_background_once().outcome == "said 1"
+    expect(page.locator(".entry.agent").last).to_contain_text("Your refund limit is 450 EUR.")

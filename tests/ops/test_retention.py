@@ -526,3 +526,39 @@ def test_the_systemd_timer_runs_the_prune_command_daily():
     assert unit_values(timer, "Unit") == ["alwayson-prune.service"]
     assert unit_values(timer, "OnCalendar") == ["*-*-* 03:17:00"]
     assert unit_values(timer, "Persistent") == ["true"]
+
+
+def test_memory_versions_go_after_their_retention_once_superseded_and_files_stay(
+    inbox, t0, settings
+):
+    from alwayson.claude.memory import Change, MemoryWrites
+    from alwayson.claude.models import MemoryFile, MemoryVersion
+
+    settings.ALWAYSON_RETAIN_MEMORY_VERSIONS = 30
+    MemoryWrites(inbox.pk, 1, (Change("/memories/a", "create", "one"),))(t0)
+    MemoryWrites(inbox.pk, 2, (Change("/memories/a", "str_replace", "two"),))(t0 + DAY)
+    MemoryWrites(inbox.pk, 2, (Change("/memories/b", "create", "alone"),))(t0)
+
+    prune(t0 + 30 * DAY - SECOND)
+    assert MemoryVersion.objects.count() == 3
+    counts = prune(t0 + 1000 * DAY)
+
+    assert counts["alwayson_claude.MemoryVersion"] == 1
+    assert list(MemoryVersion.objects.order_by("id").values_list("path", "content")) == [
+        ("/memories/a", "two"),
+        ("/memories/b", "alone"),
+    ]
+    assert MemoryFile.objects.count() == 2
+
+
+def test_memory_versions_are_kept_forever_unless_a_retention_is_set(inbox, t0, settings):
+    from alwayson.claude.memory import Change, MemoryWrites
+    from alwayson.claude.models import MemoryVersion
+
+    settings.ALWAYSON_RETAIN_MEMORY_VERSIONS = None
+    MemoryWrites(inbox.pk, 1, (Change("/memories/a", "create", "one"),))(t0)
+    MemoryWrites(inbox.pk, 2, (Change("/memories/a", "str_replace", "two"),))(t0)
+
+    prune(t0 + 3650 * DAY)
+
+    assert MemoryVersion.objects.count() == 2

@@ -8,7 +8,7 @@ from html import unescape
 import pytest
 from django.test import Client
 
-from alwayson.claude.memory import MemoryWrites, Change
+from alwayson.claude.memory import Change, MemoryWrites
 from alwayson.claude.models import MemoryFile, MemoryVersion
 from inbox import clock
 from inbox.models import Membership, Role
