@@ -5,7 +5,8 @@ For each delivered event it performs one side effect into a ledger with a UNIQUE
 approval performs another. The event's flags (the chaos plan's) make it sleep, ask for an
 approval, schedule a one-off follow-up timer, speak urgently, or fail every time (poison).
 
-Every run that gets to its finish says exactly one message, its run record:
+Every run that gets to its finish says exactly one message, its run record (and writes it to
+the inbox's memory, as a memory file of its own, through the same fenced finish):
 `chaos-run inbox=... gen=... holder=... claimed=... events=...`. The message commits in the
 run's fenced transaction, so the committed runs are exactly the messages, with the claim time
 (the events' `updated`, stamped by the claim) and the finish time (the message's `created`).
@@ -101,10 +102,19 @@ def agent(run):
         elif event.source == "approval" and event.payload.get("answer") == "yes":
             perform(run, event, APPROVED)
     claimed = min(event.updated for event in run.events)
-    run.say(
-        run_record(run.inbox.slug, run.generation, run.holder, claimed, run.events),
-        urgent=any(mark.get("urgent") for mark in marks),
-    )
+    record = run_record(run.inbox.slug, run.generation, run.holder, claimed, run.events)
+    run.say(record, urgent=any(mark.get("urgent") for mark in marks))
+    # A memory write as the Claude agent's are made: an effect of the fenced finish. The
+    # check finds exactly the committed runs' writes, each with its run record.
+    # Imported here: the checker imports this module without Django's apps loaded.
+    from alwayson.claude.memory import Change, MemoryWrites
+
+    change = Change(memory_path(run.generation), "create", record)
+    run.effect(MemoryWrites(run.inbox.pk, run.generation, (change,)))
+
+
+def memory_path(generation) -> str:
+    return f"/memories/runs/{generation}"
 
 
 def perform(run, event, kind):

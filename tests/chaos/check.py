@@ -20,6 +20,7 @@ from tests.chaos.agent import (
     DELIVERED_SOURCES,
     EFFECT,
     follow_key_for,
+    memory_path,
     parse_run_record,
     request_id_for,
 )
@@ -139,6 +140,7 @@ def check(observed: Observed) -> Report:
     _check_timers(report, observed, events)
     _check_approvals(report, observed, events)
     _check_outbox(report, observed, runs)
+    _check_memory(report, observed, runs)
     _check_processes(report, observed)
     _check_faults(report, observed)
     return report
@@ -246,6 +248,7 @@ def _check_runs(report, observed, events) -> list[dict]:
         record = parse_run_record(message["body"])
         if record:
             record["finished"] = message["created"]
+            record["body"] = message["body"]
             runs.append(record)
     report.add(section, "committed runs", len(runs))
     by_inbox = defaultdict(list)
@@ -358,6 +361,40 @@ def _check_run_records(report, observed, runs, events):
             sum(1 for r in records if r["outcome"] == outcome),
             "counted",
         )
+
+
+def _check_memory(report, observed, runs):
+    """Memory written as an effect of the fenced finish (alwayson/claude/memory.py): one
+    version per committed run, holding its run record, none from a run that did not commit,
+    and the files exactly what the committed runs wrote."""
+    section = "memory (written by the fenced finish)"
+    versions = observed.db["memory"]
+    report.add(section, "memory versions", len(versions))
+    committed = {(run["inbox"], run["gen"]): run["body"] for run in runs}
+    written = Counter((v["inbox"], v["gen"]) for v in versions)
+    report.must_be_zero(
+        section,
+        "memory writes from runs that did not commit",
+        [f"{v['inbox']} gen {v['gen']}: {v['path']}" for v in versions
+         if (v["inbox"], v["gen"]) not in committed],
+    )  # fmt: skip
+    report.must_be_zero(
+        section,
+        "committed runs without exactly one memory write of their record",
+        [f"{inbox} gen {gen}: {written[(inbox, gen)]} writes"
+         for (inbox, gen), body in committed.items()
+         if written[(inbox, gen)] != 1 or not any(
+             v["inbox"] == inbox and v["gen"] == gen and v["content"] == body for v in versions)],
+    )  # fmt: skip
+    expected = {(inbox, memory_path(gen)): body for (inbox, gen), body in committed.items()}
+    files = {(f["inbox"], f["path"]): f["content"] for f in observed.db["memory_files"]}
+    report.must_be_zero(
+        section,
+        "memory files other than what the committed runs wrote",
+        sorted(f"{inbox} {path}" for inbox, path in set(files) ^ set(expected))
+        + sorted(f"{inbox} {path}: changed" for (inbox, path), content in files.items()
+                 if (inbox, path) in expected and expected[inbox, path] != content),
+    )  # fmt: skip
 
 
 def _check_effects(report, observed, events):

@@ -14,6 +14,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import DatabaseError, connection, connections, transaction
 
+from alwayson.claude.models import MemoryFile, MemoryVersion
 from approvals.models import Approval
 from inbox.models import Event, Inbox, Lease, RunRecord
 from outbox.models import Channel, Notice, OutboxMessage
@@ -196,6 +197,19 @@ def collect(first_due: dict) -> dict:
         }
         for r in RunRecord.objects.order_by("id")
     ]
+    memory = [
+        {
+            "inbox": slug_of[v.inbox_id],
+            "gen": v.generation,
+            "path": v.path,
+            "content": v.content,
+        }
+        for v in MemoryVersion.objects.order_by("id")
+    ]
+    memory_files = [
+        {"inbox": slug_of[f.inbox_id], "path": f.path, "content": f.content}
+        for f in MemoryFile.objects.order_by("id")
+    ]
     with connection.cursor() as cursor:
         cursor.execute("SELECT key, inbox_id, source, source_id, kind FROM chaos_ledger")
         ledger = [
@@ -214,4 +228,6 @@ def collect(first_due: dict) -> dict:
         "ledger": ledger,
         "attempts": attempts,
         "run_records": run_records,
+        "memory": memory,
+        "memory_files": memory_files,
     }

@@ -136,7 +136,19 @@ def world():
             {"inbox": inbox, "gen": gen, "outcome": "done", "events": [pk]}
             for pk, inbox, _, _, gen, _ in events
         ],
+        "memory": [
+            {
+                "inbox": inbox,
+                "gen": int(text.split("gen=")[1].split()[0]),
+                "path": f"/memories/runs/{text.split('gen=')[1].split()[0]}",
+                "content": text,
+            }
+            for _, inbox, text, _ in messages
+        ],  # fmt: skip
     }
+    db["memory_files"] = [
+        {"inbox": v["inbox"], "path": v["path"], "content": v["content"]} for v in db["memory"]
+    ]
     acks = [
         {"inbox": "a", "source": "chat", "source_id": "m1", "stored": True},
         {"inbox": "b", "source": "chat", "source_id": "m2", "stored": True},
@@ -190,10 +202,36 @@ def test_the_fixture_run_holds_every_invariant(world):
     assert "every invariant held" in report.render()
 
 
+def test_a_memory_write_from_a_run_that_did_not_commit_fails(world):
+    # A run of inbox a (generation 7) wrote memory, but no message says it committed.
+    world.db["memory"].append(
+        {"inbox": "a", "gen": 7, "path": "/memories/runs/7", "content": "lost"}
+    )
+    world.db["memory_files"].append({"inbox": "a", "path": "/memories/runs/7", "content": "x"})
+
+    assert failed(world) == [
+        "memory writes from runs that did not commit",
+        "memory files other than what the committed runs wrote",
+    ]
+
+
+def test_a_committed_run_whose_memory_write_is_missing_or_changed_fails(world):
+    del world.db["memory"][0]
+    world.db["memory_files"][1]["content"] = "changed"
+
+    assert failed(world) == [
+        "committed runs without exactly one memory write of their record",
+        "memory files other than what the committed runs wrote",
+    ]
+
+
 def test_two_committed_runs_of_one_inbox_that_overlap_fail(world):
     # Generation 2 of inbox a claimed before generation 1 had finished.
     world.db["messages"][2]["body"] = body("a", 2, T + 0.5, 3)
     world.receipts[2]["bodies"] = [world.db["messages"][2]["body"]]
+    world.db["memory"][2]["content"] = world.db["memory_files"][2]["content"] = body(
+        "a", 2, T + 0.5, 3
+    )
 
     assert failed(world) == ["overlapping committed runs of one inbox"]
 

@@ -310,3 +310,37 @@ def test_the_scripted_model_can_answer_from_the_prompt(harness, remembering):
     desk.chat("count")
     harness.run_until_idle()
     assert desk.said() == ["1"]
+
+
+def without_cache_marks(messages) -> list:
+    return [
+        {
+            **m,
+            "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]],
+        }
+        for m in messages
+    ]
+
+
+def test_memory_leaves_the_cached_prefix_as_it_was(harness, remembering):
+    """The snapshot is part of each run's own turn, not of the system prompt: a write in one
+    run leaves the next request's prefix (system, tools, the runs before) what the cache holds."""
+    desk = harness.inbox("desk", agent=CLAUDE)
+    remembering.reply(
+        message(memory("create", path="/memories/a.md", file_text="alpha")),
+        message("Noted."),
+        message("Hello again."),
+    )
+    desk.chat("remember alpha")
+    harness.run_until_idle()
+    desk.chat("hello")
+    harness.run_until_idle()
+
+    first_run_last, second_run = remembering.messages_requests[1:]
+    assert second_run.body["system"] == first_run_last.body["system"]
+    assert second_run.body["tools"] == first_run_last.body["tools"]
+    before = without_cache_marks(first_run_last.body["messages"])
+    assert without_cache_marks(second_run.body["messages"])[: len(before)] == before
+    assert "alpha" in second_run.body["messages"][-1]["content"][0]["text"]
+    # One model call per run, none spent reading memory.
+    assert len(remembering.messages_requests) == 3
