@@ -6,7 +6,8 @@ turn, the model's answers, the tool results). The bound, applied at every finish
 
 1. only the last ALWAYSON_CLAUDE_KEEP_RUNS runs are kept, older ones are dropped whole;
 2. tool results older than the last ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS runs are replaced by a
-   placeholder (the model's own words and its tool calls stay);
+   placeholder (the model's own words and its tool calls stay), and so are those runs' views
+   of the memory (alwayson/claude/memory.py);
 3. while the transcript is longer than ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS (as JSON), the
    oldest run goes, down to the last run, which is always kept.
 
@@ -106,10 +107,11 @@ def condense_note(leaving: int, kept: int) -> dict:
     """Told to the model in the run after which older runs leave its transcript: what it
     needs of them must go to memory now, or it is gone."""
     runs = "run" if leaving == 1 else f"{leaving} runs"
+    leave = "leaves" if leaving == 1 else "leave"
     return {
         "type": "text",
         "text": f"<transcript_note>When this run ends, the oldest {runs} of the conversation "
-        f"above leave your transcript (it keeps the last {kept}). Before you end this run, "
+        f"above {leave} your transcript (it keeps the last {kept}). Before you end this run, "
         "write to memory what you will still need of them and cannot look up again; "
         "what is not written down is forgotten.</transcript_note>",
     }
