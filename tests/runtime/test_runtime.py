@@ -692,3 +692,30 @@ def test_load_agent_defaults_to_the_setting(settings):
 
     assert load_agent() is worker_echo_agent
     assert load_agent("alwayson.demo.refund_desk.agent").__name__ == "agent"
+
+
+@pytest.mark.django_db
+def test_an_agents_own_effect_commits_with_the_finish_and_not_with_a_refused_one(inbox, t0):
+    ingest(inbox, "chat", "m1", {}, now=t0)
+    ingest(inbox, "chat", "m2", {}, now=t0)
+    seen = []
+
+    def write(now):
+        seen.append(now)
+        Session.objects.filter(inbox=inbox).update(state={"written": True}, updated=now)
+
+    run = start_run(inbox, "A", now=t0)
+    run.effect(write)
+    Lease.objects.filter(inbox=inbox).update(generation=run.generation + 1)
+    assert finish_run(run, now=t0 + SECOND) is False
+    assert seen == [] and session_state(inbox) == {}
+
+    Lease.objects.filter(inbox=inbox).update(generation=run.generation)
+    assert finish_run(run, now=t0 + SECOND) is True
+    assert seen == [t0 + SECOND] and session_state(inbox) == {"written": True}
+
+    with pytest.raises(ValueError, match="effect must be callable, not dict"):
+        run.effect({"not": "callable"})
+    run.effect(write)
+    run.defer("not yet", delay=60)
+    assert run.effects() == []
