@@ -344,3 +344,29 @@ def test_memory_leaves_the_cached_prefix_as_it_was(harness, remembering):
     assert "alpha" in second_run.body["messages"][-1]["content"][0]["text"]
     # One model call per run, none spent reading memory.
     assert len(remembering.messages_requests) == 3
+
+
+def test_a_write_before_a_call_that_asks_commits_with_the_run_that_asks(harness, remembering):
+    policy = {"refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}]}
+    desk = harness.inbox("desk", agent=CLAUDE, policy=policy)
+    remembering.reply(
+        message(
+            memory("create", path="/memories/refunds.md", file_text="order 2: asked for 80"),
+            tool_use("refund", {"order": "2", "amount": 80}),
+            memory("str_replace", path="/memories/refunds.md", old_str="asked", new_str="paid"),
+        )
+    )
+    desk.chat("refund 80 on order 2")
+    harness.run_until_idle()
+
+    # The run ended asking: the write before the asked call committed with it; the one after
+    # waits with the turn and runs when the answer resumes it.
+    assert desk.memory() == {"/memories/refunds.md": "order 2: asked for 80"}
+    [approval] = desk.waiting_for_approval()
+    remembering.reply(message("Refunded."))
+    harness.answer(approval, "yes")
+    harness.run_until_idle()
+
+    assert desk.memory() == {"/memories/refunds.md": "order 2: paid for 80"}
+    generations = [generation for _, generation, _ in desk.memory_files()[0].versions]
+    assert len(set(generations)) == 2
