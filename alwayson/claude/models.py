@@ -358,11 +358,11 @@ class MemoryVersion(models.Model):
     A rename leaves one on each path."""
 
     class Action(models.TextChoices):
-        CREATE = "create"
-        STR_REPLACE = "str_replace"
-        INSERT = "insert"
-        DELETE = "delete"
-        RENAME = "rename"
+        CREATE = "create", "created"
+        STR_REPLACE = "str_replace", "replaced text"
+        INSERT = "insert", "inserted lines"
+        DELETE = "delete", "deleted"
+        RENAME = "rename", "renamed"
         EDIT = "edit", "edited by a person"
 
     # No index of its own: memoryversion_path_idx starts with inbox_id.

@@ -17,7 +17,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db.models import F, IntegerField, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 
-from alwayson.claude.models import TOTAL_TOKENS, ModelCall, ToolResult
+from alwayson.claude.models import TOTAL_TOKENS, MemoryVersion, ModelCall, ToolResult
 from alwayson.egress.models import EgressCall
 from approvals.models import Approval
 from inbox.models import Event, Inbox, RunRecord, is_person
@@ -245,6 +245,7 @@ RANK = {
     "approval": 3,
     "message": 4,
     "timer": 5,
+    "memory": 5,
     "end": 6,
 }
 
@@ -318,6 +319,9 @@ def timeline(inbox: Inbox, generation: int) -> Timeline | None:
     # A timer keeps no time it was set at: its run's finish set it.
     for timer in Timer.objects.filter(inbox=inbox, generation=generation).order_by("id"):
         steps.append(Step(records[-1].ended, "timer", timer, order=(timer.pk,)))
+    # Its memory writes committed with its finish, at the finish's time.
+    for version in MemoryVersion.objects.filter(inbox=inbox, generation=generation).order_by("id"):
+        steps.append(Step(version.created, "memory", version, order=(version.pk,)))
     calls_out = calls_out_during(inbox, records)
     steps += [
         Step(call.at, "egress", call, order=(0, 0, call.pk)) for call in calls_out[:CALLS_OUT]

@@ -140,3 +140,20 @@ def test_the_admin_lists_files_and_versions_view_only(remembered, admin_client):
     assert versions.content.decode().count("/memories/owner.md") >= 2
     assert 'href="/inbox/desk/memory/owner.md"' in change.content.decode()
     assert admin_client.get("/admin/alwayson_claude/memoryfile/add/").status_code == 403
+
+
+def test_a_runs_page_lists_its_memory_writes_linked_to_the_files(remembered, owner_client):
+    from inbox.models import RunRecord
+
+    now = clock.database_now()
+    RunRecord.objects.create(
+        inbox=remembered, generation=5, worker="w", started=now, ended=now, outcome="done"
+    )
+
+    html = unescape(owner_client.get("/runs/desk/5/").content.decode())
+
+    assert (
+        'Memory: <strong>replaced text</strong> <a href="/inbox/desk/memory/owner.md">'
+        "/memories/owner.md</a> <span" in html
+    )
+    assert html.count("Memory: <strong>") == 1  # run 3's write is on run 3's page
