@@ -47,6 +47,9 @@ NEWER_TABLES = {
     # layout's rows set none of them, so none is copied (tests/contracts/
     # test_migrate_model_settings.py copies some).
     "alwayson_claude_modelsettings": "modelsettings",
+    # The Claude agent's memory, added after the move.
+    "alwayson_claude_memoryfile": "memoryfile",
+    "alwayson_claude_memoryversion": "memoryversion",
 }
 # Columns added by migrations after the move: the old layout's rows get their defaults.
 NEWER_COLUMNS = {
