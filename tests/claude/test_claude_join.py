@@ -10,10 +10,11 @@ from datetime import timedelta
 
 import pytest
 from django.db.models import F
+from django.urls import reverse
 
 from alwayson.claude.runner import STATE_KEY
 from alwayson.runtime import worker as worker_module
-from alwayson.runtime.models import MidRun
+from alwayson.runtime.models import AgentConfig, MidRun
 from alwayson.runtime.worker import Worker
 from alwayson.testing.model import message, tool_use
 from approvals.models import Approval
@@ -23,6 +24,7 @@ from inbox.models import Event, Lease, RunRecord, Session
 from inbox.services import ingest
 from outbox.models import OutboxMessage
 from tests.support import claude_tools
+from tests.support.admin import agent_config_form
 
 pytestmark = pytest.mark.django_db
 
@@ -189,3 +191,26 @@ def test_a_joined_message_does_not_answer_the_approval_the_run_asks(messages_api
     resumed = messages_api.messages_requests[-1].body["messages"][-1]["content"]
     assert resumed[0]["type"] == "tool_result" and '"refunded": 900' in resumed[0]["content"]
     assert "and please hurry" in resumed[1]["text"]
+
+
+def test_the_admin_sets_an_inbox_to_join_and_refuses_any_other_word(admin_client, make_inbox):
+    inbox = make_inbox("support")
+    add = reverse("admin:alwayson_agentconfig_add")
+
+    refused = admin_client.post(add, agent_config_form(inbox, mid_run="interrupt"))
+
+    assert refused.status_code == 200
+    errors = refused.context["adminform"].form.errors
+    assert errors == {
+        "mid_run": ["Select a valid choice. interrupt is not one of the available choices."]
+    }
+    assert not AgentConfig.objects.exists()
+
+    saved = admin_client.post(add, agent_config_form(inbox, mid_run="join"))
+
+    assert saved.status_code == 302
+    assert AgentConfig.objects.get(inbox=inbox).mid_run == MidRun.JOIN
+    listed = admin_client.get(reverse("admin:alwayson_agentconfig_changelist")).content.decode()
+    assert "join (the running run reads it)" in listed
+    page = admin_client.get(reverse("admin:alwayson_agentconfig_change", args=[inbox.pk]))
+    assert 'name="mid_run"' in page.content.decode()
