@@ -214,3 +214,23 @@ def test_the_admin_sets_an_inbox_to_join_and_refuses_any_other_word(admin_client
     assert "join (the running run reads it)" in listed
     page = admin_client.get(reverse("admin:alwayson_agentconfig_change", args=[inbox.pk]))
     assert 'name="mid_run"' in page.content.decode()
+
+
+def test_a_resumed_turn_joins_what_arrived_while_its_answered_call_ran(messages_api, claude_inbox):
+    inbox = claude_inbox(mid_run=MidRun.JOIN, policy={"lookup_order": "ask"})
+    chat(inbox, "m1", "where is order 7?")
+    messages_api.reply(message(tool_use("lookup_order", {"order": "7"})))
+    assert step().outcome == "asked 1, said 1"
+    approval = Approval.objects.get(inbox=inbox)
+    answer_approval(inbox, approval.request_id, "yes")
+    meanwhile_the_owner_says(inbox, "m2", "and tell me when it ships")
+    messages_api.reply(message("Order 7 was delivered on 2026-02-27."))
+
+    resumed = step()
+
+    assert (resumed.outcome, resumed.events) == ("quiet", 2)  # the answer, and m2 joined
+    last = messages_api.messages_requests[-1].body["messages"][-1]["content"]
+    assert [b["type"] for b in last] == ["tool_result", "text"]
+    assert "delivered on 2026-02-27" in last[0]["content"]
+    assert '"text": "and tell me when it ships"' in last[1]["text"]
+    assert event(inbox, "m2").status == "done"
