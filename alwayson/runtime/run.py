@@ -7,7 +7,9 @@ leaves no trace but the attempt it was counted at claim.
 
 The three ways a run ends (the article's): a message goes out (`say`), nothing goes out,
 or a deferred tool call asks the user (`ask`). A fourth gives the batch back untouched
-(`defer`): the run could not do its work yet, through no fault of its events.
+(`defer`): the run could not do its work yet, through no fault of its events. Under the
+inbox's `join` choice, a run takes the chat messages sent since its claim with `more`: they
+end with it, as its batch does.
 
 A run keeps its lease's deadline itself, on a clock no database call can block (lease_clock):
 the TTL from its take, moved to the TTL from each renewal that succeeds, counted from the
