@@ -1,12 +1,12 @@
 """The lease and the claim: who may run an inbox's agent (acquire, renew, release), and the
-work a run takes under it (claim_batch, or take_next for both at once). Checked here, run
-by the database's backend (inbox/backends/).
+work a run takes under it (claim_batch, or take_next for both at once; claim_more, what a
+run in progress joins). Checked here, run by the database's backend (inbox/backends/).
 """
 
 from . import clock
 from .backends import current
 from .models import Event, Inbox
-from .rules import HOLDER_MAX, Claim, require_run
+from .rules import HOLDER_MAX, SOURCE_MAX, Claim, require_run
 from .validation import require_key
 
 
@@ -49,6 +49,24 @@ def claim_batch(inbox, holder, generation, now=None) -> list[Event]:
     require_run(holder, generation)
     now = clock.in_statement(now)
     return current().claim_batch(Inbox.objects.resolve(inbox), holder, generation, now)
+
+
+def claim_more(inbox, holder, generation, sources, now=None) -> list[Event] | None:
+    """A run's join: the fresh events of `sources` (say, ("chat",)) that arrived since its
+    claim, claimed into the run under the lease it holds, oldest first; None when (holder,
+    generation) no longer holds the lease (fenced off: the run is lost).
+
+    The claim's rules: each attempt counted, the events running under the run's generation,
+    so they end with the run's finish (done with it, or back to pending with its other
+    events when it fails, is refused or is lost). Fresh only (never attempted): a retry is
+    claimed alone by a run of its own and never joins another's batch.
+    """
+    require_run(holder, generation)
+    if not isinstance(sources, list | tuple) or not sources:
+        raise ValueError(f"sources must be a non-empty list of sources, not {sources!r}")
+    sources = [require_key("sources", source, SOURCE_MAX) for source in sources]
+    now = clock.in_statement(now)
+    return current().claim_more(Inbox.objects.resolve(inbox), holder, generation, sources, now)
 
 
 def take_next(holder, now=None) -> Claim | None:

@@ -401,6 +401,15 @@ class EventQuerySet(models.QuerySet):
     def due(self, now):
         return self.filter(available_at__lte=now)
 
+    def claimable(self, now):
+        """What a claim may take now: pending and due (the batch's choice among them, and a
+        join's, are the claim's: backends/base.py)."""
+        return self.pending().due(now)
+
+    def fresh(self):
+        """Never attempted: what a run's join may take (a retry is claimed alone)."""
+        return self.filter(attempts=0)
+
 
 class Event(models.Model):
     """One wake-up of the agent: a webhook, a chat message, a timer tick, an approval answer."""

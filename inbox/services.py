@@ -1,5 +1,5 @@
 """The inbox's operations, the names every caller imports: ingest, acquire, claim_batch,
-finish, and the lease verbs.
+claim_more, finish, and the lease verbs.
 
 Each takes an optional `now` (an aware datetime; omitted, the database's clock) and works on
 one inbox, named by an `Inbox`, its slug or its id.
@@ -18,7 +18,7 @@ PostgreSQL and SQLite in backends/.
 
 from .finish import SaveState, finish, finish_and_take, record_refused
 from .ingest import announce_stored, event_traces, ingest, ingest_many, store_event
-from .leases import acquire, acquire_next, claim_batch, release, renew, take_next
+from .leases import acquire, acquire_next, claim_batch, claim_more, release, renew, take_next
 from .locks import bounded_write, lock_inbox, lock_timeout, locked_write, write_in_one
 from .operator import mark_dead, requeue
 from .outcomes import DONE, Defer, Done, Ending, Failed
@@ -56,6 +56,7 @@ __all__ = [
     "acquire_next",
     "bounded_write",
     "claim_batch",
+    "claim_more",
     "event_traces",
     "finish",
     "finish_and_take",

@@ -129,6 +129,7 @@ def messages_api(scripted_model, settings):
     settings.ALWAYSON_CLAUDE_TOOLS = ["tests.support.claude_tools"]
     claude_tools.CALLS.clear()
     claude_tools.CRASH_AFTER_REFUND.clear()
+    claude_tools.WHILE_LOOKING_UP.clear()
     return scripted_model
 
 

@@ -55,7 +55,14 @@ class AgentConfigAdmin(admin.ModelAdmin):
     worker reads it at the start of every run. The "reset the conversation" action clears an
     inbox's session state, under its lock."""
 
-    list_display = ("inbox", "agent_shown", "model_shown", "daily_token_budget", "tokens_today")
+    list_display = (
+        "inbox",
+        "agent_shown",
+        "model_shown",
+        "mid_run",
+        "daily_token_budget",
+        "tokens_today",
+    )
     list_select_related = ("inbox",)
     search_fields = ("=inbox__slug", "agent", "model")
     search_help_text = "the exact inbox slug, the agent or the model (contains)"
@@ -73,6 +80,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
         "policy",
         "daily_token_budget",
         "approval_window",
+        "mid_run",
         "tokens_today",
         "updated",
     )

@@ -39,7 +39,7 @@ from django.contrib.auth import get_user_model
 from alwayson.claude import client, memory, transcript
 from alwayson.claude.models import ModelSettings, ToolResult
 from alwayson.claude.session import STATE_KEY, Answer, ClaudeSession, WaitingTurn
-from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.models import AgentConfig, MidRun
 from alwayson.runtime.policy import ALLOW, ASK, DENY, Decision, check_policy, decide
 from alwayson.runtime.tools import (
     BUILTINS,
@@ -104,6 +104,8 @@ class AgentSettings:
     tool_choice: str
     # Whether the memory tool is offered (ALWAYSON_CLAUDE_MEMORY).
     memory: bool = False
+    # The inbox's "a message sent mid-run" is join: chat messages join before each model call.
+    joins: bool = False
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
@@ -142,6 +144,7 @@ class AgentSettings:
             thinking_budget=sent.thinking_budget,
             tool_choice=sent.tool_choice,
             memory=remembers,
+            joins=config.mid_run == MidRun.JOIN,
         )
 
     def tool_choice_for(self, opening: bool) -> dict | None:
@@ -309,7 +312,7 @@ class ClaudeRun:
         if self._decide(turn.remaining, results, held, turn.answers):
             return
         content = results + ([transcript.events_text(held)] if held else [])
-        exchange.append({"role": "user", "content": content})
+        exchange.append({"role": "user", "content": content + self._joined()})
         self._converse(exchange)
 
     def _converse(self, exchange):
@@ -326,11 +329,22 @@ class ClaudeRun:
             results = []
             if self._decide(calls, results, held=[]):
                 return
-            exchange.append({"role": "user", "content": results})
+            exchange.append({"role": "user", "content": results + self._joined()})
         raise RuntimeError(
             f"the model made {settings.ALWAYSON_CLAUDE_MAX_CALLS} calls in one run without "
             "ending its turn (ALWAYSON_CLAUDE_MAX_CALLS): a runaway tool loop"
         )
+
+    def _joined(self) -> list[dict]:
+        """Under the inbox's `join`, the chat messages sent since the run's claim, taken into
+        the run (Run.more) and given to the model with the tool results, before its next
+        call: one text block, or none."""
+        if not self.config.joins:
+            return []
+        joined = self.run.more()
+        if not joined:
+            return []
+        return [transcript.joined_text([transcript.render_event(e) for e in joined])]
 
     def _request(self, opening: bool) -> dict:
         config = self.config

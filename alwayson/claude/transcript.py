@@ -57,6 +57,15 @@ def events_text(rendered: list[str]) -> dict:
     return {"type": "text", "text": "\n\n".join([head, *rendered])}
 
 
+def joined_text(rendered: list[str]) -> dict:
+    """One text block listing the messages that joined a run in progress, oldest first."""
+    head = (
+        f"{len(rendered)} new event(s) arrived while you were working, oldest first; take them"
+        " into account in what you do next:"
+    )
+    return {"type": "text", "text": "\n\n".join([head, *rendered])}
+
+
 def describe_event(event) -> str:
     """A short line for a person: what made the agent act."""
     payload = event.payload if isinstance(event.payload, dict) else {}

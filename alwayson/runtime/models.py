@@ -7,6 +7,13 @@ from .policy import check_policy
 from .tools import check_tool_names, offered_tools
 
 
+class MidRun(models.TextChoices):
+    """What becomes of a chat message sent while the inbox's agent is running."""
+
+    QUEUE = "queue", "queue (the next run reads it)"
+    JOIN = "join", "join (the running run reads it)"
+
+
 class AgentConfig(models.Model):
     """Which agent an inbox runs, and that agent's configuration (for the Claude agent: model,
     system prompt, tool set, permission policy, budget; its Messages API settings are the
@@ -58,6 +65,16 @@ class AgentConfig(models.Model):
         validators=[MinValueValidator(60)],
         help_text="Seconds a person has to answer a tool call that asks. "
         "Blank: ALWAYSON_CLAUDE_APPROVAL_WINDOW.",
+    )
+    mid_run = models.CharField(
+        "a message sent mid-run",
+        max_length=5,
+        choices=MidRun.choices,
+        default=MidRun.QUEUE,
+        help_text="queue: a chat message sent while a run is working waits for the next run. "
+        "join: the running run takes it under its lease and the model reads it before its next "
+        "call (a rule-based agent through run.more()); it commits with that run's finish, or "
+        "goes back to pending with the run's other events. It never answers an approval.",
     )
     updated = models.DateTimeField(auto_now=True)
 

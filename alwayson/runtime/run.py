@@ -7,7 +7,9 @@ leaves no trace but the attempt it was counted at claim.
 
 The three ways a run ends (the article's): a message goes out (`say`), nothing goes out,
 or a deferred tool call asks the user (`ask`). A fourth gives the batch back untouched
-(`defer`): the run could not do its work yet, through no fault of its events.
+(`defer`): the run could not do its work yet, through no fault of its events. Under the
+inbox's `join` choice, a run takes the chat messages sent since its claim with `more`: they
+end with it, as its batch does.
 
 A run keeps its lease's deadline itself, on a clock no database call can block (lease_clock):
 the TTL from its take, moved to the TTL from each renewal that succeeds, counted from the
@@ -28,11 +30,17 @@ from datetime import datetime
 from alwayson.egress.client import http_for
 from approvals.services import Ask
 from inbox.models import Event, Inbox
-from inbox.services import Defer, SaveState, lease_ttl, renew
+from inbox.services import Defer, SaveState, claim_more, lease_ttl, renew
 from outbox.services import Say
 from timers.services import Schedule
 
+from .models import AgentConfig, MidRun
+
 log = logging.getLogger("alwayson.worker")
+
+# The source a join takes: the owner's chat messages (alwayson/web/chat.py stores them so).
+# Webhooks, timers and approval answers never join a run in progress.
+JOINED_SOURCES = ("chat",)
 
 
 class LeaseLost(Exception):
@@ -92,6 +100,9 @@ class Run:
         self.asked = 0
         self.scheduled = 0
         self.deferred: Defer | None = None
+        # What more() took, oldest first (also in `events`), and whether the inbox joins.
+        self.joined: list[Event] = []
+        self._joins: bool | None = None
 
     def __repr__(self):
         return f"<Run {self.inbox.slug} gen {self.generation} events {len(self.events)}>"
@@ -163,6 +174,44 @@ class Run:
         self.deferred = Defer(reason, until=until, delay=delay)
         self._effects = []
         self.said = self.asked = self.scheduled = 0
+
+    def more(self, now=None) -> list[Event]:
+        """The chat messages sent since this run's claim, taken into the run: under the
+        inbox's `join` choice (its agent configuration's "a message sent mid-run"), [] under
+        `queue`, where they wait for the next run.
+
+        They are claimed under the lease this run holds, by the claim's rules: each attempt
+        counted, running under this run's generation. They join `run.events` (and
+        `run.joined`) and end with the run: done in its finish, or back to pending with its
+        other events when it fails, defers, is refused at the finish or loses its lease.
+        Only chat messages never attempted join: webhooks, timers and approval answers wait
+        for the next run, so a message can never answer an approval; and a run of a retried
+        event (claimed alone) takes none, so a poison event cannot take them down with it.
+
+        Call it at a point where the run can still act on what it reads (before the model's
+        next call, before the refund is sent). LeaseLost once the run is lost, or when the
+        fence finds the lease is no longer this run's.
+        """
+        self.check_lease()
+        if not self.joins or any(event.attempts > 1 for event in self.events):
+            return []
+        taken = claim_more(self.inbox, self.holder, self.generation, JOINED_SOURCES, now=now)
+        if taken is None:
+            self.mark_lost()
+            self.check_lease()
+        self.joined += taken
+        self.events += taken
+        return taken
+
+    @property
+    def joins(self) -> bool:
+        """Whether the inbox's agent configuration says `join` (read once per run)."""
+        if self._joins is None:
+            mode = AgentConfig.objects.filter(inbox_id=self.inbox.pk).values_list(
+                "mid_run", flat=True
+            )
+            self._joins = mode.first() == MidRun.JOIN
+        return self._joins
 
     def key(self, name: str, event: Event | None = None) -> str:
         """An idempotency key for an external call, the same on every retry.

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 from django.db import (
@@ -370,12 +370,18 @@ class Worker:
         finally:
             if self.heartbeat:
                 self.heartbeat.untrack(run)
+        if run.joined:
+            # What the run joined (run.more()) ends with it, by the same finish.
+            held = replace(held, event_ids=(*held.event_ids, *(e.pk for e in run.joined)))
+        ran = len(held.event_ids)
         if run.lost:
             # Lost before the agent ended (LeaseLost, or a deadline it did not notice): no
             # finish, which another worker's run may have made wrong, and no round trip for
             # one the fence would refuse. The events go back to pending at the next claim.
             record_refused(held, f"fenced off mid-run: {run.lost_because}")
-            return self._result(claim, REFUSED, "fenced off mid-run", started, fenced=True), False
+            return self._result(
+                claim, REFUSED, "fenced off mid-run", started, fenced=True, events=ran
+            ), False
         ending = ending or run.deferred or DONE
         try:
             if ending is DONE and self.may_chain():
@@ -409,20 +415,28 @@ class Worker:
         if not finished:
             error = ending.error if isinstance(ending, Failed) else ""
             record_refused(held, error, run.produced())
-            result = self._result(claim, REFUSED, "the fence refused the finish", started)
+            result = self._result(
+                claim, REFUSED, "the fence refused the finish", started, events=ran
+            )
         elif isinstance(ending, Failed):
-            result = self._result(claim, ending.outcome, ending.error.splitlines()[-1], started)
+            result = self._result(
+                claim, ending.outcome, ending.error.splitlines()[-1], started, events=ran
+            )
         elif isinstance(ending, Defer):
-            result = self._result(claim, ending.outcome, ending.reason.splitlines()[0], started)
+            result = self._result(
+                claim, ending.outcome, ending.reason.splitlines()[0], started, events=ran
+            )
         else:
-            result = self._result(claim, ending.outcome, run.summary or SAID_NOTHING, started)
+            result = self._result(
+                claim, ending.outcome, run.summary or SAID_NOTHING, started, events=ran
+            )
         return result, finished
 
-    def _result(self, claim, recorded, detail, started, fenced=False):
+    def _result(self, claim, recorded, detail, started, fenced=False, events=None):
         result = StepResult(
             claim.inbox.slug,
             claim.generation,
-            len(claim.events),
+            len(claim.events) if events is None else events,
             recorded,
             detail,
             time.monotonic() - started,

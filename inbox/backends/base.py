@@ -205,16 +205,36 @@ class Backend:
     def claim(self, inbox, generation, now) -> list[Event]:
         """The batch, under the fence: the due pending events, oldest first, or the oldest
         due retry alone."""
-        due = Event.objects.filter(inbox=inbox).pending().due(now)
+        due = Event.objects.filter(inbox=inbox).claimable(now)
         retry = due.filter(attempts__gt=0).order_by("id").values_list("id", flat=True).first()
         ids = [retry] if retry else list(due.values_list("id", flat=True))
-        Event.objects.filter(pk__in=ids).update(
+        return self.mark_claimed(ids, generation, now)
+
+    def mark_claimed(self, ids, generation, now) -> list[Event]:
+        """What a claim writes, a batch's or a join's: the chosen events running under
+        `generation`, each attempt counted. Oldest first."""
+        Event.objects.filter(pk__in=ids).pending().update(
             status=Event.Status.RUNNING,
             attempts=F("attempts") + 1,
             claim_gen=generation,
             updated=now,
         )
         return list(Event.objects.filter(pk__in=ids).order_by("id"))
+
+    def claim_more(self, inbox, holder, generation, sources, now) -> list[Event] | None:
+        """A run's join, fenced: None when (holder, generation) no longer holds the lease,
+        else the fresh due events of `sources`, claimed under the run's generation."""
+        with self.lease_statements():
+            now = self.fence(inbox, inbox.pk, holder, generation, now, release=False)
+            if now is None:
+                return None
+            return self.claim_fresh(inbox, generation, sources, now)
+
+    def claim_fresh(self, inbox, generation, sources, now) -> list[Event]:
+        """The join's choice, under the fence: due pending events of `sources` never attempted,
+        oldest first."""
+        fresh = Event.objects.filter(inbox=inbox, source__in=sources).claimable(now).fresh()
+        return self.mark_claimed(list(fresh.values_list("id", flat=True)), generation, now)
 
     def settle_leftovers(self, inbox_id, generation, now):
         """Before a claim, under the lease row's lock: rows left running by an older

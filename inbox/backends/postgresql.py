@@ -3,7 +3,8 @@ on the server, and the psycopg tricks that make them cheap for the client.
 
 Every statement here states its rule once on this database: acquire, acquire_next and
 take_next take a lease by take_lease.sql (Lease.take is SQLite's), claim_batch and
-take_next claim by claim_batch.sql (the ORM's claim is SQLite's), a run that ended well
+take_next claim by claim_batch.sql (the ORM's claim is SQLite's), a run's join by
+claim_more.sql (what both write, claim_chosen.sql, stated once), a run that ended well
 finishes by finish_done.sql, the fence is fence.sql. The leftovers of a lost run, a run's
 error or deferral, renewals and operators' actions stay in the ORM (backends/base.py), one
 form for both databases.
@@ -104,7 +105,7 @@ from .base import Backend
 # --- the statements --------------------------------------------------------------------------
 
 _SQL = Path(__file__).resolve().parent.parent / "sql"
-_FRAGMENTS = ("pick_lease", "take_lease", "claim_batch")
+_FRAGMENTS = ("pick_lease", "take_lease", "claim_batch", "claim_chosen")
 
 
 def _load(name) -> str:
@@ -123,6 +124,7 @@ ACQUIRE = _load("acquire")
 ACQUIRE_NEXT = _load("acquire_next")
 TAKE = _load("take")
 CLAIM = _load("claim")
+CLAIM_MORE = _load("claim_more")
 LOCK = _load("lock")
 LOCK_NOW = _load("lock_now")
 FENCE = _load("fence")
@@ -887,6 +889,11 @@ class PostgreSQL(Backend):
         rows = _claim_rows(inbox.pk, generation, now)
         return _claimed(inbox, generation, rows).events if rows else []
 
+    def claim_fresh(self, inbox, generation, sources, now):
+        params = {"inbox": inbox.pk, "now": now, "generation": generation, "sources": sources}
+        [cursor] = _by_index(connection, [(CLAIM_MORE, params)])
+        return _events(inbox, _all(cursor, CLAIM_MORE))
+
     def take_next(self, holder, now):
         """One statement and one commit in the common case (take.sql): the lease under SKIP
         LOCKED, the batch and the session state. When the inbox has leftovers to settle
@@ -1055,6 +1062,12 @@ def _claim_rows(inbox_id, generation, now) -> list[dict]:
 
 def _claimed(inbox, generation, rows, extras=None) -> Claim:
     """A Claim from claimed rows: the event's columns, then the session's state."""
+    state = Session._meta.get_field("state").from_db_value(rows[0]["state"], None, connection)
+    return Claim(inbox, generation, _events(inbox, rows), state, extras or {})
+
+
+def _events(inbox, rows) -> list[Event]:
+    """The events of claimed rows (claim_chosen.sql's columns), oldest first."""
     payload = Event._meta.get_field("payload")
     events = []
     for row in rows:
@@ -1066,8 +1079,7 @@ def _claimed(inbox, generation, rows, extras=None) -> Claim:
         event.inbox = inbox
         events.append(event)
     events.sort(key=lambda event: event.pk)  # oldest first; RETURNING has no order
-    state = Session._meta.get_field("state").from_db_value(rows[0]["state"], None, connection)
-    return Claim(inbox, generation, events, state, extras or {})
+    return events
 
 
 # --- finishing a run that ended well ---------------------------------------------------------

@@ -53,6 +53,8 @@ NEWER_TABLES = {
 }
 # Columns added by migrations after the move: the old layout's rows get their defaults.
 NEWER_COLUMNS = {
+    # alwayson 0011: a message sent mid-run waits for the next run, as it always did.
+    "alwayson_agentconfig": {"mid_run": "queue"},
     "alwayson_modelcall": {"duration_ms": None},
     "alwayson_toolresult": {
         "decision": "",

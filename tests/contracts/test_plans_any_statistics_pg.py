@@ -32,7 +32,7 @@ from django.test import Client
 
 from alwayson.runtime.api import answer_approval, finish, ingest, request_approval
 from inbox.models import Event, Inbox, Lease, Membership, Role, Session
-from inbox.services import Held, take_next
+from inbox.services import Held, claim_more, take_next
 from tests.support.webhooks import BODY, GITHUB_SECRET, post, signed
 
 pytestmark = [
@@ -288,6 +288,20 @@ def test_take_plans_by_index(desk, capture, t0):
     sent = capture(lambda: claims.append(take_next("W", now=t0)))
     assert claims[0].inbox == desk and len(claims[0].events) == 1
     assert_by_index(sent)
+
+
+def test_a_runs_join_plans_by_index(desk, capture, t0):
+    ingest(desk, "chat", "m-1", {}, now=t0)
+    claim = take_next("W", now=t0)
+    ingest(desk, "chat", "m-2", {}, now=t0)
+    joined = []
+    sent = capture(lambda: joined.append(claim_more(desk, "W", claim.generation, ["chat"], now=t0)))
+    assert [event.source_id for event in joined[0]] == ["m-2"]
+    # The join's own statement (claim_more.sql); the fence before it is fence.sql, which
+    # claim_batch and every finish but a done one send too.
+    [at] = [n for n, statement in enumerate(sent) if "e.attempts = 0" in statement[0]]
+    assert sent[at - 1][0].startswith("SELECT set_config(")  # how the code plans it
+    assert_by_index(sent[at - 1 : at + 1])
 
 
 def test_finish_plans_by_index(desk, capture, t0):

@@ -52,6 +52,7 @@ def agent_config_form(inbox, *, initial_settings=0, **fields):
         "policy": "{}",
         "daily_token_budget": "",
         "approval_window": "",
+        "mid_run": "queue",
         f"{MODEL_SETTINGS}-TOTAL_FORMS": "1",
         f"{MODEL_SETTINGS}-INITIAL_FORMS": str(initial_settings),
         f"{MODEL_SETTINGS}-MIN_NUM_FORMS": "0",

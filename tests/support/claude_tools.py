@@ -12,6 +12,9 @@ from alwayson.demo import payments
 CALLS = []
 # Set to make the next refund "kill the worker" right after the payment went through.
 CRASH_AFTER_REFUND = []
+# What happens elsewhere while lookup_order runs (the owner sends a chat message): each
+# callable is called, and removed, by the next lookup.
+WHILE_LOOKING_UP = []
 
 
 class Crash(BaseException):
@@ -52,6 +55,8 @@ def refund(call, order, amount):
 def lookup_order(call, order):
     """Look up an order's status."""
     CALLS.append(("lookup_order", {"order": order}, call.idempotency_key, call.approved))
+    while WHILE_LOOKING_UP:
+        WHILE_LOOKING_UP.pop(0)()
     if order == "404":
         raise ToolError(f"there is no order {order}")
     if order == "steal-the-lease":  # another worker takes the inbox over mid-run
