@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 
 from approvals.models import is_operator
 from inbox import clock
@@ -70,7 +71,32 @@ class State:
 def read(inbox_id, previous: State | None, people: set[int]) -> State:
     """The inbox as it is now, against `previous`: a new State, or `previous` itself when
     nothing a page shows moved. `people` are the users with open pages; one without a view
-    in `previous` (their first page just opened) has it rendered whole."""
+    in `previous` (their first page just opened) has it rendered whole.
+
+    All of it as of one instant: a State's cursor says what its entries show. Read statement
+    by statement, a change committed between the cursor and the entries was in the entries
+    at the cursor from before it; a page rendered at that cursor took the State for the one
+    it shows, and the next read, which found only the cursor moved, sent it nothing."""
+    with one_snapshot():
+        return _read(inbox_id, previous, people)
+
+
+@contextlib.contextmanager
+def one_snapshot():
+    """Every statement inside sees the database as the first one did: on PostgreSQL, a
+    REPEATABLE READ transaction, read-only (it never waits for a writer, nor one for it).
+    Elsewhere a plain transaction: nothing pushes there (live.push_available), and SQLite's
+    (IMMEDIATE) keeps writers out meanwhile. Inside a caller's transaction, that one's
+    isolation: only the first statement of a transaction may set it."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
+
+
+def _read(inbox_id, previous: State | None, people: set[int]) -> State:
     inbox = live.with_cursor(Inbox.objects.filter(pk=inbox_id)).first()
     revision = (previous.revision if previous else 0) + 1
     if inbox is None:

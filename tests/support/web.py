@@ -219,23 +219,39 @@ class EventStream:
     """A page's event stream read as it comes, on a connection of its own."""
 
     def __init__(self, web, path, cookie):
+        self.web = web
+        self.path = path
+        self.received = []  # every event so far, heartbeats included: what a failure shows
         self.sock = connect(web)
         self.sock.sendall(head("GET", path, {"Cookie": cookie, "Accept": "text/event-stream"}))
         self.status, self.headers, self.buffer = read_head(self.sock)
 
     def next_event(self):
-        """The next event, heartbeats skipped; None when the server closed the stream."""
+        """The next event, heartbeats skipped; None when the server closed the stream. None
+        within READ_TIMEOUT fails the test with what the stream received and the web's log."""
         deadline = time.monotonic() + READ_TIMEOUT
         while True:
             while b"\n\n" in self.buffer:
                 event, self.buffer = self.buffer.split(b"\n\n", 1)
+                self.received.append(event.decode(errors="replace"))
                 if not event.startswith(b":"):
                     return event.decode()
             self.sock.settimeout(max(deadline - time.monotonic(), 0.01))
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                raise AssertionError(self.silence()) from None
             if not data:
                 return None
             self.buffer += data
+
+    def silence(self):
+        received = "\n".join(repr(event[:300]) for event in self.received[-10:])
+        return (
+            f"no event on {self.path} within {READ_TIMEOUT}s; it received, last first-to-last:\n"
+            f"{received or '(nothing)'}\npartial: {self.buffer[-300:]!r}\n"
+            f"the web's log (its tail):\n{self.web.log()[-6000:]}"
+        )
 
     def close(self):
         self.sock.close()

@@ -4,13 +4,14 @@ and rendering are the same on both databases; the push through real streams is i
 test_live_push.py."""
 
 import json
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
-from alwayson.web import conversation, feed
+from alwayson.web import conversation, feed, live
 from approvals.services import request_approval
 from inbox import clock
 from inbox.models import Membership, Role
@@ -185,3 +186,38 @@ def test_a_deactivated_account_and_a_deleted_inbox_end_the_page(desk, owner, dja
     desk.delete()
     gone = feed.read(desk_id, second, people)
     assert feed.message(gone, owner.pk, second.revision) == feed.GONE
+
+
+@pytest.mark.postgres_only  # the feed runs where pages are pushed (live.push_available)
+@pytest.mark.django_db(transaction=True)  # the read's own transaction, as in the hub's threads
+def test_a_change_committed_during_a_read_is_whole_in_the_next_revision(desk, owner, monkeypatch):
+    """A state is one snapshot: had the read seen the change's entries at the cursor from
+    before it, a page rendered at that cursor would take the state for the one it shows,
+    and the next read, finding no entry moved, would never send it the change."""
+    shown = live.inbox_cursor(desk.pk)
+    entries = conversation.entries
+
+    def committed_meanwhile(inbox, now):
+        # After the read's cursor, before its entries: another connection commits a change.
+        monkeypatch.setattr(conversation, "entries", entries)
+        thread = threading.Thread(target=_say_and_close, args=(desk, "committed meanwhile"))
+        thread.start()
+        thread.join()
+        return entries(inbox, now)
+
+    monkeypatch.setattr(conversation, "entries", committed_meanwhile)
+    during = feed.read(desk.pk, None, {owner.pk})
+    page = feed.Page(owner.pk, shown)
+
+    assert page.next_message(during) is None  # it was rendered at this very cursor
+    after = feed.read(desk.pk, during, {owner.pk})
+    sent = page.next_message(after)
+    assert sent is not None and "committed meanwhile" in sent
+    assert sent.startswith(f"id: {live.inbox_cursor(desk.pk)}\n")
+
+
+def _say_and_close(inbox, body):
+    try:
+        say(inbox, body)
+    finally:
+        connections.close_all()  # this thread's
