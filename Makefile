@@ -2,12 +2,15 @@
 # and `make test`. DATABASE_URL switches the database (default: SQLite file alwayson.sqlite3).
 # The options (docs/how-to/development.md): ADDR, where `make run` serves (`make run
 # ADDR=0.0.0.0:8000` to be reached from other hosts); PYTHON and VENV, which Python and which
-# virtualenv; DEPS=newest, the newest versions pyproject.toml's ranges allow instead of the lock.
+# virtualenv; DEPS=newest, the newest versions pyproject.toml's ranges allow instead of the lock;
+# WORKERS, how many processes `make test` runs the suite in (pytest-xdist's -n: auto, one per
+# core; 0, in pytest's own process, for a debugger).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ADDR ?= 127.0.0.1:8000
 DEPS ?= lock
+WORKERS ?= auto
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
 .PHONY: install run scenarios test chromium wrk lint format bench bench-quick lock
@@ -63,7 +66,7 @@ wrk:
 
 test: install chromium wrk
 	$(PY) manage.py makemigrations --check --dry-run --verbosity 0
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(WORKERS)
 
 lint: install
 	$(PY) -m ruff check .

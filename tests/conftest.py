@@ -1,6 +1,8 @@
 """Shared fixtures. Time is always passed explicitly: no test sleeps to move the clock."""
 
 import os
+import shutil
+import tempfile
 from datetime import timedelta
 
 import pytest
@@ -14,6 +16,23 @@ pytest_plugins = ["alwayson.testing"]
 # A stranger's project with its own settings (DJANGO_SETTINGS_MODULE tests.embedded.settings):
 # its suite runs in a process of its own, from tests/contracts/test_embedded_project.py.
 collect_ignore = ["embedded"]
+
+
+def pytest_configure(config):
+    """The static files this session collects (tests/support/web.py's collect_static), and the
+    production web processes it starts serve, in a directory of its own: another suite, or
+    another worker of this one (`make test` runs several), rewrites its own."""
+    config.alwayson_static_root = tempfile.mkdtemp(prefix="alwayson-static-")
+    config.alwayson_outer_static_root = os.environ.get("ALWAYSON_STATIC_ROOT")
+    os.environ["ALWAYSON_STATIC_ROOT"] = config.alwayson_static_root
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(config.alwayson_static_root, ignore_errors=True)
+    if config.alwayson_outer_static_root is None:
+        os.environ.pop("ALWAYSON_STATIC_ROOT", None)
+    else:
+        os.environ["ALWAYSON_STATIC_ROOT"] = config.alwayson_outer_static_root
 
 
 def pytest_collection_modifyitems(config, items):

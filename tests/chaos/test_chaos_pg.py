@@ -24,7 +24,9 @@ pytestmark = pytest.mark.postgres_only
 
 
 def clusters():
-    return [line.split()[:3] for line in _run("pg_lsclusters", "--no-header").splitlines()]
+    """This process's clusters: others (a chaos run, another test worker) come and go meanwhile."""
+    listing = [line.split()[:3] for line in _run("pg_lsclusters", "--no-header").splitlines()]
+    return [fields for fields in listing if fields[1].startswith(f"chaos{os.getpid()}")]
 
 
 def server_uid(cluster) -> int:

@@ -189,7 +189,9 @@ def test_make_test_sees_to_chromium_and_wrk_then_runs_the_suite():
     commands = make_n("test")
     assert "apt-get install -y -qq chromium" in commands
     assert "apt-get install -y -qq wrk" in commands
-    assert commands.splitlines()[-1].endswith("-m pytest")
+    # On every core by default (pytest-xdist); WORKERS=0 keeps pytest's own process.
+    assert commands.splitlines()[-1].endswith("-m pytest -n auto")
+    assert make_n("test", "WORKERS=0").splitlines()[-1].endswith("-m pytest -n 0")
 
 
 def run_as_another_user(argv, **kwargs):
