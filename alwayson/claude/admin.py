@@ -61,7 +61,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
     search_help_text = "the exact inbox slug, the agent or the model (contains)"
     autocomplete_fields = ("inbox",)
     ordering = ("inbox__slug",)
-    readonly_fields = ("updated", "tokens_today")
+    readonly_fields = ("updated", "tokens_today", "revisions")
     actions = ["reset_conversation"]
     inlines = [ModelSettingsInline]
     fields = (
@@ -75,7 +75,24 @@ class AgentConfigAdmin(admin.ModelAdmin):
         "approval_window",
         "tokens_today",
         "updated",
+        "revisions",
     )
+
+    def save_model(self, request, obj, form, change):
+        # The revision a change makes names who made it (alwayson/runtime/models.py).
+        obj.save(revised_by=request.user)
+
+    @admin.display(description="revisions")
+    def revisions(self, obj):
+        if not obj.pk:
+            return ""
+        url = reverse("admin:alwayson_agentconfigrevision_changelist")
+        return format_html(
+            '<a href="{}?q={}">revision {} in force; every revision, with its diff</a>',
+            url,
+            obj.inbox.slug,
+            obj.revision,
+        )
 
     def get_readonly_fields(self, request, obj=None):
         return (*self.readonly_fields, "inbox") if obj else self.readonly_fields

@@ -1,6 +1,12 @@
+import difflib
+import json
+
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
-from django.db import models
+from django.db import models, transaction
+
+from inbox import clock
 
 from .loading import load_agent
 from .policy import check_policy
@@ -60,12 +66,53 @@ class AgentConfig(models.Model):
         "Blank: ALWAYSON_CLAUDE_APPROVAL_WINDOW.",
     )
     updated = models.DateTimeField(auto_now=True)
+    # The number of the AgentConfigRevision in force: every save that changes a revised field
+    # makes the next one, and each run's record keeps the number it read (versions.py).
+    revision = models.PositiveIntegerField(default=0, editable=False)
+
+    # What a revision keeps: the fields that change what the agent does.
+    REVISED_FIELDS = (
+        "agent",
+        "model",
+        "system_prompt",
+        "tools",
+        "policy",
+        "daily_token_budget",
+        "approval_window",
+    )
 
     class Meta:
         verbose_name = "agent configuration"
 
     def __str__(self):
         return f"agent of {self.inbox}"
+
+    def save(self, *args, revised_by=None, now=None, **kwargs):
+        """Saved with a new revision when a revised field changed since the one in force:
+        by `revised_by` (a person, or None for code), at `now`."""
+        with transaction.atomic():
+            snapshot = self.snapshot()
+            in_force = AgentConfigRevision.objects.filter(
+                inbox_id=self.inbox_id, number=self.revision
+            ).first()
+            changed = in_force is None or in_force.config != snapshot
+            if changed:
+                self.revision = AgentConfigRevision.next_number(self.inbox_id)
+                if kwargs.get("update_fields") is not None:
+                    kwargs["update_fields"] = {*kwargs["update_fields"], "revision"}
+            super().save(*args, **kwargs)
+            if changed:
+                AgentConfigRevision.objects.create(
+                    inbox_id=self.inbox_id,
+                    number=self.revision,
+                    config=snapshot,
+                    author=revised_by,
+                    created=clock.resolve(now),
+                )
+
+    def snapshot(self) -> dict:
+        """The revised fields as a revision keeps them (JSON)."""
+        return {name: getattr(self, name) for name in self.REVISED_FIELDS}
 
     def clean(self):
         errors = {}
@@ -86,3 +133,112 @@ class AgentConfig(models.Model):
                 errors["policy"] = str(exc)
         if errors:
             raise ValidationError(errors)
+
+
+class AgentConfigRevision(models.Model):
+    """One state of an inbox's AgentConfig, numbered from 1: kept by every save that changes
+    it (who and when), or proposed (not in force) to be replayed before it is saved
+    (`manage.py replay --config-revision`)."""
+
+    inbox = models.ForeignKey(
+        "inbox.Inbox", on_delete=models.CASCADE, related_name="agent_config_revisions"
+    )
+    number = models.PositiveIntegerField()
+    # AgentConfig.snapshot(): the revised fields as they were.
+    config = models.JSONField()
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created = models.DateTimeField()
+    # Written by propose(), never by a save: a candidate to replay, not what runs.
+    proposed = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["inbox", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["inbox", "number"], name="agentconfigrevision_number")
+        ]
+
+    def __str__(self):
+        return f"revision {self.number} of inbox {self.inbox_id}"
+
+    @classmethod
+    def next_number(cls, inbox_id) -> int:
+        latest = cls.objects.filter(inbox_id=inbox_id).aggregate(n=models.Max("number"))["n"]
+        return (latest or 0) + 1
+
+    @classmethod
+    def propose(cls, inbox, *, by=None, now=None, **changes) -> "AgentConfigRevision":
+        """A revision not in force: the inbox's configuration with `changes`, checked as the
+        admin checks a save (ValidationError naming the field), kept for a replay."""
+        unknown = sorted(set(changes) - set(AgentConfig.REVISED_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"propose: unknown field(s) {', '.join(unknown)}; a revision keeps "
+                f"{', '.join(AgentConfig.REVISED_FIELDS)}"
+            )
+        config = AgentConfig.objects.filter(inbox=inbox).first() or AgentConfig(inbox=inbox)
+        for name, value in changes.items():
+            setattr(config, name, value)
+        config.clean_fields(exclude=["inbox"])
+        config.clean()
+        with transaction.atomic():
+            return cls.objects.create(
+                inbox=inbox,
+                number=cls.next_number(inbox.pk),
+                config=config.snapshot(),
+                author=by,
+                created=clock.resolve(now),
+                proposed=True,
+            )
+
+    def applied_to(self, config: AgentConfig) -> AgentConfig:
+        """`config` (unsaved) with this revision's fields."""
+        for name in AgentConfig.REVISED_FIELDS:
+            if name in self.config:
+                setattr(config, name, self.config[name])
+        return config
+
+    def previous(self) -> "AgentConfigRevision | None":
+        earlier = AgentConfigRevision.objects.filter(inbox_id=self.inbox_id, number__lt=self.number)
+        return earlier.order_by("-number").first()
+
+    def diff(self) -> str:
+        """What changed since the revision before it, as a unified diff of the fields."""
+        before = self.previous()
+        return unified_diff(before.config if before else {}, self.config)
+
+
+def unified_diff(before: dict, after: dict) -> str:
+    def lines(config):
+        return json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+
+    return "\n".join(
+        difflib.unified_diff(lines(before), lines(after), "before", "after", lineterm="")
+    )
+
+
+class SavedState(models.Model):
+    """The session state a run saved, kept beside the Session row (which keeps only the
+    latest): committed by the same finish, only by a run that changed the state, so a run that
+    leaves it alone writes nothing more. The state a run started from is the one the last run
+    before it saved (`before`): what `manage.py replay` gives a candidate agent."""
+
+    inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="+")
+    generation = models.PositiveBigIntegerField()
+    state = models.JSONField(default=dict)
+    created = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["inbox", "generation"], name="savedstate_run_idx")]
+
+    def __str__(self):
+        return f"state saved by run {self.inbox_id}/{self.generation}"
+
+    @classmethod
+    def before(cls, inbox_id, generation) -> dict:
+        """The state the run of `generation` started from: the last one saved by an earlier
+        run ({} when none did)."""
+        earlier = cls.objects.filter(inbox_id=inbox_id, generation__lt=generation)
+        state = earlier.order_by("-generation", "-id").values_list("state", flat=True).first()
+        return state if state is not None else {}
