@@ -6,6 +6,7 @@ from django.core.management.base import CommandError
 
 from alwayson.claude.replay import STUB, recorded_runs, replay
 from alwayson.command import AlwaysonCommand
+from alwayson.runtime.loading import load_agent
 from alwayson.runtime.models import AgentConfigRevision
 from inbox.models import Inbox
 
@@ -73,6 +74,11 @@ class Command(AlwaysonCommand):
         )
         if missing:
             raise CommandError(f"--inbox: no inbox {', '.join(missing)}")
+        if options["agent"]:
+            try:
+                load_agent(options["agent"], field="--agent")
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
         since = moment(options["since"], "--since") if options["since"] else None
         until = moment(options["until"], "--until") if options["until"] else None
         if since and until and since >= until:
