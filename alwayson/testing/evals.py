@@ -12,7 +12,7 @@ the scripted model) or replayed (a candidate's, from `alwayson.claude.replay`).
 `check()` fails the test with a table, a row per check (passed, failed, the first failing
 run to open); every table is printed again at the end of the pytest session. A check is a
 function of one run (`Seen`) that returns None when it holds, else why not; `@check` names
-one of your own. docs/how-to/evals.md is the guide.
+one of your own. docs/how-to/replay.md#evals is the guide.
 """
 
 from collections.abc import Callable, Iterable
