@@ -9,9 +9,11 @@ class RuntimeConfig(AppConfig):
     verbose_name = "alwayson runtime"
 
     def ready(self):
+        from alwayson.ops import retention
         from alwayson.ops.workerrole import INSERT, SELECT, need
         from inbox.extensions import claim_extras
 
+        from . import retention as own_tables
         from .models import AgentConfig, SavedState
 
         # What this app adds to the apps below (inbox/extensions.py).
@@ -25,4 +27,5 @@ class RuntimeConfig(AppConfig):
             f"SELECT revision FROM {AgentConfig._meta.db_table} WHERE inbox_id = t.inbox_id",
         )
         need(AgentConfig, SELECT, why="which agent runs the inbox, and its configuration")
+        retention.table_rules.add(self.label, own_tables.rules)
         need(SavedState, INSERT, why="the state a run saved, kept for a replay of the next")

@@ -130,3 +130,27 @@ def test_the_state_a_run_started_from_is_kept_by_the_run_before(harness):
     assert SavedState.before(inbox_id, first.generation) == {}
     assert SavedState.before(inbox_id, second.generation) == {"seen": 1}
     assert SavedState.before(inbox_id, second.generation + 1) == {"seen": 2}
+
+
+def test_prune_keeps_the_newest_saved_state_before_the_run_records_it_keeps(
+    make_inbox, settings, t0
+):
+    from datetime import timedelta
+
+    from alwayson.ops.retention import prune
+
+    settings.ALWAYSON_RETAIN_RUN_RECORDS = 30
+    desk, other = make_inbox("desk"), make_inbox("other")
+    old = t0 - timedelta(days=40)
+    for generation in (1, 2, 3):
+        SavedState.objects.create(
+            inbox=desk, generation=generation, state={"n": generation}, created=old
+        )
+    SavedState.objects.create(inbox=desk, generation=4, state={"n": 4}, created=t0)
+    SavedState.objects.create(inbox=other, generation=1, state={"n": 1}, created=old)
+
+    assert prune(t0)["alwayson.SavedState"] == 2
+
+    kept = SavedState.objects.order_by("inbox__slug", "generation")
+    assert [(s.inbox.slug, s.generation) for s in kept] == [("desk", 3), ("desk", 4), ("other", 1)]
+    assert SavedState.before(desk.pk, 4) == {"n": 3}
