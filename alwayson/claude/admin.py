@@ -79,8 +79,13 @@ class AgentConfigAdmin(admin.ModelAdmin):
     )
 
     def save_model(self, request, obj, form, change):
+        # One revision for the page, model settings included, once the inline is saved too.
+        obj.save(revise=False)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
         # The revision a change makes names who made it (alwayson/runtime/models.py).
-        obj.save(revised_by=request.user)
+        form.instance.revise(by=request.user)
 
     @admin.display(description="revisions")
     def revisions(self, obj):

@@ -32,7 +32,7 @@ from timers.models import Timer
 from timers.services import Schedule
 
 from . import client
-from .models import ModelCall, ToolResult
+from .models import ModelCall, ModelSettings, ToolResult
 
 # What a replayed tool call that no recorded call answers returns, unless the command names
 # another.
@@ -356,11 +356,14 @@ def _candidate_config(inbox, revision) -> AgentConfig:
         config = revision.applied_to(AgentConfig(inbox=inbox))
         config.revision = revision.number
         AgentConfig.objects.bulk_create([config])
-        return config
-    revision.applied_to(config)
-    config.revision = revision.number
-    fields = {name: getattr(config, name) for name in AgentConfig.REVISED_FIELDS}
-    AgentConfig.objects.filter(inbox=inbox).update(revision=revision.number, **fields)
+    else:
+        revision.applied_to(config)
+        config.revision = revision.number
+        fields = {name: getattr(config, name) for name in AgentConfig.REVISED_FIELDS}
+        AgentConfig.objects.filter(inbox=inbox).update(revision=revision.number, **fields)
+    sent = revision.config.get("model_settings")
+    if sent is not None:
+        ModelSettings.objects.update_or_create(config_id=inbox.pk, defaults=sent)
     return config
 
 

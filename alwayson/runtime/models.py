@@ -7,10 +7,15 @@ from django.core.validators import MinValueValidator
 from django.db import models, transaction
 
 from inbox import clock
+from inbox.extensions import Extension
 
 from .loading import load_agent
 from .policy import check_policy
 from .tools import check_tool_names, offered_tools
+
+# What a configuration revision keeps beyond AgentConfig's own fields, by name: a function of
+# the AgentConfig that gives its app's part as JSON (added from the apps' ready()).
+revision_parts = Extension("what a configuration revision keeps")
 
 
 class AgentConfig(models.Model):
@@ -87,32 +92,44 @@ class AgentConfig(models.Model):
     def __str__(self):
         return f"agent of {self.inbox}"
 
-    def save(self, *args, revised_by=None, now=None, **kwargs):
-        """Saved with a new revision when a revised field changed since the one in force:
-        by `revised_by` (a person, or None for code), at `now`."""
+    def save(self, *args, revised_by=None, now=None, revise=True, **kwargs):
+        """Saved with a new revision when what a revision keeps changed since the one in
+        force: by `revised_by` (a person, or None for code), at `now`. With revise=False the
+        caller calls revise() once it has saved the rest (the admin, after its inline)."""
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            if revise:
+                self.revise(by=revised_by, now=now)
+
+    def revise(self, *, by=None, now=None) -> bool:
+        """A new revision, in force, if what a revision keeps (`snapshot`) changed since the
+        one in force; whether it made one. Called by save(), and by whoever saves a part of
+        the configuration another app keeps (`revision_parts`) after saving it."""
         with transaction.atomic():
             snapshot = self.snapshot()
             in_force = AgentConfigRevision.objects.filter(
                 inbox_id=self.inbox_id, number=self.revision
             ).first()
-            changed = in_force is None or in_force.config != snapshot
-            if changed:
-                self.revision = AgentConfigRevision.next_number(self.inbox_id)
-                if kwargs.get("update_fields") is not None:
-                    kwargs["update_fields"] = {*kwargs["update_fields"], "revision"}
-            super().save(*args, **kwargs)
-            if changed:
-                AgentConfigRevision.objects.create(
-                    inbox_id=self.inbox_id,
-                    number=self.revision,
-                    config=snapshot,
-                    author=revised_by,
-                    created=clock.resolve(now),
-                )
+            if in_force is not None and in_force.config == snapshot:
+                return False
+            self.revision = AgentConfigRevision.next_number(self.inbox_id)
+            AgentConfig.objects.filter(inbox_id=self.inbox_id).update(revision=self.revision)
+            AgentConfigRevision.objects.create(
+                inbox_id=self.inbox_id,
+                number=self.revision,
+                config=snapshot,
+                author=by,
+                created=clock.resolve(now),
+            )
+            return True
 
     def snapshot(self) -> dict:
-        """The revised fields as a revision keeps them (JSON)."""
-        return {name: getattr(self, name) for name in self.REVISED_FIELDS}
+        """What a revision keeps (JSON): the revised fields, and the parts the apps above
+        keep of the configuration (the Claude agent's model settings), by name."""
+        kept = {name: getattr(self, name) for name in self.REVISED_FIELDS}
+        for name, part in sorted(revision_parts.items()):
+            kept[name] = part(self)
+        return kept
 
     def clean(self):
         errors = {}
@@ -171,22 +188,30 @@ class AgentConfigRevision(models.Model):
     def propose(cls, inbox, *, by=None, now=None, **changes) -> "AgentConfigRevision":
         """A revision not in force: the inbox's configuration with `changes`, checked as the
         admin checks a save (ValidationError naming the field), kept for a replay."""
-        unknown = sorted(set(changes) - set(AgentConfig.REVISED_FIELDS))
+        kept = [*AgentConfig.REVISED_FIELDS, *sorted(revision_parts)]
+        unknown = sorted(set(changes) - set(kept))
         if unknown:
             raise ValueError(
                 f"propose: unknown field(s) {', '.join(unknown)}; a revision keeps "
-                f"{', '.join(AgentConfig.REVISED_FIELDS)}"
+                f"{', '.join(kept)}"
             )
         config = AgentConfig.objects.filter(inbox=inbox).first() or AgentConfig(inbox=inbox)
         for name, value in changes.items():
-            setattr(config, name, value)
+            if name in AgentConfig.REVISED_FIELDS:
+                setattr(config, name, value)
         config.clean_fields(exclude=["inbox"])
         config.clean()
+        snapshot = config.snapshot()
+        for name in revision_parts:
+            if name in changes:
+                if not isinstance(changes[name], dict):
+                    raise ValueError(f"propose: {name} must be a dict of its fields")
+                snapshot[name] = {**snapshot[name], **changes[name]}
         with transaction.atomic():
             return cls.objects.create(
                 inbox=inbox,
                 number=cls.next_number(inbox.pk),
-                config=config.snapshot(),
+                config=snapshot,
                 author=by,
                 created=clock.resolve(now),
                 proposed=True,

@@ -168,3 +168,20 @@ class Printed:
 
     def flush(self):
         pass
+
+
+def test_a_proposed_model_setting_reaches_the_candidates_requests(harness, messages_api, support):
+    proposed = AgentConfigRevision.propose(
+        support.inbox, model_settings={"temperature": 0.3}, now=harness.now
+    )
+    messages_api.reply(message("Nothing to say."))
+    before = row_counts()
+
+    report = replay(recorded_runs(inboxes=["support"]), revision=proposed, budget=5)
+
+    assert row_counts() == before
+    assert messages_api.messages_requests[-1].body["temperature"] == 0.3
+    [run] = report.runs
+    assert run.candidate.messages == [] and run.differences == ["messages", "tool_calls"]
+    with pytest.raises(ValueError, match="model_settings must be a dict"):
+        AgentConfigRevision.propose(support.inbox, model_settings=0.3)

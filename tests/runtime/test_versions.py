@@ -154,3 +154,24 @@ def test_prune_keeps_the_newest_saved_state_before_the_run_records_it_keeps(
     kept = SavedState.objects.order_by("inbox__slug", "generation")
     assert [(s.inbox.slug, s.generation) for s in kept] == [("desk", 3), ("desk", 4), ("other", 1)]
     assert SavedState.before(desk.pk, 4) == {"n": 3}
+
+
+def test_the_claude_agents_model_settings_are_part_of_a_revision(harness):
+    harness.inbox("desk", agent="alwayson.claude.agent", max_tokens=900)
+    config = AgentConfig.objects.get(inbox__slug="desk")
+    first = AgentConfigRevision.objects.get(inbox__slug="desk", number=config.revision)
+    assert first.config["model_settings"] == {
+        "max_tokens": 900,
+        "temperature": None,
+        "thinking_budget": None,
+        "tool_choice": "",
+    }
+
+    config.model_settings.temperature = 0.2
+    config.model_settings.save()
+    assert config.revise(now=harness.now)
+    assert not config.revise(now=harness.now)  # nothing changed since
+
+    latest = AgentConfigRevision.objects.get(inbox__slug="desk", number=config.revision)
+    assert latest.config["model_settings"]["temperature"] == 0.2
+    assert '+    "temperature": 0.2,' in latest.diff()

@@ -10,16 +10,25 @@ REVISED_FIELDS = (
 )
 
 
+MODEL_SETTINGS = ("max_tokens", "temperature", "thinking_budget", "tool_choice")
+
+
 def first_revisions(apps, schema_editor):
     """Each configuration saved before revisions were kept becomes its revision 1 (no author,
     at its last change), so the runs from now on name a revision that exists."""
     AgentConfig = apps.get_model("alwayson", "AgentConfig")
     Revision = apps.get_model("alwayson", "AgentConfigRevision")
+    ModelSettings = apps.get_model("alwayson_claude", "ModelSettings")
+    sent = {row.pk: row for row in ModelSettings.objects.all()}
     for config in AgentConfig.objects.all().iterator():
+        kept = {name: getattr(config, name) for name in REVISED_FIELDS}
+        # The Claude app's part (ModelSettings.revision_part): its defaults when it has none.
+        settings_row = sent.get(config.pk) or ModelSettings()
+        kept["model_settings"] = {name: getattr(settings_row, name) for name in MODEL_SETTINGS}
         Revision.objects.create(
             inbox_id=config.inbox_id,
             number=1,
-            config={name: getattr(config, name) for name in REVISED_FIELDS},
+            config=kept,
             created=config.updated,
         )
         AgentConfig.objects.filter(pk=config.pk).update(revision=1)
