@@ -22,6 +22,7 @@ class Agents:
         self._default_given = default is not None
         self.default = default or load_agent()
         self._loaded = {}
+        self._codes = {}
 
     def for_inbox(self, inbox, extras=None):
         """The inbox's agent: from `extras` (a Claim's, which read it with the take), or
@@ -51,7 +52,14 @@ class Agents:
             if path not in self._loaded:
                 self._loaded[path] = load_agent(path, field=f"agent of inbox {inbox.slug}")
             agent = self._loaded[path]
-        return agent, versions.version(path, agent, revision or None)
+        # The fingerprint once per path and process: the code does not change under a worker.
+        if path not in self._codes:
+            self._codes[path] = versions.fingerprint(agent)
+        return agent, {
+            versions.AGENT: path,
+            versions.CODE: self._codes[path],
+            versions.CONFIG: revision or None,
+        }
 
     @property
     def default_path(self) -> str:
