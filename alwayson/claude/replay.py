@@ -11,6 +11,7 @@ did and what the candidate would do are compared run by run: docs/how-to/replay.
 """
 
 import json
+import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -45,6 +46,9 @@ TOKEN_KEYS = (
     "cache_read_input_tokens",
     "cache_creation_input_tokens",
 )
+
+
+_ONE_AT_A_TIME = threading.Lock()
 
 
 class BudgetReached(Exception):
@@ -284,6 +288,16 @@ def replay(
     report = Report(budget=budget)
     records = list(records)
     meter = ModelMeter(budget)
+    # The stubs and the meter stand in for the process's tools and model calls while a run
+    # is replayed: two replays at once (the staff page's requests) would each put back what
+    # the other stood in for.
+    with _ONE_AT_A_TIME:
+        _replay_all(records, agent, revision, meter, stub, report)
+    report.paid_calls = meter.paid
+    return report
+
+
+def _replay_all(records, agent, revision, meter, stub, report):
     for n, record in enumerate(records):
         if revision is not None and revision.inbox_id != record.inbox_id:
             raise ValueError(
@@ -296,8 +310,6 @@ def replay(
             report.stopped = f"{exc} at {record.inbox.slug} #{record.generation}"
             report.not_replayed = len(records) - n
             break
-    report.paid_calls = meter.paid
-    return report
 
 
 def _replay_one(record, agent_path, revision, meter: ModelMeter, stub) -> RunReplay:
