@@ -185,3 +185,33 @@ def test_a_proposed_model_setting_reaches_the_candidates_requests(harness, messa
     assert run.candidate.messages == [] and run.differences == ["messages", "tool_calls"]
     with pytest.raises(ValueError, match="model_settings must be a dict"):
         AgentConfigRevision.propose(support.inbox, model_settings=0.3)
+
+
+def test_another_agent_replays_a_rule_based_agents_runs_from_their_start_state(harness):
+    desk = harness.inbox("desk", agent="tests.support.kit_agents.desk")
+    desk.chat("one")
+    desk.chat("later")
+    harness.run_until_idle()
+    desk.chat("two")
+    harness.run_until_idle()
+    before = row_counts()
+
+    same = replay(recorded_runs(inboxes=["desk"]), budget=0)
+    broken = replay(
+        recorded_runs(inboxes=["desk"]), agent="tests.support.kit_agents.broken", budget=0
+    )
+
+    assert row_counts() == before
+    assert [run.differences for run in same.runs] == [[], []]
+    first, second = same.runs
+    assert first.candidate.timers == ["follow-up"] and first.candidate.messages == [
+        "desk-owner said: one",
+        "I will follow up in an hour.",
+    ]
+    assert second.recorded.messages == second.candidate.messages == ["desk-owner said: two"]
+    assert [run.differences for run in broken.runs] == [
+        ["outcome", "messages", "timers"],
+        ["outcome", "messages"],
+    ]
+    assert broken.runs[0].candidate.error == "ValueError: the agent broke on purpose"
+    assert "tests.support.kit_agents.broken @ sha256:" in broken.runs[0].candidate_version
