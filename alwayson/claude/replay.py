@@ -140,9 +140,9 @@ class Report:
             for name in COMPARED:
                 recorded, candidate = run.recorded.compared(name), run.candidate.compared(name)
                 mark = " " if recorded == candidate else "*"
-                out.append(f" {mark}{name:<11} recorded: {_shown(recorded)}")
+                out.append(f" {mark}{name:<11} recorded: {_listed(run.recorded, name)}")
                 if recorded != candidate:
-                    out.append(f"  {'':<11} candidate: {_shown(candidate)}")
+                    out.append(f"  {'':<11} candidate: {_listed(run.candidate, name)}")
             out.append(
                 f"  tokens     recorded: {run.recorded.tokens} ({run.recorded.model_calls} calls)"
                 f", candidate: {run.candidate.tokens} ({run.candidate.model_calls} calls)"
@@ -164,6 +164,19 @@ class Report:
 
 def _shown(value) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _listed(did: Did, name: str) -> str:
+    """One compared thing in words; a tool call as `tool {arguments} decision`, and how the
+    replay answered it: from the journal, or a stub standing in ("would call")."""
+    if name != "tool_calls":
+        return _shown(did.compared(name))
+    calls = [
+        f"{c['tool']} {_shown(c['arguments'])} {c['decision'] or '?'}"
+        + (f" ({c['answered']})" if c.get("answered") else "")
+        for c in did.tool_calls
+    ]
+    return "; ".join(calls) or "none"
 
 
 # --- which runs ------------------------------------------------------------------------------

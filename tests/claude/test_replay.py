@@ -88,6 +88,13 @@ def test_a_changed_prompt_is_replayed_without_committing_anything(harness, messa
     results = messages_api.messages_requests[-2].body["messages"][-1]["content"]
     assert "this tool was not run" in json.dumps(results)
     assert "(revision 2, proposed)" in run.candidate_version
+    assert ' *tool_calls  recorded: lookup_order {"order": "8"} allow; send_message' in "\n".join(
+        report.lines()
+    )
+    assert (
+        'candidate: lookup_order {"order": "8"} allow (journal); refund {"amount": 20, '
+        '"order": "8"} allow (would call); send_message'
+    ) in "\n".join(report.lines())
     assert (
         run.recorded_version
         == f"{CLAUDE} @ {RunRecord.objects.get().produced['version']['code']} config r1"
