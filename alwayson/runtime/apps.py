@@ -28,4 +28,5 @@ class RuntimeConfig(AppConfig):
         )
         need(AgentConfig, SELECT, why="which agent runs the inbox, and its configuration")
         retention.table_rules.add(self.label, own_tables.rules)
-        need(SavedState, INSERT, why="the state a run saved, kept for a replay of the next")
+        # SELECT too: the INSERT reads the new row's id back (RETURNING).
+        need(SavedState, SELECT, INSERT, why="the state a run saved, kept for a replay")
