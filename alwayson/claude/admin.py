@@ -68,7 +68,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
     search_help_text = "the exact inbox slug, the agent or the model (contains)"
     autocomplete_fields = ("inbox",)
     ordering = ("inbox__slug",)
-    readonly_fields = ("updated", "tokens_today")
+    readonly_fields = ("updated", "tokens_today", "revisions")
     actions = ["reset_conversation"]
     inlines = [ModelSettingsInline]
     fields = (
@@ -83,7 +83,29 @@ class AgentConfigAdmin(admin.ModelAdmin):
         "mid_run",
         "tokens_today",
         "updated",
+        "revisions",
     )
+
+    def save_model(self, request, obj, form, change):
+        # One revision for the page, model settings included, once the inline is saved too.
+        obj.save(revise=False)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        # The revision a change makes names who made it (alwayson/runtime/models.py).
+        form.instance.revise(by=request.user)
+
+    @admin.display(description="revisions")
+    def revisions(self, obj):
+        if not obj.pk:
+            return ""
+        url = reverse("admin:alwayson_agentconfigrevision_changelist")
+        return format_html(
+            '<a href="{}?q={}">revision {} in force; every revision, with its diff</a>',
+            url,
+            obj.inbox.slug,
+            obj.revision,
+        )
 
     def get_readonly_fields(self, request, obj=None):
         return (*self.readonly_fields, "inbox") if obj else self.readonly_fields

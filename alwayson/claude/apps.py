@@ -17,6 +17,7 @@ class ClaudeConfig(AppConfig):
     def ready(self):
         from alwayson.ops import retention
         from alwayson.ops.workerrole import DELETE, INSERT, SELECT, UPDATE, need
+        from alwayson.runtime.models import revision_parts
         from approvals.services import edit_checks
 
         from . import retention as own_tables
@@ -31,6 +32,8 @@ class ClaudeConfig(AppConfig):
         # A person's edit of an asked call is checked against this agent's policy, in
         # whichever process takes the answer (the approval page's, the API's).
         edit_checks.add(EDIT_CHECK, check_edit)
+        # Its model settings are part of an inbox's configuration revisions.
+        revision_parts.add("model_settings", ModelSettings.revision_part)
         need(ModelSettings, SELECT, why="the inbox's Messages API settings")
         # What its runs write outside the fence, and read again on a retry.
         need(ModelCall, SELECT, INSERT, why="model answers: cached, and the daily budget")

@@ -75,6 +75,15 @@ class ModelSettings(models.Model):
     def __str__(self):
         return f"model settings of inbox {self.config_id}"
 
+    # What a configuration revision keeps of them (alwayson.runtime.models.revision_parts).
+    REVISED_FIELDS = ("max_tokens", "temperature", "thinking_budget", "tool_choice")
+
+    @classmethod
+    def revision_part(cls, config) -> dict:
+        """The settings of `config` as its revisions keep them (the defaults when none)."""
+        sent = cls.of(config)
+        return {name: getattr(sent, name) for name in cls.REVISED_FIELDS}
+
     @classmethod
     def of(cls, config) -> "ModelSettings":
         """The settings of an AgentConfig (read with select_related("model_settings")), or

@@ -2,10 +2,12 @@
 
 import logging
 
+from django.conf import settings
 from django.db import DatabaseError
 
 from inbox import backends
 
+from . import versions
 from .loading import load_agent
 from .models import AgentConfig
 
@@ -17,30 +19,54 @@ class Agents:
     one a Worker was given). Loaded once per dotted path."""
 
     def __init__(self, default=None):
+        self._default_given = default is not None
         self.default = default or load_agent()
         self._loaded = {}
+        self._codes = {}
 
     def for_inbox(self, inbox, extras=None):
         """The inbox's agent: from `extras` (a Claim's, which read it with the take), or
         read now."""
-        if extras is not None and "agent" in extras:
-            row = (extras["agent"],)
+        return self.with_version(inbox, extras)[0]
+
+    def with_version(self, inbox, extras=None) -> tuple:
+        """The inbox's agent and the version its run is stamped with (versions.py): its
+        dotted path, its code's fingerprint, and the configuration revision read with it."""
+        if extras is not None and "agent" in extras and "config_revision" in extras:
+            row = (extras["agent"], extras["config_revision"])
         else:
             # Read on every run, so an edit in the admin applies from the next run, in every
             # worker process; by its primary key, in plain SQL: the ORM would cost more CPU
             # than the lookup itself on a run that does nothing else.
             with backends.current().cursor() as cursor:
                 cursor.execute(
-                    f"SELECT agent FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
+                    f"SELECT agent, revision FROM {AgentConfig._meta.db_table} WHERE inbox_id = %s",
                     [inbox.pk],
                 )
                 row = cursor.fetchone()
-        path = row[0] if row else None
+        path, revision = row if row else (None, None)
         if not path:
-            return self.default
-        if path not in self._loaded:
-            self._loaded[path] = load_agent(path, field=f"agent of inbox {inbox.slug}")
-        return self._loaded[path]
+            agent = self.default
+            path = self.default_path
+        else:
+            if path not in self._loaded:
+                self._loaded[path] = load_agent(path, field=f"agent of inbox {inbox.slug}")
+            agent = self._loaded[path]
+        # The fingerprint once per path and process: the code does not change under a worker.
+        if path not in self._codes:
+            self._codes[path] = versions.fingerprint(agent)
+        return agent, {
+            versions.AGENT: path,
+            versions.CODE: self._codes[path],
+            versions.CONFIG: revision or None,
+        }
+
+    @property
+    def default_path(self) -> str:
+        named = settings.ALWAYSON_AGENT
+        if self._default_given or not named:
+            return versions.dotted_path(self.default)
+        return named
 
     def in_use(self) -> list:
         """The default agent and every agent an inbox names, each once."""

@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from alwayson.egress.client import http_for
@@ -41,6 +41,25 @@ log = logging.getLogger("alwayson.worker")
 # The source a join takes: the owner's chat messages (alwayson/web/chat.py stores them so).
 # Webhooks, timers and approval answers never join a run in progress.
 JOINED_SOURCES = ("chat",)
+
+
+@dataclass(frozen=True)
+class KeepState:
+    """The state a run saves, kept (SavedState) in its finish beside the Session row, so a
+    replay of the next run starts from it."""
+
+    inbox_id: int
+    generation: int
+    state: dict
+
+    def __call__(self, now):
+        # At call time: a module an agent imports (alwayson.runtime.api) imports this one
+        # before the apps, and their models, are ready.
+        from .models import SavedState
+
+        SavedState.objects.create(
+            inbox_id=self.inbox_id, generation=self.generation, state=self.state, created=now
+        )
 
 
 class LeaseLost(Exception):
@@ -103,6 +122,8 @@ class Run:
         # What more() took, oldest first (also in `events`), and whether the inbox joins.
         self.joined: list[Event] = []
         self._joins: bool | None = None
+        # Which agent ran it (versions.py), kept on its record; the worker sets it.
+        self.version: dict | None = None
 
     def __repr__(self):
         return f"<Run {self.inbox.slug} gen {self.generation} events {len(self.events)}>"
@@ -323,14 +344,22 @@ class Run:
         """What the run produced, for its record: counts, and the size of the state it saves
         (0 when it leaves the state as it was)."""
         changed = self._claimed_state is None or self.state != self._claimed_state
-        return {
+        produced = {
             "said": self.said,
             "asked": self.asked,
             "scheduled": self.scheduled,
             "state_bytes": len(json.dumps(self.state)) if changed else 0,
         }
+        if self.version is not None:
+            produced["version"] = self.version
+        return produced
 
     def effects(self) -> list:
         if self._claimed_state is not None and self.state == self._claimed_state:
             return list(self._effects)
-        return [*self._effects, SaveState(self.inbox.pk, self.state)]
+        return [
+            *self._effects,
+            SaveState(self.inbox.pk, self.state),
+            # Kept for a replay of the next run, which starts from it (alwayson/claude/replay.py).
+            KeepState(self.inbox.pk, self.generation, self.state),
+        ]

@@ -320,12 +320,12 @@ class Worker:
         other events' requests (_causes).
         """
         try:
-            agent = self.agents.for_inbox(claim.inbox, claim.extras)
+            agent, version = self.agents.with_version(claim.inbox, claim.extras)
             name = agent_name(agent)
         except Exception as exc:
             # An agent that cannot be loaded fails the run like one that raises: the error
             # is recorded on the events by the finish below, not lost in the step.
-            agent, name = _raising(exc), "unloaded"
+            agent, name, version = _raising(exc), "unloaded", None
         parent, links = _causes(claim)
         with span(
             f"invoke_agent {name}",
@@ -337,13 +337,15 @@ class Worker:
             alwayson__generation=claim.generation,
             alwayson__events=len(claim.events),
         ) as current:
-            result, finished = self._run_agent(agent, claim, started, taken_at)
+            result, finished = self._run_agent(agent, claim, started, taken_at, version)
             if current is not None:
                 current.set_attribute("alwayson.outcome", str(result.recorded))
                 current.set_attribute("alwayson.outcome.detail", result.detail)
             return result, finished
 
-    def _run_agent(self, agent, claim: Claim, started, taken_at) -> tuple[StepResult, bool]:
+    def _run_agent(
+        self, agent, claim: Claim, started, taken_at, version=None
+    ) -> tuple[StepResult, bool]:
         held = claim.held_by(self.worker_id)
         renewer = self.heartbeat.renew_now if self.heartbeat else None
         run = Run(
@@ -356,6 +358,7 @@ class Worker:
             renewer=renewer,
             clock=self.clock,
         )
+        run.version = version
         where = f"inbox={claim.inbox.slug} gen={held.generation}"
         ending = None
         if self.heartbeat:

@@ -41,6 +41,8 @@ _EXPORTS = {
     "malformed": "model",
     "answered_200": "model",
     "slow": "model",
+    "Evals": "evals",
+    "check": "evals",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -7,6 +7,7 @@ Without Django settings pytest-django skips every such test ("no Django settings
 of skips exits 0, reading as a pass: the kit stops the run instead, saying what to set."""
 
 import os
+import sys
 
 import pytest
 
@@ -76,3 +77,14 @@ def harness(request, db):
     )
     with Harness(model=model) as started:
         yield started
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Every eval's table (alwayson/testing/evals.py), once more at the end of the session."""
+    evals = sys.modules.get("alwayson.testing.evals")
+    if evals is None or not evals.REPORTS:
+        return
+    terminalreporter.section("alwayson evals")
+    for report in evals.REPORTS:
+        terminalreporter.write_line(report.table())
+        terminalreporter.write_line("")

@@ -206,6 +206,7 @@ class Harness:
                     settings_row = ModelSettings(config=row, **sent)
                     settings_row.full_clean()
                     settings_row.save()
+                    row.revise(now=self.now)
         if channel:
             Channel.objects.update_or_create(inbox=inbox, defaults=channel)
         return AgentInbox(self, inbox)

@@ -123,6 +123,13 @@ class RunFilter(forms.Form):
     tokens_over = forms.IntegerField(
         required=False, min_value=0, max_value=10**12, label="Cost more than (tokens)"
     )
+    agent = forms.CharField(required=False, max_length=200, label="Agent (dotted path)", strip=True)
+    code = forms.CharField(
+        required=False, max_length=100, label="Agent code (fingerprint)", strip=True
+    )
+    config_revision = forms.IntegerField(
+        required=False, min_value=1, max_value=2**31 - 1, label="Configuration revision"
+    )
     before = forms.CharField(required=False, widget=forms.HiddenInput, max_length=80)
 
     def __init__(self, user, *args, **kwargs):
@@ -160,6 +167,13 @@ class RunFilter(forms.Form):
             records = records.filter(ended__gt=F("started") + longer)
         if data.get("tokens_over") is not None:
             records = records.filter(tokens__gt=data["tokens_over"])
+        # The version the run's record keeps (alwayson/runtime/versions.py).
+        if data.get("agent"):
+            records = records.filter(produced__version__agent=data["agent"])
+        if data.get("code"):
+            records = records.filter(produced__version__code=data["code"])
+        if data.get("config_revision") is not None:
+            records = records.filter(produced__version__config=data["config_revision"])
         if data.get("before"):
             at, pk = data["before"]
             records = records.filter(Q(started__lt=at) | Q(started=at, pk__lt=pk))

@@ -7,6 +7,7 @@ from django.urls import include, path
 
 from alwayson.web import memory, streams, views
 from alwayson.web.dashboard import dashboard
+from alwayson.web.replays import replay_page
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -26,4 +27,5 @@ urlpatterns = [
     path("admin/dashboard/", dashboard, name="admin-dashboard"),
     path("admin/dashboard/live/", streams.dashboard_poll, name="dashboard-live"),
     path("admin/dashboard/stream/", streams.dashboard_stream, name="dashboard-stream"),
+    path("admin/replay/", replay_page, name="admin-replay"),
 ]

@@ -2,7 +2,8 @@
 # --8<-- [start:tests]
 
 import pytest
-from alwayson.testing import message, tool_use
+from alwayson.testing import Evals, check, message, tool_use
+from alwayson.testing.evals import answers_in_under, recorded_runs
 
 from refunds import POLICY
 
@@ -47,3 +48,30 @@ def test_a_small_refund_runs_and_a_large_one_asks(harness, scripted_model, suppo
 
 
 # --8<-- [end:tests]
+
+
+# --8<-- [start:evals]
+@check
+def asks_before_a_large_refund(run):
+    for call in run.tool_calls:
+        if call["tool"] == "refund_order" and call["arguments"]["amount"] >= 50:
+            assert call["decision"] == "ask", f"refunded {call['arguments']} without asking"
+
+
+EVALS = Evals(asks_before_a_large_refund, answers_in_under(5000))
+
+
+def test_the_desk_keeps_its_promises(harness, scripted_model, support):
+    scripted_model.reply(
+        message(
+            tool_use("refund_order", {"order": "1", "amount": 20}),
+            tool_use("refund_order", {"order": "2", "amount": 80}),
+        )
+    )
+    support.chat("refund 20 on order 1 and 80 on order 2")
+    harness.run_until_idle()
+
+    EVALS.over(recorded_runs("support")).check()
+
+
+# --8<-- [end:evals]

@@ -129,6 +129,17 @@ ROWS = {
     "startagent-no-name": ("startagent", [], "the following arguments are required: name"),
     "status-unknown-flag": ("status", ["--verbose-all"], "unrecognized arguments"),
     "scenarios-unknown-flag": ("scenarios", ["--fast"], "unrecognized arguments"),
+    "replay-no-budget": ("replay", [], "the following arguments are required: --budget"),
+    "replay-budget-neg": ("replay", ["--budget=-1"], "--budget must be 0 or more"),
+    "replay-limit-0": ("replay", ["--budget", "1", "--limit", "0"], "--limit must be"),
+    "replay-inbox-unknown": ("replay", ["--budget", "1", "--inbox", "nope"], "--inbox: no inbox"),
+    "replay-since-text": ("replay", ["--budget", "1", "--since", "soon"], "--since: 'soon'"),
+    "replay-outcome": ("replay", ["--budget", "1", "--outcome", "fine"], "outcome: fine is not"),
+    "replay-agent-unknown": (
+        "replay",
+        ["--budget", "0", "--agent", "no.such.agent"],
+        "--agent: cannot import 'no.such.agent'",
+    ),
 }
 
 

@@ -50,11 +50,14 @@ NEWER_TABLES = {
     # The Claude agent's memory, added after the move.
     "alwayson_claude_memoryfile": "memoryfile",
     "alwayson_claude_memoryversion": "memoryversion",
+    "alwayson_savedstate": "savedstate",
+    # Not empty: alwayson 0012 makes each configuration's revision 1 (checked on its own).
+    "alwayson_agentconfigrevision": "agentconfigrevision",
 }
 # Columns added by migrations after the move: the old layout's rows get their defaults.
 NEWER_COLUMNS = {
     # alwayson 0011: a message sent mid-run waits for the next run, as it always did.
-    "alwayson_agentconfig": {"mid_run": "queue"},
+    "alwayson_agentconfig": {"mid_run": "queue", "revision": 1},
     "alwayson_modelcall": {"duration_ms": None},
     "alwayson_toolresult": {
         "decision": "",
@@ -471,6 +474,13 @@ def expected_after_the_move(tables):
     return expected
 
 
+def without_revision_ids(tables):
+    """The tables, the revisions alwayson 0012 makes without their ids: made again on the way
+    forward, they take the sequence's next ones on PostgreSQL."""
+    revisions = tables["alwayson_agentconfigrevision"]
+    return tables | {"alwayson_agentconfigrevision": [{**row, "id": None} for row in revisions]}
+
+
 def assert_at_latest(layouts):
     executor = MigrationExecutor(connection)
     assert executor.migration_plan(layouts.latest) == []
@@ -492,6 +502,7 @@ def test_a_database_of_the_old_layout_migrates_forward_with_every_row(layouts, o
     after = read_tables()
     assert after.keys() == before.keys() | NEWER_TABLES.keys(), "none dropped, only newer made"
     expected = expected_after_the_move(before)
+    expected["alwayson_agentconfigrevision"] = after["alwayson_agentconfigrevision"]
     for table in after:
         assert after[table] == expected[table], table
 
@@ -527,6 +538,13 @@ def test_a_database_of_the_old_layout_migrates_forward_with_every_row(layouts, o
 
     agents = dict(AgentConfig.objects.values_list("inbox__slug", "agent"))
     assert agents == {"desk": NEW_DEMO_AGENT, "other": "alwayson.claude.agent"}
+    # Each configuration's first revision is what it was, by nobody, at its last change.
+    from alwayson.runtime.models import AgentConfigRevision
+
+    for config in AgentConfig.objects.all():
+        [revision] = AgentConfigRevision.objects.filter(inbox_id=config.inbox_id)
+        assert (revision.number, config.revision, revision.author) == (1, 1, None)
+        assert (revision.config, revision.created) == (config.snapshot(), config.updated)
 
     out = io.StringIO()
     try:  # --check exits non-zero when a model differs from its migrations
@@ -557,9 +575,14 @@ def test_moved_models_keep_their_content_types_and_permissions(layouts, old_layo
             f"{action}_{model_name}" for action in ("add", "change", "delete", "view")
         }
     assert not ContentType.objects.filter(app_label="alwayson", model__in=MOVED).exists()
-    assert list(ContentType.objects.filter(app_label="alwayson").values_list("model", "pk")) == [
-        ("agentconfig", ids["agentconfig"])
+    kept = ContentType.objects.filter(app_label="alwayson")
+    # The models alwayson 0012 added are the app's own, with content types of their own.
+    assert list(kept.values_list("model", flat=True)) == [
+        "agentconfig",
+        "agentconfigrevision",
+        "savedstate",
     ]
+    assert kept.get(model="agentconfig").pk == ids["agentconfig"]
     for label in NEW_APPS:
         assert Permission.objects.filter(content_type__app_label=label).exists(), label
     assert not Permission.objects.filter(
@@ -623,7 +646,11 @@ def test_migrating_back_to_the_old_layout_and_forward_again_keeps_every_row(layo
     old_tables = read_tables()
     layouts.to_latest()
     new_tables = read_tables()
-    assert new_tables == expected_after_the_move(old_tables)
+    revisions = new_tables["alwayson_agentconfigrevision"]
+    assert len(revisions) == len(old_tables["alwayson_agentconfig"])
+    assert new_tables == expected_after_the_move(old_tables) | {
+        "alwayson_agentconfigrevision": revisions
+    }
 
     # Back: the reverse of 0008 gives the content types and the agent path back.
     back_apps = layouts.to_old()
@@ -641,7 +668,7 @@ def test_migrating_back_to_the_old_layout_and_forward_again_keeps_every_row(layo
     # And forward again.
     layouts.to_latest()
     assert_at_latest(layouts)
-    assert read_tables() == new_tables
+    assert without_revision_ids(read_tables()) == without_revision_ids(new_tables)
     from alwayson.demo.models import Refund
 
     assert Refund.objects.get().pk == rows["refund"]

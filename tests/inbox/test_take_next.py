@@ -127,8 +127,9 @@ def test_take_next_reads_the_inboxs_agent_with_the_claim(make_inbox, t0):
     with CaptureQueriesContext(connection) as captured:
         first, second = take_next("W", now=t0 + SECOND), take_next("W", now=t0 + SECOND)
     assert len(captured) == 2
-    assert (first.inbox, first.extras) == (configured, {"agent": CONFIGURED})
-    assert (second.inbox, second.extras) == (plain, {"agent": None})
+    # With its configuration's revision, for the run's version (alwayson/runtime/versions.py).
+    assert (first.inbox, first.extras) == (configured, {"agent": CONFIGURED, "config_revision": 1})
+    assert (second.inbox, second.extras) == (plain, {"agent": None, "config_revision": None})
 
 
 CONFIGURED = "tests.inbox.test_take_next.configured_agent"

@@ -17,7 +17,7 @@ from alwayson.runtime.api import (
     run_scheduler,
 )
 from alwayson.runtime.loading import load_agent
-from alwayson.runtime.run import LeaseLost
+from alwayson.runtime.run import KeepState, LeaseLost
 from alwayson.runtime.worker import Heartbeat, Worker
 from approvals.models import Approval
 from inbox.clock import database_now
@@ -542,7 +542,8 @@ def test_a_state_changed_in_place_is_saved_with_the_finish(inbox, t0):
     run = start_run(inbox, "A", now=t0 + SECOND)
     run.state["seen"] += 1
 
-    assert [type(e) for e in run.effects()] == [SaveState]
+    # The state is kept for a replay of the next run too (SavedState).
+    assert [type(e) for e in run.effects()] == [SaveState, KeepState]
     assert finish_run(run, now=t0 + SECOND)
     assert Session.objects.filter(inbox=inbox).values_list("state", "updated").get() == (
         {"seen": 2},

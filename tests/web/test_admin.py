@@ -27,7 +27,7 @@ from alwayson.runtime.api import (
     ingest,
     request_approval,
 )
-from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.models import AgentConfig, SavedState
 from alwayson.web.models import LiveChange, LiveWatch
 from approvals.models import Approval, AuditEntry
 from inbox.models import Event, Inbox, Lease, Membership, Role, RunRecord, Session
@@ -145,9 +145,10 @@ def queries_for(client, path):
     return len(ctx.captured_queries)
 
 
-# The live pages' cursor and LISTEN bookkeeping (alwayson/web/live.py): nothing an operator
-# reads or acts on, so not in the admin's index or sidebar.
-INTERNAL = {LiveChange, LiveWatch}
+# The live pages' cursor and LISTEN bookkeeping (alwayson/web/live.py), and the copies of the
+# session state a replay starts runs from (SavedState): nothing an operator reads or acts on,
+# so not in the admin's index or sidebar.
+INTERNAL = {LiveChange, LiveWatch, SavedState}
 # Edited inline on another model's page: model -> the model whose page has it.
 INLINE = {ModelSettings: AgentConfig}
 

@@ -5,6 +5,7 @@ from datetime import timedelta
 
 from django import template
 
+from alwayson.runtime import versions
 from alwayson.web import runs
 
 register = template.Library()
@@ -38,3 +39,9 @@ def field_label(form, name):
 @register.filter
 def trace_id(traceparent):
     return runs.trace_id(traceparent)
+
+
+@register.filter
+def version_label(produced):
+    """The version a run's record keeps (alwayson/runtime/versions.py), in words."""
+    return versions.label((produced or {}).get("version"))

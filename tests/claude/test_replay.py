@@ -1,0 +1,224 @@
+"""Replay (issue 42 §2): recorded runs run again by a candidate, on the same events and the
+state each started from, committing nothing; tool calls the recorded run made answered from
+its journal, others stubbed; model calls counted against a budget; a report of what differs.
+Against the scripted model, on both databases."""
+
+import json
+
+import pytest
+from django.apps import apps
+from django.core.management import CommandError, call_command
+
+from alwayson.claude.replay import recorded_runs, replay
+from alwayson.runtime.models import AgentConfigRevision
+from alwayson.testing import message, tool_use, usage
+from inbox.models import RunRecord
+from tests.support import claude_tools
+
+CLAUDE = "alwayson.claude.agent"
+POLICY = {
+    "refund": [{"when": {"amount": {"lt": 50}}, "then": "allow"}, {"then": "ask"}],
+    "lookup_order": "allow",
+    "delete_account": "deny",
+}
+
+
+def row_counts() -> dict:
+    """Every table's rows, by model."""
+    return {model._meta.label: model.objects.count() for model in apps.get_models()}
+
+
+@pytest.fixture
+def support(harness, messages_api):
+    """An inbox whose one recorded run looked order 8 up and said so."""
+    inbox = harness.inbox("support", agent=CLAUDE, policy=POLICY, system_prompt="Be kind.")
+    messages_api.reply(
+        message(tool_use("lookup_order", {"order": "8"}), tokens=usage(100, 10)),
+        message(tool_use("send_message", {"text": "Order 8 shipped."}), tokens=usage(120, 10)),
+        message("Done.", tokens=usage(130, 5)),
+    )
+    inbox.chat("where is order 8?")
+    harness.run_until_idle()
+    assert inbox.said() == ["Order 8 shipped."]
+    claude_tools.CALLS.clear()
+    return inbox
+
+
+def test_a_changed_prompt_is_replayed_without_committing_anything(harness, messages_api, support):
+    proposed = AgentConfigRevision.propose(
+        support.inbox, system_prompt="Refund late orders at once.", now=harness.now
+    )
+    messages_api.reply(
+        message(tool_use("lookup_order", {"order": "8"}), tokens=usage(100, 10)),
+        message(tool_use("refund", {"order": "8", "amount": 20}), tokens=usage(110, 10)),
+        message(tool_use("send_message", {"text": "Refunded order 8."}), tokens=usage(120, 10)),
+        message("Done.", tokens=usage(130, 5)),
+    )
+    before = row_counts()
+
+    report = replay(recorded_runs(inboxes=["support"]), revision=proposed, budget=10)
+
+    assert row_counts() == before
+    assert claude_tools.CALLS == []  # the refund was stubbed, the lookup answered from the journal
+    [run] = report.runs
+    assert run.differences == ["messages", "tool_calls"]
+    assert run.recorded.messages == ["Order 8 shipped."]
+    assert run.candidate.messages == ["Refunded order 8."]
+    assert run.candidate.tool_calls == [
+        {
+            "tool": "lookup_order",
+            "arguments": {"order": "8"},
+            "decision": "allow",
+            "answered": "journal",
+        },
+        {
+            "tool": "refund",
+            "arguments": {"order": "8", "amount": 20},
+            "decision": "allow",
+            "answered": "would call",
+        },
+        {"tool": "send_message", "arguments": {"text": "Refunded order 8."}, "decision": "allow"},
+    ]
+    assert [c["tool"] for c in run.recorded.tool_calls] == ["lookup_order", "send_message"]
+    assert (run.recorded.tokens, run.candidate.tokens) == (375, 495)
+    assert report.paid_calls == 4 and report.totals()["differ"] == 1
+    # The candidate's requests carried its prompt, and the stub's words came back as the result.
+    system = json.dumps(messages_api.messages_requests[-1].body["system"])
+    assert "Refund late orders at once." in system
+    results = messages_api.messages_requests[-2].body["messages"][-1]["content"]
+    assert "this tool was not run" in json.dumps(results)
+    assert "(revision 2, proposed)" in run.candidate_version
+    assert ' *tool_calls  recorded: lookup_order {"order": "8"} allow; send_message' in "\n".join(
+        report.lines()
+    )
+    assert (
+        'candidate: lookup_order {"order": "8"} allow (journal); refund {"amount": 20, '
+        '"order": "8"} allow (would call); send_message'
+    ) in "\n".join(report.lines())
+    assert (
+        run.recorded_version
+        == f"{CLAUDE} @ {RunRecord.objects.get().produced['version']['code']} config r1"
+    )
+
+
+def test_the_same_agent_and_configuration_is_answered_from_the_records(messages_api, support):
+    requests = len(messages_api.messages_requests)
+
+    report = replay(recorded_runs(inboxes=["support"]), budget=0)
+
+    [run] = report.runs
+    assert run.differences == []
+    assert (report.paid_calls, len(messages_api.messages_requests)) == (0, requests)
+    assert run.candidate.tool_calls[0]["answered"] == "journal"
+
+
+def test_the_budget_stops_the_replay_at_the_call_past_it(harness, messages_api, support):
+    support.chat("and order 9?")
+    messages_api.reply(message("Nothing to add."))
+    harness.run_until_idle()
+    proposed = AgentConfigRevision.propose(support.inbox, system_prompt="Other.", now=harness.now)
+    messages_api.reply(message(tool_use("lookup_order", {"order": "8"})), message("Done."))
+    before = row_counts()
+
+    report = replay(recorded_runs(inboxes=["support"]), revision=proposed, budget=1)
+
+    assert row_counts() == before
+    assert report.runs == [] and report.paid_calls == 1
+    assert report.stopped == "the budget of 1 model call(s) is spent at support #1"
+    assert report.not_replayed == 2
+
+
+def test_the_command_prints_and_saves_the_report(harness, messages_api, support, tmp_path):
+    out = tmp_path / "report.json"
+    printed = []
+
+    call_command(
+        "replay", "--inbox", "support", "--budget", "0", "--out", str(out), stdout=Printed(printed)
+    )
+
+    text = "".join(printed)
+    assert "support #1 (" in text and "): same" in text
+    assert "total: 1 run(s) replayed, 0 differ" in text
+    saved = json.loads(out.read_text())
+    assert saved["totals"]["runs"] == 1 and saved["runs"][0]["differences"] == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        (["--budget", "-1"], "--budget must be 0 or more model calls, not -1"),
+        (["--budget", "1", "--inbox", "nope"], "--inbox: no inbox nope"),
+        (["--budget", "1", "--since", "yesterday"], "--since: 'yesterday' is not a date"),
+        (["--budget", "1", "--outcome", "fine"], "outcome: fine is not one of"),
+        (["--budget", "1", "--config-revision", "2"], "--config-revision: name the one inbox"),
+        (
+            ["--budget", "1", "--inbox", "support", "--config-revision", "9"],
+            "--config-revision: inbox support has no revision 9",
+        ),
+        (
+            ["--budget", "1", "--since", "2026-12-02", "--until", "2026-12-01"],
+            "must be before --until",
+        ),
+    ],
+)
+def test_the_command_refuses_what_it_cannot_read(support, tmp_path, arguments, error):
+    with pytest.raises(CommandError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        call_command("replay", *arguments, "--out", str(tmp_path / "r.json"))
+
+
+class Printed:
+    def __init__(self, into):
+        self.into = into
+
+    def write(self, text):
+        self.into.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_a_proposed_model_setting_reaches_the_candidates_requests(harness, messages_api, support):
+    proposed = AgentConfigRevision.propose(
+        support.inbox, model_settings={"temperature": 0.3}, now=harness.now
+    )
+    messages_api.reply(message("Nothing to say."))
+    before = row_counts()
+
+    report = replay(recorded_runs(inboxes=["support"]), revision=proposed, budget=5)
+
+    assert row_counts() == before
+    assert messages_api.messages_requests[-1].body["temperature"] == 0.3
+    [run] = report.runs
+    assert run.candidate.messages == [] and run.differences == ["messages", "tool_calls"]
+    with pytest.raises(ValueError, match="model_settings must be a dict"):
+        AgentConfigRevision.propose(support.inbox, model_settings=0.3)
+
+
+def test_another_agent_replays_a_rule_based_agents_runs_from_their_start_state(harness):
+    desk = harness.inbox("desk", agent="tests.support.kit_agents.desk")
+    desk.chat("one")
+    desk.chat("later")
+    harness.run_until_idle()
+    desk.chat("two")
+    harness.run_until_idle()
+    before = row_counts()
+
+    same = replay(recorded_runs(inboxes=["desk"]), budget=0)
+    broken = replay(
+        recorded_runs(inboxes=["desk"]), agent="tests.support.kit_agents.broken", budget=0
+    )
+
+    assert row_counts() == before
+    assert [run.differences for run in same.runs] == [[], []]
+    first, second = same.runs
+    assert first.candidate.timers == ["follow-up"] and first.candidate.messages == [
+        "desk-owner said: one",
+        "I will follow up in an hour.",
+    ]
+    assert second.recorded.messages == second.candidate.messages == ["desk-owner said: two"]
+    assert [run.differences for run in broken.runs] == [
+        ["outcome", "messages", "timers"],
+        ["outcome", "messages"],
+    ]
+    assert broken.runs[0].candidate.error == "ValueError: the agent broke on purpose"
+    assert "tests.support.kit_agents.broken @ sha256:" in broken.runs[0].candidate_version
