@@ -1,5 +1,8 @@
 """What the Claude agent paid for and ran, and each inbox's agent configuration."""
 
+import difflib
+import json
+
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import OuterRef, Subquery, Sum
@@ -9,12 +12,12 @@ from django.utils.html import format_html
 
 from alwayson.runtime.models import AgentConfig
 from inbox import clock
-from inbox.admin import MachineryAdmin, pretty_json, record_history
+from inbox.admin import MachineryAdmin, ViewOnlyAdmin, pretty_json, record_history
 from inbox.clock import day_start
 from inbox.models import Inbox
 
 from .conversations import reset_conversations
-from .models import TOTAL_TOKENS, ModelCall, ModelSettings, ToolResult
+from .models import TOTAL_TOKENS, McpToolDefinition, ModelCall, ModelSettings, ToolResult
 
 
 class EditedConfig(InlineForeignKeyField):
@@ -70,6 +73,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
         "model",
         "system_prompt",
         "tools",
+        "mcp_servers",
         "policy",
         "daily_token_budget",
         "approval_window",
@@ -248,3 +252,67 @@ class ToolResultAdmin(MachineryAdmin):
     @admin.display(description="result")
     def result_pretty(self, obj):
         return pretty_json(obj.result)
+
+
+def _definition_text(definition) -> list[str]:
+    if definition is None:
+        return []
+    shown = {"description": definition.description, "input_schema": definition.input_schema}
+    return json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+
+
+@admin.register(McpToolDefinition)
+class McpToolDefinitionAdmin(ViewOnlyAdmin):
+    """The definitions MCP servers listed for their tools. A tool reaches the model only in a
+    definition approved here (alwayson/claude/mcp.py): a new one, or one whose description or
+    schema changed, waits, shown as a diff of the definition approved before it."""
+
+    list_display = ("name", "server", "approved", "first_seen", "approved_at", "approved_by")
+    list_filter = ("server", ("approved_at", admin.EmptyFieldListFilter))
+    search_fields = ("name", "=server")
+    ordering = ("-first_seen", "-pk")
+    actions = ["approve_definitions"]
+    fields = (
+        "server",
+        "name",
+        "fingerprint",
+        "first_seen",
+        "approved_at",
+        "approved_by",
+        "diff",
+        "description",
+        "schema_pretty",
+    )
+    readonly_fields = fields
+
+    @admin.display(boolean=True)
+    def approved(self, obj):
+        return obj.approved
+
+    @admin.display(description="input schema")
+    def schema_pretty(self, obj):
+        return pretty_json(obj.input_schema)
+
+    @admin.display(description="changes from the definition approved before")
+    def diff(self, obj):
+        before = obj.previous_approved()
+        lines = difflib.unified_diff(
+            _definition_text(before),
+            _definition_text(obj),
+            "approved before" if before else "(none approved before)",
+            "this definition",
+            lineterm="",
+        )
+        return format_html("<pre>{}</pre>", "\n".join(lines) or "(the same)")
+
+    def has_approve_permission(self, request):
+        return request.user.has_perm("alwayson_claude.approve_mcptooldefinition")
+
+    @admin.action(description="Approve the selected definitions", permissions=["approve"])
+    def approve_definitions(self, request, queryset):
+        now = clock.database_now()
+        count = 0
+        for definition in queryset.filter(approved_at__isnull=True):
+            definition.approve(request.user, now)
+            count += 1
+        self.message_user(request, f"{count} definition(s) approved.", messages.SUCCESS)

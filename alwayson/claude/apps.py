@@ -20,7 +20,7 @@ class ClaudeConfig(AppConfig):
         from approvals.services import edit_checks
 
         from . import retention as own_tables
-        from .models import ModelCall, ModelSettings, ToolResult
+        from .models import McpToolDefinition, ModelCall, ModelSettings, ToolResult
         from .runner import EDIT_CHECK, check_edit
 
         # Here, not in the settings, which import no app: every process stops at start-up on
@@ -35,4 +35,5 @@ class ClaudeConfig(AppConfig):
         # What its runs write outside the fence, and read again on a retry.
         need(ModelCall, SELECT, INSERT, why="model answers: cached, and the daily budget")
         need(ToolResult, SELECT, INSERT, UPDATE, why="the tool calls' journal and results")
+        need(McpToolDefinition, SELECT, INSERT, why="MCP tools' definitions, as listed")
         need(ToolResult.events.through, SELECT, INSERT, DELETE, why="a call's events")

@@ -36,7 +36,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from alwayson.claude import client, transcript
+from alwayson.claude import client, mcp, transcript
 from alwayson.claude.models import ModelSettings, ToolResult
 from alwayson.claude.session import STATE_KEY, Answer, ClaudeSession, WaitingTurn
 from alwayson.runtime.models import AgentConfig
@@ -48,6 +48,8 @@ from alwayson.runtime.tools import (
     Tool,
     ToolCall,
     ToolError,
+    mcp_server_of,
+    mcp_servers_of,
     offered_tools,
 )
 from approvals.models import APPROVAL_SOURCE, Approval, approval_url, is_operator
@@ -102,13 +104,17 @@ class AgentSettings:
     temperature: float | None
     thinking_budget: int | None
     tool_choice: str
+    # The MCP servers whose tools are offered (alwayson/claude/mcp.py).
+    mcp_servers: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
         configs = AgentConfig.objects.select_related("model_settings")
         config = configs.filter(inbox_id=inbox.pk).first() or AgentConfig()
         sent = ModelSettings.of(config)
-        tools = offered_tools(config.tools)
+        servers = tuple(mcp_servers_of(config.mcp_servers))
+        # The MCP tools as last approved; a run lists them from their servers (go()).
+        tools = offered_tools(config.tools) | mcp.approved_tools(servers)
         # Saved through the admin, these were checked; a row written otherwise, or a default
         # changed since, fails the run here with the field named rather than the API's 400.
         problems = sent.refused(tools)
@@ -130,6 +136,7 @@ class AgentSettings:
             temperature=sent.temperature,
             thinking_budget=sent.thinking_budget,
             tool_choice=sent.tool_choice,
+            mcp_servers=servers,
         )
 
     def tool_choice_for(self, opening: bool) -> dict | None:
@@ -157,7 +164,14 @@ def preflight():
     that exist."""
     client.check_api_key()
     offered = offered_tools(None)
-    check_policy(settings.ALWAYSON_CLAUDE_POLICY, {n: t.input_schema for n, t in offered.items()})
+    servers = settings.ALWAYSON_MCP_SERVERS
+    # An MCP tool's rules wait for its server's schema: checked for their syntax at start-up.
+    own = {
+        name: entry
+        for name, entry in settings.ALWAYSON_CLAUDE_POLICY.items()
+        if mcp_server_of(name) not in servers
+    }
+    check_policy(own, {n: t.input_schema for n, t in offered.items()})
 
 
 agent.preflight = preflight
@@ -252,10 +266,11 @@ class ClaudeRun:
 
     def go(self):
         try:
+            self.config = mcp.with_server_tools(self.config, clock.database_now())
             self._go()
         except client.BudgetSpent as spent:
             self._defer_for_budget(spent)
-        except client.ModelUnavailable as failure:
+        except (client.ModelUnavailable, mcp.ServerUnavailable) as failure:
             self._defer_for_outage(failure)
 
     def _go(self):
@@ -678,7 +693,7 @@ class ClaudeRun:
                 urgent=True,
             )
 
-    def _defer_for_outage(self, failure: client.ModelUnavailable):
+    def _defer_for_outage(self, failure: client.ModelUnavailable | mcp.ServerUnavailable):
         stored = ClaudeSession.from_state(self.run.state.get(STATE_KEY))
         stored.api_failures += 1
         self.run.state[STATE_KEY] = stored.to_state()
@@ -687,7 +702,8 @@ class ClaudeRun:
         if failure.retry_after is not None:
             delay = max(delay, timedelta(seconds=failure.retry_after))
         self.run.defer(
-            f"model API unavailable (failure {failures} in a row), retrying in "
+            f"{getattr(failure, 'what', 'model API')} unavailable (failure {failures} in a row), "
+            "retrying in "
             f"{int(delay.total_seconds())} s: {failure.reason}",
             delay=delay,
         )

@@ -58,6 +58,10 @@ from jsonschema.exceptions import SchemaError
 
 # The Messages API's rule for tool names.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# An MCP server's tools reach the model as mcp__<server>__<tool>: application tools may not
+# take the prefix, and a server's name has no underscore, so no two tools ever share a name.
+MCP_PREFIX = "mcp__"
+MCP_SERVER_NAME = re.compile(r"[a-zA-Z0-9-]{1,24}")
 
 
 class ToolError(Exception):
@@ -212,6 +216,8 @@ def tool(
             raise ValueError(f"tool name {tool_name!r}: letters, digits, _ and - (1 to 64)")
         if tool_name in BUILTINS:
             raise ValueError(f"tool name {tool_name!r} is a built-in tool's")
+        if tool_name.startswith(MCP_PREFIX):
+            raise ValueError(f"tool name {tool_name!r}: {MCP_PREFIX} is for MCP servers' tools")
         check_schema(tool_name, input_schema)
         if question is not None:
             if not isinstance(question, Question):
@@ -274,3 +280,35 @@ def offered_tools(names) -> dict[str, Tool]:
     if names is not None:
         chosen = {name: chosen[name] for name in check_tool_names(names)}
     return {**BUILTINS, **chosen}
+
+
+def mcp_tool_name(server: str, name: str) -> str:
+    return f"{MCP_PREFIX}{server}__{name}"
+
+
+def mcp_server_of(tool_name: str) -> str | None:
+    """The server an MCP tool's name names; None for any other tool."""
+    if not tool_name.startswith(MCP_PREFIX):
+        return None
+    return tool_name[len(MCP_PREFIX) :].partition("__")[0]
+
+
+def check_mcp_servers(names) -> list | None:
+    """None (every server of ALWAYSON_MCP_SERVERS) or a list of its server names."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError('mcp_servers must be a JSON list of server names, such as ["tracker"]')
+    known = settings.ALWAYSON_MCP_SERVERS
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown MCP server(s) {', '.join(unknown)}; ALWAYSON_MCP_SERVERS names: "
+            f"{', '.join(sorted(known)) or 'none'}"
+        )
+    return names
+
+
+def mcp_servers_of(names) -> list[str]:
+    """The MCP servers an agent connects: the chosen ones, or every configured one."""
+    return sorted(settings.ALWAYSON_MCP_SERVERS) if names is None else check_mcp_servers(names)
