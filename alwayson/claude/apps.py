@@ -1,6 +1,7 @@
 from django.apps import AppConfig
 
 from alwayson.runtime.policy import check_policy_syntax
+from alwayson.runtime.tools import check_mcp_server_settings
 from inbox.validation import alwayson_setting, checked_setting
 
 
@@ -26,6 +27,11 @@ class ClaudeConfig(AppConfig):
         # Here, not in the settings, which import no app: every process stops at start-up on
         # a malformed default policy, not when a Claude agent first reads it.
         checked_policy("ALWAYSON_CLAUDE_POLICY", alwayson_setting("ALWAYSON_CLAUDE_POLICY"))
+        checked_setting(
+            "ALWAYSON_MCP_SERVERS",
+            check_mcp_server_settings,
+            alwayson_setting("ALWAYSON_MCP_SERVERS"),
+        )
         # What this app adds to the apps below (inbox/extensions.py).
         retention.table_rules.add(self.label, own_tables.rules)
         # A person's edit of an asked call is checked against this agent's policy, in

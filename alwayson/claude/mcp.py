@@ -21,17 +21,25 @@ defers the run as a model outage does, and the retry repeats the call under its 
 """
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import logging
+import queue
+import threading
 from dataclasses import replace
 
+import httpx2
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 
+from alwayson.egress.exceptions import EgressRefused
+from alwayson.egress.gateway import RESERVED_HEADERS
+from alwayson.runtime.run import LeaseLost
 from alwayson.runtime.tools import (
     MCP_PREFIX,
     TOOL_NAME,
@@ -49,6 +57,9 @@ DEFAULT_TIMEOUT = 30
 # What the SDK's transport reports for an HTTP error status without a JSON-RPC error (a proxy's
 # 502, a server restarting): the server did not answer, as much as a refused connection.
 HTTP_ERROR_RESPONSE = "Server returned an error response"
+# Headers neither sent to the gateway (it sets its own) nor taken back from it (its body is
+# decoded already).
+DROPPED_HEADERS = frozenset({"accept-encoding", "content-encoding", "content-length"})
 # Sent with every call: the same on each retry of the same call (the tool journal's key).
 IDEMPOTENCY_META = "io.alwayson/idempotency-key"
 
@@ -76,13 +87,87 @@ def fingerprint(name: str, description: str, schema: dict) -> str:
 
 def _server(server: str) -> tuple[str, float]:
     entry = settings.ALWAYSON_MCP_SERVERS[server]
-    return entry["url"], float(entry.get("timeout", DEFAULT_TIMEOUT))
+    return entry, float(entry.get("timeout", DEFAULT_TIMEOUT))
 
 
-def _connect(server: str) -> Client:
-    url, timeout = _server(server)
+class _Bridge:
+    """Runs the SDK's event loop on a thread of its own while the calling thread does what must
+    stay synchronous and on its own database connection: each request through the egress
+    gateway (`run.http`, which checks the lease and records the call) is handed back to it."""
+
+    def __init__(self):
+        self.calls = queue.SimpleQueue()
+
+    async def call(self, function):
+        future = concurrent.futures.Future()
+        self.calls.put((function, future))
+        return await asyncio.wrap_future(future)
+
+    def run(self, work):
+        outcome = {}
+
+        def loop():
+            try:
+                outcome["value"] = asyncio.run(work(self))
+            except BaseException as exc:  # handed to the calling thread, as it is
+                outcome["error"] = exc
+            finally:
+                self.calls.put(None)
+
+        thread = threading.Thread(target=loop, name="mcp-client", daemon=True)
+        thread.start()
+        while (item := self.calls.get()) is not None:
+            function, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:
+                    future.set_exception(exc)
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+
+class _EgressTransport(httpx2.AsyncBaseTransport):
+    """The MCP connection's HTTP requests as calls of the run's egress gateway, to the service
+    the server's configuration names: the gateway checks the allowlist and the lease, adds the
+    credential this process never holds, and scrubs it from what comes back."""
+
+    def __init__(self, bridge: _Bridge, run, service: str):
+        self.bridge, self.run, self.service = bridge, run, service
+
+    async def handle_async_request(self, request):
+        body = await request.aread()
+        headers = {
+            name: value
+            for name, value in request.headers.items()
+            if name.lower() not in RESERVED_HEADERS and name.lower() not in DROPPED_HEADERS
+        }
+        path = request.url.raw_path.decode("ascii")
+
+        def send():
+            return self.run.http.request(
+                self.service, request.method, path, content=body, headers=headers
+            )
+
+        answer = await self.bridge.call(send)
+        shown = {k: v for k, v in answer.headers.items() if k.lower() not in DROPPED_HEADERS}
+        return httpx2.Response(answer.status, headers=shown, content=answer.content)
+
+
+def _connect(server: str, bridge: _Bridge, run) -> Client:
+    entry, timeout = _server(server)
     # No response cache: each run sees the listing as the server gives it now.
-    return Client(url, read_timeout_seconds=timeout, cache=None)
+    if "service" not in entry:
+        return Client(entry["url"], read_timeout_seconds=timeout, cache=None)
+    http = httpx2.AsyncClient(transport=_EgressTransport(bridge, run, entry["service"]))
+    path = entry.get("path", "/mcp")
+    return Client(
+        streamable_http_client(f"http://{entry['service']}.egress{path}", http_client=http),
+        read_timeout_seconds=timeout,
+        cache=None,
+    )
 
 
 def _in_group(exc: BaseException, kind):
@@ -103,12 +188,18 @@ def _describe(exc: BaseException) -> str:
 
 
 def _run(server: str, work):
-    """Run the coroutine `work()` to its end; an MCPError (the server answered, with an
-    error) is raised as it is, anything else that kept the server from answering as
-    ServerUnavailable."""
+    """Run the coroutine `work(bridge)` to its end. A lost lease and a call the gateway
+    refuses are raised as they are (the run stops; a refusal is a configuration to fix, not an
+    outage); an MCPError (the server answered, with an error) too, unless it is the transport's
+    word for an HTTP error or a closed connection; anything else that kept the server from
+    answering is ServerUnavailable."""
     try:
-        return asyncio.run(work())
+        return _Bridge().run(work)
     except Exception as exc:
+        for fatal in (LeaseLost, EgressRefused):
+            found = _in_group(exc, fatal)
+            if found is not None:
+                raise found from None
         answered = _in_group(exc, MCPError)
         if answered is None:
             raise ServerUnavailable(server, _describe(exc)) from None
@@ -119,11 +210,11 @@ def _run(server: str, work):
         raise answered from None
 
 
-def list_tools(server: str) -> list:
+def list_tools(server: str, run) -> list:
     """The server's tools (mcp_types.Tool), every page."""
 
-    async def work():
-        async with _connect(server) as client:
+    async def work(bridge):
+        async with _connect(server, bridge, run) as client:
             tools, cursor = [], None
             while True:
                 page = await client.list_tools(cursor=cursor)
@@ -138,14 +229,16 @@ def list_tools(server: str) -> list:
         raise ServerUnavailable(server, f"listing its tools: {exc.error.message}") from None
 
 
-def call_tool(server: str, name: str, arguments: dict, idempotency_key: str) -> str:
+def call_tool(server: str, name: str, arguments: dict, tool_call) -> str:
     """The text of the tool's result, marked as untrusted; ToolError when the server says
     the call failed, refused it, or did not answer in time; ServerUnavailable when it
     cannot be reached."""
 
-    async def work():
-        async with _connect(server) as client:
-            return await client.call_tool(name, arguments, meta={IDEMPOTENCY_META: idempotency_key})
+    async def work(bridge):
+        async with _connect(server, bridge, tool_call.run) as client:
+            return await client.call_tool(
+                name, arguments, meta={IDEMPOTENCY_META: tool_call.idempotency_key}
+            )
 
     try:
         result = _run(server, work)
@@ -198,7 +291,7 @@ def _as_tool(server: str, definition: McpToolDefinition) -> Tool:
     name = definition.name
 
     def call(tool_call, **arguments):
-        return call_tool(server, name, arguments, tool_call.idempotency_key)
+        return call_tool(server, name, arguments, tool_call)
 
     return Tool(
         name=mcp_tool_name(server, name),
@@ -253,11 +346,11 @@ def record(server: str, listed, now) -> McpToolDefinition:
         return McpToolDefinition.objects.get(server=server, name=listed.name, fingerprint=digest)
 
 
-def server_tools(servers, now) -> dict[str, Tool]:
+def server_tools(servers, run, now) -> dict[str, Tool]:
     """The tools the servers list now, in definitions a person approved, by offered name."""
     offered = {}
     for server in servers:
-        for listed in list_tools(server):
+        for listed in list_tools(server, run):
             if not _usable(server, listed):
                 continue
             definition = record(server, listed, now)
@@ -289,9 +382,10 @@ def approved_tools(servers) -> dict[str, Tool]:
     return offered
 
 
-def with_server_tools(config, now):
+def with_server_tools(config, run, now):
     """`config` (AgentSettings) offering the MCP tools as their servers list them now."""
     if not config.mcp_servers:
         return config
+    run.check_lease()
     own = {name: t for name, t in config.tools.items() if not name.startswith(MCP_PREFIX)}
-    return replace(config, tools=own | server_tools(config.mcp_servers, now))
+    return replace(config, tools=own | server_tools(config.mcp_servers, run, now))

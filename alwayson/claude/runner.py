@@ -266,7 +266,7 @@ class ClaudeRun:
 
     def go(self):
         try:
-            self.config = mcp.with_server_tools(self.config, clock.database_now())
+            self.config = mcp.with_server_tools(self.config, self.run, clock.database_now())
             self._go()
         except client.BudgetSpent as spent:
             self._defer_for_budget(spent)

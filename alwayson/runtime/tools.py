@@ -293,6 +293,44 @@ def mcp_server_of(tool_name: str) -> str | None:
     return tool_name[len(MCP_PREFIX) :].partition("__")[0]
 
 
+MCP_SERVER_FIELDS = frozenset({"url", "service", "path", "timeout", "approve_new"})
+
+
+def check_mcp_server_settings(servers) -> dict:
+    """ALWAYSON_MCP_SERVERS, checked: {name: {"url": ...} or {"service": an egress service,
+    "path": ...}, with an optional "timeout" (seconds) and "approve_new"}."""
+    if not isinstance(servers, dict):
+        raise ValueError("expected a JSON object of MCP servers by name")
+    for name, entry in servers.items():
+        if not isinstance(name, str) or not MCP_SERVER_NAME.fullmatch(name):
+            raise ValueError(f"server name {name!r}: letters, digits and - (1 to 24)")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{name}: expected an object, not {type(entry).__name__}")
+        unknown = set(entry) - MCP_SERVER_FIELDS
+        if unknown:
+            raise ValueError(f"{name}: unknown field(s) {sorted(unknown)}")
+        if ("url" in entry) == ("service" in entry):
+            raise ValueError(
+                f"{name}: give url (no credential) or service (an ALWAYSON_EGRESS_SERVICES "
+                "name, whose credential the gateway adds), not both or neither"
+            )
+        if "url" in entry and not (
+            isinstance(entry["url"], str) and entry["url"].startswith(("http://", "https://"))
+        ):
+            raise ValueError(f"{name}.url must be an http(s) URL, not {entry['url']!r}")
+        for field in ("service", "path"):
+            if field in entry and not (isinstance(entry[field], str) and entry[field]):
+                raise ValueError(f"{name}.{field} must be a non-empty string")
+        if "path" in entry and not entry["path"].startswith("/"):
+            raise ValueError(f"{name}.path must start with /, not {entry['path']!r}")
+        timeout = entry.get("timeout", 30)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"{name}.timeout must be a positive number of seconds")
+        if not isinstance(entry.get("approve_new", False), bool):
+            raise ValueError(f"{name}.approve_new must be true or false")
+    return servers
+
+
 def check_mcp_servers(names) -> list | None:
     """None (every server of ALWAYSON_MCP_SERVERS) or a list of its server names."""
     if names is None:

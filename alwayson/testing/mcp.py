@@ -12,7 +12,8 @@ A tool's `answer` takes the arguments and returns text; raising `ToolFailed` giv
 result (is_error), and `HANG` as the answer keeps the call waiting until `stop()` (the
 client's time-out). `refusing_calls = True` answers every call with an HTTP 503, as a server
 restarting does; `stop()` then `start()` restarts it on the same port. Changing a tool (call
-`tool()` again) changes the definition the next listing gives.
+`tool()` again) changes the definition the next listing gives. `requests` has every HTTP
+request's method, path and headers: what reached the server through the egress gateway.
 """
 
 import asyncio
@@ -48,6 +49,8 @@ class ScriptedMcpServer:
         self.tools: dict[str, ScriptedTool] = {}
         self.calls = []  # (tool, arguments, idempotency key) in the order they arrived
         self.listings = 0
+        # Every HTTP request's method, path and headers (lowercase names), as it arrived.
+        self.requests = []
         self.refusing_calls = False
         self._released = threading.Event()
         self._server = None
@@ -105,6 +108,9 @@ class ScriptedMcpServer:
         inner = server.streamable_http_app(stateless_http=True, json_response=True)
 
         async def app(scope, receive, send):
+            if scope["type"] == "http":
+                headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+                self.requests.append((scope["method"], scope["path"], headers))
             if scope["type"] != "http" or not self.refusing_calls:
                 return await inner(scope, receive, send)
             body = b""

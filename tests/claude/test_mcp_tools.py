@@ -15,9 +15,13 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
 
-from alwayson.claude import tool
+from alwayson.claude import mcp, tool
 from alwayson.claude.models import McpToolDefinition, ToolResult
+from alwayson.egress.models import EgressCall
+from alwayson.egress.scrub import REDACTED
 from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.run import LeaseLost, Run
+from alwayson.runtime.tools import ToolCall
 from alwayson.runtime.worker import Worker
 from alwayson.testing.mcp import HANG, ToolFailed
 from alwayson.testing.model import message, tool_use
@@ -25,7 +29,9 @@ from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox import clock
 from inbox.models import Event, Lease, Membership, Role
-from inbox.services import ingest
+from inbox.services import acquire, claim_batch, ingest
+from tests.support.clock import Ticks
+from tests.support.egress import every_stored_value
 
 pytestmark = pytest.mark.django_db
 
@@ -414,3 +420,78 @@ def test_an_inbox_without_the_server_is_not_offered_its_tools(desk):
     assert not any(name.startswith("mcp__") for name in offered(desk.api.messages_requests[0]))
     assert desk.server.listings == 0
     assert json.loads(json.dumps(desk.server.calls)) == []
+
+
+# --- through the egress gateway -----------------------------------------------------------------
+
+TOKEN = "mcp_tok_PLANTED-5e2a91c7"  # distinctive: searched for everywhere afterwards
+
+
+@pytest.fixture
+def behind_egress(desk, monkeypatch):
+    """The tracker reached as the egress service "tracker", whose token only the gateway
+    reads (from the environment of runegress, here of this process)."""
+    monkeypatch.setenv("TRACKER_TOKEN", TOKEN)
+    desk.settings.ALWAYSON_EGRESS_SERVICES = {
+        "tracker": {
+            "base_url": f"http://127.0.0.1:{desk.server.port}",
+            "methods": ["GET", "POST", "DELETE"],
+            "paths": ["/mcp"],
+            "secret_env": "TRACKER_TOKEN",
+            "timeout": 5,
+        }
+    }
+    desk.settings.ALWAYSON_MCP_SERVERS = {
+        "tracker": {"service": "tracker", "path": "/mcp", "timeout": 2, "approve_new": True}
+    }
+    with_policy(desk, {SEARCH: "allow"})
+    return desk
+
+
+def test_the_connection_goes_through_the_gateway_which_adds_the_token(behind_egress):
+    desk = behind_egress
+
+    assert call_search(desk, {"q": "login"}, then=message("Found.")).outcome == "quiet"
+
+    assert desk.server.requests
+    assert {h.get("authorization") for _, _, h in desk.server.requests} == {f"Bearer {TOKEN}"}
+    assert [call[:2] for call in desk.server.calls] == [("search", {"q": "login"})]
+    recorded = EgressCall.objects.filter(inbox=desk.inbox)
+    assert recorded.count() == len(desk.server.requests)
+    assert set(recorded.values_list("service", "outcome")) == {("tracker", "sent")}
+    [result] = results_of(desk.api.messages_requests[1])
+    assert "2 issues match 'login'" in result["content"]
+
+
+def test_a_server_echoing_its_token_reaches_the_model_scrubbed_and_is_stored_nowhere(
+    behind_egress,
+):
+    desk = behind_egress
+    desk.server.tool(
+        "search", "Search the issue tracker.", SEARCH_SCHEMA, answer=f"your token is {TOKEN}"
+    )
+
+    call_search(desk, {"q": "login"}, then=message("Odd."))
+
+    [result] = results_of(desk.api.messages_requests[1])
+    assert TOKEN not in result["content"] and f"your token is {REDACTED}" in result["content"]
+    assert not [value for value in every_stored_value() if TOKEN in value]
+    assert not [r for r in desk.api.messages_requests if TOKEN in json.dumps(r.body)]
+
+
+def test_a_run_that_lost_its_lease_makes_no_request_to_the_server(behind_egress, settings):
+    desk = behind_egress
+    settings.ALWAYSON_LEASE_TTL = 60
+    ticks = Ticks()
+    chat(desk.inbox, "m1")
+    generation = acquire(desk.inbox, "A")
+    run = Run(
+        desk.inbox, "A", generation, claim_batch(desk.inbox, "A", generation), {}, clock=ticks
+    )
+    ticks.move(60)
+    call = ToolCall(run, SEARCH, {"q": "login"}, "toolu_1", "key-1", approved=False)
+
+    with pytest.raises(LeaseLost):
+        mcp.call_tool("tracker", "search", {"q": "login"}, call)
+
+    assert desk.server.requests == [] and desk.server.calls == []
