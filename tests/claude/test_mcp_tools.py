@@ -21,7 +21,7 @@ from alwayson.egress.models import EgressCall
 from alwayson.egress.scrub import REDACTED
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.run import LeaseLost, Run
-from alwayson.runtime.tools import ToolCall
+from alwayson.runtime.tools import ToolCall, check_mcp_server_settings
 from alwayson.runtime.worker import Worker
 from alwayson.testing.mcp import HANG, ToolFailed
 from alwayson.testing.model import message, tool_use
@@ -495,3 +495,35 @@ def test_a_run_that_lost_its_lease_makes_no_request_to_the_server(behind_egress,
         mcp.call_tool("tracker", "search", {"q": "login"}, call)
 
     assert desk.server.requests == [] and desk.server.calls == []
+
+
+@pytest.mark.parametrize(
+    ("servers", "error"),
+    [
+        ([], "expected a JSON object of MCP servers by name"),
+        ({"a_b": {"url": "http://x/mcp"}}, "server name 'a_b': letters, digits and - (1 to 24)"),
+        ({"t": "http://x/mcp"}, "t: expected an object, not str"),
+        ({"t": {"url": "http://x/mcp", "token": "x"}}, "t: unknown field(s) ['token']"),
+        ({"t": {}}, "t: give url (no credential) or service"),
+        ({"t": {"url": "http://x", "service": "s"}}, "t: give url (no credential) or service"),
+        ({"t": {"url": "ftp://x/mcp"}}, "t.url must be an http(s) URL, not 'ftp://x/mcp'"),
+        ({"t": {"service": ""}}, "t.service must be a non-empty string"),
+        ({"t": {"service": "s", "path": "mcp"}}, "t.path must start with /, not 'mcp'"),
+        ({"t": {"url": "http://x/mcp", "timeout": 0}}, "t.timeout must be a positive number"),
+        ({"t": {"url": "http://x/mcp", "timeout": True}}, "t.timeout must be a positive number"),
+        ({"t": {"url": "http://x/mcp", "approve_new": "yes"}}, "t.approve_new must be true"),
+    ],
+)
+def test_a_malformed_server_setting_is_refused_naming_the_field(servers, error):
+    with pytest.raises(ValueError) as refused:
+        check_mcp_server_settings(servers)
+    assert str(refused.value).startswith(error)
+
+
+def test_a_well_formed_server_setting_stands():
+    servers = {
+        "tracker": {"service": "tracker", "path": "/mcp", "timeout": 2.5},
+        "local-1": {"url": "https://127.0.0.1:9000/mcp", "approve_new": True},
+    }
+
+    assert check_mcp_server_settings(servers) is servers
