@@ -6,6 +6,7 @@ or restarting mid-run.
 """
 
 import json
+import re
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -527,3 +528,39 @@ def test_a_well_formed_server_setting_stands():
     }
 
     assert check_mcp_server_settings(servers) is servers
+
+
+def test_an_mcp_call_is_on_the_runs_timeline_and_its_approval_page_offers_the_schema(
+    desk, admin_client
+):
+    new_tools_approved(desk)
+    call_search(desk, {"q": "login", "limit": 40})
+    approval = Approval.objects.get()
+
+    page = admin_client.get(f"/approvals/{desk.inbox.slug}/{approval.request_id}/")
+
+    # The arguments' form, from the server's schema: one field per argument.
+    assert page.status_code == 200
+    labels = re.findall(r'<label for="id_a\d+-arg-\d+">([^<]+?)</label>', page.content.decode())
+    assert labels == ["q", "limit"]
+    answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana)
+    desk.api.reply(message("Done."))
+    step()
+    timeline = admin_client.get(f"/runs/{desk.inbox.slug}/2/")
+    assert timeline.status_code == 200
+    assert SEARCH in timeline.content.decode()
+    assert "2 issues match" in timeline.content.decode()
+
+
+def test_a_tool_the_model_could_not_be_offered_is_withheld_and_the_others_stay(desk):
+    new_tools_approved(desk)
+    desk.server.tool("x" * 60, "A name too long once prefixed.", {"type": "object"})
+    desk.server.tool("broken", "A schema that is not one.", {"type": "object", "required": 3})
+    chat(desk.inbox, "m1")
+    desk.api.reply(message("Nothing to do."))
+
+    step()
+
+    names = [n for n in offered(desk.api.messages_requests[0]) if n.startswith("mcp__")]
+    assert names == [SEARCH]
+    assert list(McpToolDefinition.objects.values_list("name", flat=True)) == ["search"]
