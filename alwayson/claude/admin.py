@@ -269,6 +269,7 @@ class McpToolDefinitionAdmin(ViewOnlyAdmin):
 
     list_display = ("name", "server", "approved", "first_seen", "approved_at", "approved_by")
     list_filter = ("server", ("approved_at", admin.EmptyFieldListFilter))
+    list_select_related = ("approved_by",)
     search_fields = ("name", "=server")
     ordering = ("-first_seen", "-pk")
     actions = ["approve_definitions"]
@@ -314,5 +315,7 @@ class McpToolDefinitionAdmin(ViewOnlyAdmin):
         count = 0
         for definition in queryset.filter(approved_at__isnull=True):
             definition.approve(request.user, now)
+            # Who approved which definition stays in the admin's history of the row.
+            self.log_change(request, definition, f"Approved definition {definition.fingerprint}")
             count += 1
         self.message_user(request, f"{count} definition(s) approved.", messages.SUCCESS)

@@ -11,6 +11,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.core.exceptions import ValidationError
 from django.test import Client
@@ -173,6 +174,11 @@ def test_a_changed_definition_is_withheld_and_the_admin_shows_the_diff_and_appro
     assert answered.status_code == 302
     changed.refresh_from_db()
     assert changed.approved and changed.approved_by == staff
+    [logged] = LogEntry.objects.filter(object_id=str(changed.pk))
+    assert (logged.user, logged.change_message) == (
+        staff,
+        f"Approved definition {changed.fingerprint}",
+    )
     chat(desk.inbox, "m3")
     desk.api.reply(message("Nothing to do."))
 
