@@ -3,6 +3,7 @@
 import difflib
 import json
 
+from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import OuterRef, Subquery, Sum
@@ -11,11 +12,14 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.policy import check_policy_syntax
+from alwayson.runtime.tools import mcp_servers_of
 from inbox import clock
 from inbox.admin import MachineryAdmin, ViewOnlyAdmin, pretty_json, record_history
 from inbox.clock import day_start
 from inbox.models import Inbox
 
+from . import mcp
 from .conversations import reset_conversations
 from .models import TOTAL_TOKENS, McpToolDefinition, ModelCall, ModelSettings, ToolResult
 
@@ -50,6 +54,38 @@ class ModelSettingsInline(admin.StackedInline):
     can_delete = False
 
 
+class AgentConfigForm(forms.ModelForm):
+    """AgentConfig.clean() checks a rule for an MCP tool for its syntax only (the runtime
+    knows no server's schema); here, in the Claude app, against the definition approved."""
+
+    class Meta:
+        model = AgentConfig
+        fields = (
+            "inbox",
+            "agent",
+            "model",
+            "system_prompt",
+            "tools",
+            "mcp_servers",
+            "policy",
+            "daily_token_budget",
+            "approval_window",
+        )
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            policy = check_policy_syntax(cleaned.get("policy"))
+            servers = mcp_servers_of(cleaned.get("mcp_servers"))
+        except ValueError:
+            return cleaned  # the model's clean() says what is wrong
+        try:
+            mcp.check_rules_against_definitions(policy, servers)
+        except ValueError as exc:
+            self.add_error("policy", str(exc))
+        return cleaned
+
+
 @admin.register(AgentConfig)
 class AgentConfigAdmin(admin.ModelAdmin):
     """Which agent each inbox runs and how: edited here, checked by AgentConfig.clean() and,
@@ -58,6 +94,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
     worker reads it at the start of every run. The "reset the conversation" action clears an
     inbox's session state, under its lock."""
 
+    form = AgentConfigForm
     list_display = ("inbox", "agent_shown", "model_shown", "daily_token_budget", "tokens_today")
     list_select_related = ("inbox",)
     search_fields = ("=inbox__slug", "agent", "model")

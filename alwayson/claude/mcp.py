@@ -40,6 +40,7 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 from alwayson.egress.exceptions import EgressRefused
 from alwayson.egress.gateway import RESERVED_HEADERS
 from alwayson.runtime.run import LeaseLost
+from alwayson.runtime.schemas import check_against
 from alwayson.runtime.tools import (
     MCP_PREFIX,
     TOOL_NAME,
@@ -380,6 +381,22 @@ def approved_tools(servers) -> dict[str, Tool]:
             definition.server, definition
         )
     return offered
+
+
+def check_rules_against_definitions(policy: dict, servers) -> None:
+    """The policy's rules for MCP tools, checked against the schema of each tool's definition
+    approved last (as the application tools' rules are against theirs: a field the schema
+    does not have, an operator on the wrong type); a tool with no approved definition yet
+    may be given rules ahead of it. ValueError naming the rule otherwise."""
+    known = approved_tools(servers)
+    for name, entry in policy.items():
+        tool = known.get(name)
+        if tool is None or isinstance(entry, str):
+            continue
+        for n, rule in enumerate([entry] if isinstance(entry, dict) else entry, 1):
+            check_against(
+                f"policy[{name!r}] rule {n}", name, rule.get("when", {}), tool.input_schema
+            )
 
 
 def with_server_tools(config, run, now):

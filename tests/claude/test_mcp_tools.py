@@ -18,6 +18,7 @@ from django.test import Client
 from django.urls import reverse
 
 from alwayson.claude import mcp, tool
+from alwayson.claude.admin import AgentConfigForm
 from alwayson.claude.models import McpToolDefinition, ToolResult
 from alwayson.egress.models import EgressCall
 from alwayson.egress.scrub import REDACTED
@@ -570,3 +571,29 @@ def test_a_tool_the_model_could_not_be_offered_is_withheld_and_the_others_stay(d
     names = [n for n in offered(desk.api.messages_requests[0]) if n.startswith("mcp__")]
     assert names == [SEARCH]
     assert list(McpToolDefinition.objects.values_list("name", flat=True)) == ["search"]
+
+
+def test_the_admin_checks_an_mcp_tools_rules_against_its_approved_definition(desk):
+    new_tools_approved(desk)
+    chat(desk.inbox, "m1")
+    desk.api.reply(message("Nothing to do."))
+    step()  # the tracker's search is listed, and approved as new
+    config = AgentConfig.objects.get(inbox=desk.inbox)
+
+    def form(policy):
+        data = {"inbox": desk.inbox.pk, "agent": config.agent, "policy": json.dumps(policy)}
+        return AgentConfigForm(data={**data, "mcp_servers": '["tracker"]'}, instance=config)
+
+    refused = form({SEARCH: [{"when": {"order": {"eq": "7"}}, "then": "deny"}]})
+    assert not refused.is_valid()
+    assert refused.errors["policy"] == [
+        f"policy['{SEARCH}'] rule 1 tests 'order', which {SEARCH} does not take; its arguments:"
+        " limit, q"
+    ]
+    wrong_type = form({SEARCH: [{"when": {"limit": {"prefix": "1"}}, "then": "allow"}]})
+    assert not wrong_type.is_valid() and "limit" in wrong_type.errors["policy"][0]
+    fits = form({SEARCH: [{"when": {"limit": {"lte": 10}}, "then": "allow"}, {"then": "ask"}]})
+    assert fits.is_valid(), fits.errors
+    # A tool the server has not listed yet may be given rules ahead of its definition.
+    ahead = form({"mcp__tracker__close": [{"when": {"id": {"eq": 1}}, "then": "deny"}]})
+    assert ahead.is_valid(), ahead.errors
