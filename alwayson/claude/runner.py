@@ -50,6 +50,7 @@ from alwayson.runtime.tools import (
     ToolError,
     mcp_server_of,
     mcp_servers_of,
+    mcp_tool_name,
     offered_tools,
 )
 from approvals.models import APPROVAL_SOURCE, Approval, approval_url, is_operator
@@ -235,7 +236,14 @@ def action_text(tool: Tool, arguments: dict) -> str:
         except (KeyError, IndexError, ValueError):
             pass
     shown = ", ".join(f"{name}: {_short(value)}" for name, value in arguments.items())
-    return f"{tool.name.replace('_', ' ')} ({shown})" if shown else tool.name.replace("_", " ")
+    server = mcp_server_of(tool.name)
+    # An MCP tool by its own name and its server's: "search on tracker", not "mcp  tracker ...".
+    label = (
+        f"{tool.name.removeprefix(mcp_tool_name(server, ''))} on {server}"
+        if server
+        else tool.name.replace("_", " ")
+    )
+    return f"{label} ({shown})" if shown else label
 
 
 def _canonical(arguments) -> str:

@@ -238,6 +238,7 @@ def test_an_mcp_tool_asks_by_default_and_runs_as_a_person_edited_it(desk):
 
     assert desk.server.calls == []
     approval = Approval.objects.get()
+    assert approval.action == "search on tracker (q: login, limit: 40)"
     assert approval.details["tool"] == SEARCH
     assert approval.details["schema"] == SEARCH_SCHEMA
     edited = {"q": "login", "limit": 3}
