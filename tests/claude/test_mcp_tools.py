@@ -7,7 +7,11 @@ or restarting mid-run.
 
 import json
 import re
+import shutil
+import tempfile
+import threading
 from datetime import timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,17 +21,20 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.urls import reverse
 
+from alwayson.claude import client as claude_client
 from alwayson.claude import mcp, tool
 from alwayson.claude.admin import AgentConfigForm
 from alwayson.claude.models import McpToolDefinition, ToolResult
+from alwayson.egress.client import GatewayClient, close_socket_clients
 from alwayson.egress.models import EgressCall
 from alwayson.egress.scrub import REDACTED
+from alwayson.egress.server import socket_gateway
 from alwayson.runtime.models import AgentConfig
 from alwayson.runtime.run import LeaseLost, Run
 from alwayson.runtime.tools import ToolCall, check_mcp_server_settings
 from alwayson.runtime.worker import Worker
 from alwayson.testing.mcp import HANG, ToolFailed
-from alwayson.testing.model import message, tool_use
+from alwayson.testing.model import API_KEY, message, tool_use
 from approvals.models import Approval
 from approvals.services import answer_approval
 from inbox import clock
@@ -598,3 +605,44 @@ def test_the_admin_checks_an_mcp_tools_rules_against_its_approved_definition(des
     # A tool the server has not listed yet may be given rules ahead of its definition.
     ahead = form({"mcp__tracker__close": [{"when": {"id": {"eq": 1}}, "then": "deny"}]})
     assert ahead.is_valid(), ahead.errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sealed_workers_connection_goes_through_the_gateway_process(behind_egress, monkeypatch):
+    """A sealed worker's run.http is the gateway's socket (runegress, here on a thread): the
+    worker sends no token, the gateway adds it after checking the run's lease."""
+    desk = behind_egress
+    # runegress holds the model's key too: the model's calls go through the same socket.
+    monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
+    folder = Path(tempfile.mkdtemp(prefix="mcp-gw-"))
+    desk.settings.ALWAYSON_EGRESS_SOCKET = str(folder / "egress.sock")
+    gateway = socket_gateway(folder / "egress.sock")
+    serving = threading.Thread(target=gateway.serve_forever, kwargs={"poll_interval": 0.05})
+    serving.start()
+    sent = []
+    real = GatewayClient.request
+
+    def through_socket(self, service, method, path, **kwargs):
+        sent.append(dict(kwargs.get("headers") or {}))
+        return real(self, service, method, path, **kwargs)
+
+    monkeypatch.setattr(GatewayClient, "request", through_socket)
+    try:
+        outcome = call_search(desk, {"q": "login"}, then=message("Found.")).outcome
+    finally:
+        # Every connection to the gateway hung up: each holds a thread and its database
+        # connection (the model's client keeps one of its own).
+        claude_client._sealed_client(
+            desk.settings.ALWAYSON_EGRESS_SOCKET, desk.settings.ALWAYSON_CLAUDE_TIMEOUT
+        ).close()
+        claude_client._sealed_client.cache_clear()
+        close_socket_clients()
+        gateway.shutdown()
+        gateway.server_close()
+        serving.join(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    assert outcome == "quiet"
+    assert sent and not [h for h in sent if TOKEN in json.dumps(h)]
+    assert {h.get("authorization") for _, _, h in desk.server.requests} == {f"Bearer {TOKEN}"}
+    assert [call[:2] for call in desk.server.calls] == [("search", {"q": "login"})]
