@@ -1,7 +1,10 @@
 """Tools from MCP servers, offered to the Claude agent beside the application's own.
 
 ALWAYSON_MCP_SERVERS names the servers (Streamable HTTP, reached with the official `mcp`
-SDK); an inbox's AgentConfig.mcp_servers picks among them. At the start of each run the agent
+SDK): directly by `url`, for one that needs no credential, or through the egress gateway by
+`service`, which adds the server's token (held by `runegress` alone in production), refuses a
+run that lost its lease and scrubs the token from what comes back. An inbox's
+AgentConfig.mcp_servers picks among them. At the start of each run the agent
 lists each server's tools. A tool reaches the model as `mcp__<server>__<tool>` with the
 server's description and JSON Schema, and only in a definition a person approved: each
 definition listed is stored with a fingerprint of its name, description and schema

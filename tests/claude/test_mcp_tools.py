@@ -646,3 +646,14 @@ def test_a_sealed_workers_connection_goes_through_the_gateway_process(behind_egr
     assert sent and not [h for h in sent if TOKEN in json.dumps(h)]
     assert {h.get("authorization") for _, _, h in desk.server.requests} == {f"Bearer {TOKEN}"}
     assert [call[:2] for call in desk.server.calls] == [("search", {"q": "login"})]
+
+
+def test_a_server_down_behind_the_gateway_defers_the_run_too(behind_egress):
+    desk = behind_egress
+    desk.server.stop()
+    chat(desk.inbox, "m1")
+
+    outcome = step().outcome
+
+    assert outcome.startswith("deferred: MCP server unavailable (failure 1 in a row)")
+    assert set(EgressCall.objects.values_list("outcome", flat=True)) == {"failed"}
