@@ -113,7 +113,12 @@ class AgentSettings:
         configs = AgentConfig.objects.select_related("model_settings")
         config = configs.filter(inbox_id=inbox.pk).first() or AgentConfig()
         sent = ModelSettings.of(config)
-        servers = tuple(mcp_servers_of(config.mcp_servers))
+        try:
+            servers = tuple(mcp_servers_of(config.mcp_servers))
+        except ValueError as exc:  # a server taken out of ALWAYSON_MCP_SERVERS since
+            raise ValueError(
+                f"the agent configuration of {inbox.slug}: mcp_servers: {exc}"
+            ) from None
         # The MCP tools as last approved; a run lists them from their servers (go()).
         tools = offered_tools(config.tools) | mcp.approved_tools(servers)
         # Saved through the admin, these were checked; a row written otherwise, or a default

@@ -657,3 +657,15 @@ def test_a_server_down_behind_the_gateway_defers_the_run_too(behind_egress):
 
     assert outcome.startswith("deferred: MCP server unavailable (failure 1 in a row)")
     assert set(EgressCall.objects.values_list("outcome", flat=True)) == {"failed"}
+
+
+def test_a_server_taken_out_of_the_setting_fails_the_run_naming_the_configuration(desk):
+    AgentConfig.objects.filter(inbox=desk.inbox).update(mcp_servers=["tracker", "gone"])
+    chat(desk.inbox, "m1")
+
+    result = step()
+
+    assert result.outcome == (
+        "error: ValueError: the agent configuration of support: mcp_servers: unknown MCP "
+        "server(s) gone; ALWAYSON_MCP_SERVERS names: tracker"
+    )
