@@ -47,10 +47,13 @@ NEWER_TABLES = {
     # layout's rows set none of them, so none is copied (tests/contracts/
     # test_migrate_model_settings.py copies some).
     "alwayson_claude_modelsettings": "modelsettings",
+    # MCP tools' definitions (issue 41): none before.
+    "alwayson_claude_mcptooldefinition": "mcptooldefinition",
 }
 # Columns added by migrations after the move: the old layout's rows get their defaults.
 NEWER_COLUMNS = {
     "alwayson_modelcall": {"duration_ms": None},
+    "alwayson_agentconfig": {"mcp_servers": None},
     "alwayson_toolresult": {
         "decision": "",
         "decision_reason": "",
