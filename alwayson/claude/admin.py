@@ -1,5 +1,9 @@
 """What the Claude agent paid for and ran, and each inbox's agent configuration."""
 
+import difflib
+import json
+
+from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import OuterRef, Subquery, Sum
@@ -8,13 +12,24 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from alwayson.runtime.models import AgentConfig
+from alwayson.runtime.policy import check_policy_syntax
+from alwayson.runtime.tools import mcp_servers_of
 from inbox import clock
-from inbox.admin import MachineryAdmin, pretty_json, record_history
+from inbox.admin import MachineryAdmin, ViewOnlyAdmin, pretty_json, record_history
 from inbox.clock import day_start
 from inbox.models import Inbox
 
+from . import mcp
 from .conversations import reset_conversations
-from .models import TOTAL_TOKENS, MemoryFile, MemoryVersion, ModelCall, ModelSettings, ToolResult
+from .models import (
+    TOTAL_TOKENS,
+    McpToolDefinition,
+    MemoryFile,
+    MemoryVersion,
+    ModelCall,
+    ModelSettings,
+    ToolResult,
+)
 
 
 class EditedConfig(InlineForeignKeyField):
@@ -47,6 +62,38 @@ class ModelSettingsInline(admin.StackedInline):
     can_delete = False
 
 
+class AgentConfigForm(forms.ModelForm):
+    """AgentConfig.clean() checks a rule for an MCP tool for its syntax only (the runtime
+    knows no server's schema); here, in the Claude app, against the definition approved."""
+
+    class Meta:
+        model = AgentConfig
+        fields = (
+            "inbox",
+            "agent",
+            "model",
+            "system_prompt",
+            "tools",
+            "mcp_servers",
+            "policy",
+            "daily_token_budget",
+            "approval_window",
+        )
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            policy = check_policy_syntax(cleaned.get("policy"))
+            servers = mcp_servers_of(cleaned.get("mcp_servers"))
+        except ValueError:
+            return cleaned  # the model's clean() says what is wrong
+        try:
+            mcp.check_rules_against_definitions(policy, servers)
+        except ValueError as exc:
+            self.add_error("policy", str(exc))
+        return cleaned
+
+
 @admin.register(AgentConfig)
 class AgentConfigAdmin(admin.ModelAdmin):
     """Which agent each inbox runs and how: edited here, checked by AgentConfig.clean() and,
@@ -55,6 +102,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
     worker reads it at the start of every run. The "reset the conversation" action clears an
     inbox's session state, under its lock."""
 
+    form = AgentConfigForm
     list_display = (
         "inbox",
         "agent_shown",
@@ -77,6 +125,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
         "model",
         "system_prompt",
         "tools",
+        "mcp_servers",
         "policy",
         "daily_token_budget",
         "approval_window",
@@ -329,3 +378,70 @@ class MemoryVersionAdmin(MachineryAdmin):
         "content",
     )
     readonly_fields = fields
+
+
+def _definition_text(definition) -> list[str]:
+    if definition is None:
+        return []
+    shown = {"description": definition.description, "input_schema": definition.input_schema}
+    return json.dumps(shown, indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+
+
+@admin.register(McpToolDefinition)
+class McpToolDefinitionAdmin(ViewOnlyAdmin):
+    """The definitions MCP servers listed for their tools. A tool reaches the model only in a
+    definition approved here (alwayson/claude/mcp.py): a new one, or one whose description or
+    schema changed, waits, shown as a diff of the definition approved before it."""
+
+    list_display = ("name", "server", "approved", "first_seen", "approved_at", "approved_by")
+    list_filter = ("server", ("approved_at", admin.EmptyFieldListFilter))
+    list_select_related = ("approved_by",)
+    search_fields = ("name", "=server")
+    ordering = ("-first_seen", "-pk")
+    actions = ["approve_definitions"]
+    fields = (
+        "server",
+        "name",
+        "fingerprint",
+        "first_seen",
+        "approved_at",
+        "approved_by",
+        "diff",
+        "description",
+        "schema_pretty",
+    )
+    readonly_fields = fields
+
+    @admin.display(boolean=True)
+    def approved(self, obj):
+        return obj.approved
+
+    @admin.display(description="input schema")
+    def schema_pretty(self, obj):
+        return pretty_json(obj.input_schema)
+
+    @admin.display(description="changes from the definition approved before")
+    def diff(self, obj):
+        before = obj.previous_approved()
+        lines = difflib.unified_diff(
+            _definition_text(before),
+            _definition_text(obj),
+            "approved before" if before else "(none approved before)",
+            "this definition",
+            lineterm="",
+        )
+        return format_html("<pre>{}</pre>", "\n".join(lines) or "(the same)")
+
+    def has_approve_permission(self, request):
+        return request.user.has_perm("alwayson_claude.approve_mcptooldefinition")
+
+    @admin.action(description="Approve the selected definitions", permissions=["approve"])
+    def approve_definitions(self, request, queryset):
+        now = clock.database_now()
+        count = 0
+        for definition in queryset.filter(approved_at__isnull=True):
+            definition.approve(request.user, now)
+            # Who approved which definition stays in the admin's history of the row.
+            self.log_change(request, definition, f"Approved definition {definition.fingerprint}")
+            count += 1
+        self.message_user(request, f"{count} definition(s) approved.", messages.SUCCESS)

@@ -408,3 +408,57 @@ class MemoryVersion(models.Model):
 
     def __str__(self):
         return f"{self.action} {self.path} of inbox {self.inbox_id}"
+
+
+class McpToolDefinition(models.Model):
+    """One definition (description and input schema) an MCP server listed for one of its
+    tools, as first seen, and whether a person approved it. A tool is offered to the model
+    only while the server lists a definition approved here: one rewritten since (a description
+    that now carries instructions, a widened schema) is a new row, withheld until approved.
+    Written by the runs that list the server's tools (alwayson/claude/mcp.py), outside the
+    fence: what a server offered is a fact, whichever run saw it first."""
+
+    server = models.CharField(max_length=24)
+    name = models.CharField(max_length=200)
+    # sha256 of the canonical JSON of name, description and input schema.
+    fingerprint = models.CharField(max_length=64)
+    description = models.TextField(blank=True)
+    input_schema = models.JSONField()
+    first_seen = models.DateTimeField()
+    approved_at = models.DateTimeField(null=True, blank=True)
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+
+    class Meta:
+        verbose_name = "MCP tool definition"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "name", "fingerprint"], name="mcp_tool_definition_once"
+            )
+        ]
+        permissions = [("approve_mcptooldefinition", "Can approve an MCP tool's definition")]
+
+    def __str__(self):
+        return f"{self.server}: {self.name} ({self.fingerprint[:8]})"
+
+    @property
+    def approved(self) -> bool:
+        return self.approved_at is not None
+
+    def previous_approved(self) -> "McpToolDefinition | None":
+        """The definition of the same tool approved last before this one, to diff against."""
+        return (
+            McpToolDefinition.objects.filter(
+                server=self.server, name=self.name, approved_at__isnull=False
+            )
+            .exclude(pk=self.pk)
+            .order_by("-approved_at", "-pk")
+            .first()
+        )
+
+    def approve(self, user, now):
+        McpToolDefinition.objects.filter(pk=self.pk, approved_at__isnull=True).update(
+            approved_at=now, approved_by=user
+        )
+        self.refresh_from_db()

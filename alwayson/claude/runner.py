@@ -36,7 +36,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from alwayson.claude import client, memory, transcript
+from alwayson.claude import client, mcp, memory, transcript
 from alwayson.claude.models import ModelSettings, ToolResult
 from alwayson.claude.session import STATE_KEY, Answer, ClaudeSession, WaitingTurn
 from alwayson.runtime.models import AgentConfig, MidRun
@@ -48,6 +48,9 @@ from alwayson.runtime.tools import (
     Tool,
     ToolCall,
     ToolError,
+    mcp_server_of,
+    mcp_servers_of,
+    mcp_tool_name,
     offered_tools,
 )
 from approvals.models import APPROVAL_SOURCE, Approval, approval_url, is_operator
@@ -106,13 +109,22 @@ class AgentSettings:
     memory: bool = False
     # The inbox's "a message sent mid-run" is join: chat messages join before each model call.
     joins: bool = False
+    # The MCP servers whose tools are offered (alwayson/claude/mcp.py).
+    mcp_servers: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, inbox) -> "AgentSettings":
         configs = AgentConfig.objects.select_related("model_settings")
         config = configs.filter(inbox_id=inbox.pk).first() or AgentConfig()
         sent = ModelSettings.of(config)
-        tools = offered_tools(config.tools)
+        try:
+            servers = tuple(mcp_servers_of(config.mcp_servers))
+        except ValueError as exc:  # a server taken out of ALWAYSON_MCP_SERVERS since
+            raise ValueError(
+                f"the agent configuration of {inbox.slug}: mcp_servers: {exc}"
+            ) from None
+        # The MCP tools as last approved; a run lists them from their servers (go()).
+        tools = offered_tools(config.tools) | mcp.approved_tools(servers)
         # Saved through the admin, these were checked; a row written otherwise, or a default
         # changed since, fails the run here with the field named rather than the API's 400.
         problems = sent.refused(tools)
@@ -145,6 +157,7 @@ class AgentSettings:
             tool_choice=sent.tool_choice,
             memory=remembers,
             joins=config.mid_run == MidRun.JOIN,
+            mcp_servers=servers,
         )
 
     def tool_choice_for(self, opening: bool) -> dict | None:
@@ -172,7 +185,14 @@ def preflight():
     that exist."""
     client.check_api_key()
     offered = offered_tools(None)
-    check_policy(settings.ALWAYSON_CLAUDE_POLICY, {n: t.input_schema for n, t in offered.items()})
+    servers = settings.ALWAYSON_MCP_SERVERS
+    # An MCP tool's rules wait for its server's schema: checked for their syntax at start-up.
+    own = {
+        name: entry
+        for name, entry in settings.ALWAYSON_CLAUDE_POLICY.items()
+        if mcp_server_of(name) not in servers
+    }
+    check_policy(own, {n: t.input_schema for n, t in offered.items()})
 
 
 agent.preflight = preflight
@@ -236,7 +256,14 @@ def action_text(tool: Tool, arguments: dict) -> str:
         except (KeyError, IndexError, ValueError):
             pass
     shown = ", ".join(f"{name}: {_short(value)}" for name, value in arguments.items())
-    return f"{tool.name.replace('_', ' ')} ({shown})" if shown else tool.name.replace("_", " ")
+    server = mcp_server_of(tool.name)
+    # An MCP tool by its own name and its server's: "search on tracker", not "mcp  tracker ...".
+    label = (
+        f"{tool.name.removeprefix(mcp_tool_name(server, ''))} on {server}"
+        if server
+        else tool.name.replace("_", " ")
+    )
+    return f"{label} ({shown})" if shown else label
 
 
 def _canonical(arguments) -> str:
@@ -269,10 +296,11 @@ class ClaudeRun:
 
     def go(self):
         try:
+            self.config = mcp.with_server_tools(self.config, self.run, clock.database_now())
             self._go()
         except client.BudgetSpent as spent:
             self._defer_for_budget(spent)
-        except client.ModelUnavailable as failure:
+        except (client.ModelUnavailable, mcp.ServerUnavailable) as failure:
             self._defer_for_outage(failure)
 
     def _go(self):
@@ -745,7 +773,7 @@ class ClaudeRun:
                 urgent=True,
             )
 
-    def _defer_for_outage(self, failure: client.ModelUnavailable):
+    def _defer_for_outage(self, failure: client.ModelUnavailable | mcp.ServerUnavailable):
         stored = ClaudeSession.from_state(self.run.state.get(STATE_KEY))
         stored.api_failures += 1
         self.run.state[STATE_KEY] = stored.to_state()
@@ -754,7 +782,8 @@ class ClaudeRun:
         if failure.retry_after is not None:
             delay = max(delay, timedelta(seconds=failure.retry_after))
         self.run.defer(
-            f"model API unavailable (failure {failures} in a row), retrying in "
+            f"{getattr(failure, 'what', 'model API')} unavailable (failure {failures} in a row), "
+            "retrying in "
             f"{int(delay.total_seconds())} s: {failure.reason}",
             delay=delay,
         )

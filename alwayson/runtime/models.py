@@ -10,8 +10,8 @@ from inbox import clock
 from inbox.extensions import Extension
 
 from .loading import load_agent
-from .policy import check_policy
-from .tools import check_tool_names, offered_tools
+from .policy import check_policy, check_policy_syntax
+from .tools import check_mcp_servers, check_tool_names, mcp_server_of, mcp_servers_of, offered_tools
 
 # What a configuration revision keeps beyond AgentConfig's own fields, by name: a function of
 # the AgentConfig that gives its app's part as JSON (added from the apps' ready()).
@@ -55,6 +55,14 @@ class AgentConfig(models.Model):
         help_text='Application tools offered, a JSON list such as ["refund"]; [] for none. '
         "Blank: every tool of the ALWAYSON_CLAUDE_TOOLS modules. send_message and schedule "
         "are always offered.",
+    )
+    mcp_servers = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="MCP servers whose tools are offered, a JSON list of ALWAYSON_MCP_SERVERS names "
+        'such as ["tracker"]; [] for none. Blank: every server of ALWAYSON_MCP_SERVERS. Their '
+        "tools are named mcp__<server>__<tool>, ask unless the policy says otherwise, and are "
+        "offered only in a definition a person approved.",
     )
     policy = models.JSONField(
         default=dict,
@@ -159,10 +167,21 @@ class AgentConfig(models.Model):
             check_tool_names(self.tools)
         except ValueError as exc:
             errors["tools"] = str(exc)
-        if "tools" not in errors:
-            offered = offered_tools(self.tools)
+        try:
+            check_mcp_servers(self.mcp_servers)
+        except ValueError as exc:
+            errors["mcp_servers"] = str(exc)
+        if "tools" not in errors and "mcp_servers" not in errors:
+            offered = {n: t.input_schema for n, t in offered_tools(self.tools).items()}
+            servers = mcp_servers_of(self.mcp_servers)
             try:
-                check_policy(self.policy, {n: t.input_schema for n, t in offered.items()})
+                check_policy_syntax(self.policy)
+                # An MCP tool's schema is its server's, unknown here: the rules naming a tool
+                # of one of the inbox's servers are checked for their syntax only.
+                check_policy(
+                    {n: e for n, e in self.policy.items() if mcp_server_of(n) not in servers},
+                    offered,
+                )
             except ValueError as exc:
                 errors["policy"] = str(exc)
         if errors:

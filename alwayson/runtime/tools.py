@@ -58,6 +58,10 @@ from jsonschema.exceptions import SchemaError
 
 # The Messages API's rule for tool names.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+# An MCP server's tools reach the model as mcp__<server>__<tool>: application tools may not
+# take the prefix, and a server's name has no underscore, so no two tools ever share a name.
+MCP_PREFIX = "mcp__"
+MCP_SERVER_NAME = re.compile(r"[a-zA-Z0-9-]{1,24}")
 
 
 class ToolError(Exception):
@@ -212,6 +216,8 @@ def tool(
             raise ValueError(f"tool name {tool_name!r}: letters, digits, _ and - (1 to 64)")
         if tool_name in BUILTINS:
             raise ValueError(f"tool name {tool_name!r} is a built-in tool's")
+        if tool_name.startswith(MCP_PREFIX):
+            raise ValueError(f"tool name {tool_name!r}: {MCP_PREFIX} is for MCP servers' tools")
         check_schema(tool_name, input_schema)
         if question is not None:
             if not isinstance(question, Question):
@@ -274,3 +280,73 @@ def offered_tools(names) -> dict[str, Tool]:
     if names is not None:
         chosen = {name: chosen[name] for name in check_tool_names(names)}
     return {**BUILTINS, **chosen}
+
+
+def mcp_tool_name(server: str, name: str) -> str:
+    return f"{MCP_PREFIX}{server}__{name}"
+
+
+def mcp_server_of(tool_name: str) -> str | None:
+    """The server an MCP tool's name names; None for any other tool."""
+    if not tool_name.startswith(MCP_PREFIX):
+        return None
+    return tool_name[len(MCP_PREFIX) :].partition("__")[0]
+
+
+MCP_SERVER_FIELDS = frozenset({"url", "service", "path", "timeout", "approve_new"})
+
+
+def check_mcp_server_settings(servers) -> dict:
+    """ALWAYSON_MCP_SERVERS, checked: {name: {"url": ...} or {"service": an egress service,
+    "path": ...}, with an optional "timeout" (seconds) and "approve_new"}."""
+    if not isinstance(servers, dict):
+        raise ValueError("expected a JSON object of MCP servers by name")
+    for name, entry in servers.items():
+        if not isinstance(name, str) or not MCP_SERVER_NAME.fullmatch(name):
+            raise ValueError(f"server name {name!r}: letters, digits and - (1 to 24)")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{name}: expected an object, not {type(entry).__name__}")
+        unknown = set(entry) - MCP_SERVER_FIELDS
+        if unknown:
+            raise ValueError(f"{name}: unknown field(s) {sorted(unknown)}")
+        if ("url" in entry) == ("service" in entry):
+            raise ValueError(
+                f"{name}: give url (no credential) or service (an ALWAYSON_EGRESS_SERVICES "
+                "name, whose credential the gateway adds), not both or neither"
+            )
+        if "url" in entry and not (
+            isinstance(entry["url"], str) and entry["url"].startswith(("http://", "https://"))
+        ):
+            raise ValueError(f"{name}.url must be an http(s) URL, not {entry['url']!r}")
+        for field in ("service", "path"):
+            if field in entry and not (isinstance(entry[field], str) and entry[field]):
+                raise ValueError(f"{name}.{field} must be a non-empty string")
+        if "path" in entry and not entry["path"].startswith("/"):
+            raise ValueError(f"{name}.path must start with /, not {entry['path']!r}")
+        timeout = entry.get("timeout", 30)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"{name}.timeout must be a positive number of seconds")
+        if not isinstance(entry.get("approve_new", False), bool):
+            raise ValueError(f"{name}.approve_new must be true or false")
+    return servers
+
+
+def check_mcp_servers(names) -> list | None:
+    """None (every server of ALWAYSON_MCP_SERVERS) or a list of its server names."""
+    if names is None:
+        return None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError('mcp_servers must be a JSON list of server names, such as ["tracker"]')
+    known = settings.ALWAYSON_MCP_SERVERS
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown MCP server(s) {', '.join(unknown)}; ALWAYSON_MCP_SERVERS names: "
+            f"{', '.join(sorted(known)) or 'none'}"
+        )
+    return names
+
+
+def mcp_servers_of(names) -> list[str]:
+    """The MCP servers an agent connects: the chosen ones, or every configured one."""
+    return sorted(settings.ALWAYSON_MCP_SERVERS) if names is None else check_mcp_servers(names)

@@ -44,3 +44,10 @@ ALWAYSON_CLAUDE_MEMORY_INBOX_CHARS = env.positive_int("ALWAYSON_CLAUDE_MEMORY_IN
 ALWAYSON_CLAUDE_MEMORY_PROMPT_CHARS = env.positive_int(
     "ALWAYSON_CLAUDE_MEMORY_PROMPT_CHARS", 20_000
 )
+# MCP servers reachable over Streamable HTTP, JSON: {"tracker": {"url": "https://…/mcp",
+# "timeout": 30, "approve_new": false}}. An inbox's AgentConfig picks among them (all by
+# default); their tools' definitions are offered once a person approved them in the admin
+# (alwayson/claude/mcp.py), or at once for a new tool of a server with "approve_new".
+ALWAYSON_MCP_SERVERS = env.json_value("ALWAYSON_MCP_SERVERS", {})
+# Characters of one MCP tool result the model gets; the rest is cut, and it is told so.
+ALWAYSON_MCP_MAX_RESULT_CHARS = env.positive_int("ALWAYSON_MCP_MAX_RESULT_CHARS", 20_000)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-FIXTURES = ("harness", "scripted_model")
+FIXTURES = ("harness", "scripted_model", "scripted_mcp_server")
 
 NO_SETTINGS = (
     "alwayson.testing: no Django settings, so pytest-django would skip every test that uses"
@@ -46,6 +46,18 @@ def _django_settings_named() -> bool:
     from django.conf import settings
 
     return settings.configured
+
+
+@pytest.fixture
+def scripted_mcp_server(settings):
+    """A ScriptedMcpServer named "tracker", started, that ALWAYSON_MCP_SERVERS names (with a
+    time-out of 2 seconds: the time-out's test waits that long)."""
+    from .mcp import ScriptedMcpServer
+
+    server = ScriptedMcpServer("tracker").start()
+    server.connect(settings, timeout=2)
+    yield server
+    server.stop()
 
 
 @pytest.fixture

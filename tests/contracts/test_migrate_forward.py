@@ -53,11 +53,14 @@ NEWER_TABLES = {
     "alwayson_savedstate": "savedstate",
     # Not empty: alwayson 0012 makes each configuration's revision 1 (checked on its own).
     "alwayson_agentconfigrevision": "agentconfigrevision",
+    # MCP tools' definitions (issue 41): none before.
+    "alwayson_claude_mcptooldefinition": "mcptooldefinition",
 }
 # Columns added by migrations after the move: the old layout's rows get their defaults.
 NEWER_COLUMNS = {
-    # alwayson 0011: a message sent mid-run waits for the next run, as it always did.
-    "alwayson_agentconfig": {"mid_run": "queue", "revision": 1},
+    # alwayson 0011: a message sent mid-run waits for the next run, as it always did; 0012:
+    # each configuration is its revision 1; 0013: no MCP server named (every configured one).
+    "alwayson_agentconfig": {"mid_run": "queue", "revision": 1, "mcp_servers": None},
     "alwayson_modelcall": {"duration_ms": None},
     "alwayson_toolresult": {
         "decision": "",
