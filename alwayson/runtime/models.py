@@ -106,9 +106,11 @@ class AgentConfig(models.Model):
         "model",
         "system_prompt",
         "tools",
+        "mcp_servers",
         "policy",
         "daily_token_budget",
         "approval_window",
+        "mid_run",
     )
 
     class Meta:

@@ -175,3 +175,18 @@ def test_the_claude_agents_model_settings_are_part_of_a_revision(harness):
     latest = AgentConfigRevision.objects.get(inbox__slug="desk", number=config.revision)
     assert latest.config["model_settings"]["temperature"] == 0.2
     assert '+    "temperature": 0.2,' in latest.diff()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("mid_run", "join"), ("mcp_servers", []), ("tools", ["refund"])]
+)
+def test_a_change_of_what_reaches_the_agent_is_a_new_revision(harness, field, value):
+    harness.inbox("desk", agent=DESK)
+    config = AgentConfig.objects.get(inbox__slug="desk")
+
+    setattr(config, field, value)
+    config.save(now=harness.now)
+
+    config.refresh_from_db()
+    latest = AgentConfigRevision.objects.get(inbox__slug="desk", number=config.revision)
+    assert (config.revision, latest.config[field]) == (2, value)
