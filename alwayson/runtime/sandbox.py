@@ -60,6 +60,9 @@ def stubbed_tools(answer: str):
     yields ({"tool", "arguments"}) and returns `answer` instead of running. For one process
     (a replay command), never for a worker: the registry is the process's."""
     would_call = []
+    # A replay's process may not have imported the tools' modules yet (a worker's first run
+    # does): imported inside, they would register the real tools over the stubs.
+    tools.application_tools()
     saved = dict(tools._registry)
 
     def stub_of(name):

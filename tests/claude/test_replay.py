@@ -4,12 +4,14 @@ its journal, others stubbed; model calls counted against a budget; a report of w
 Against the scripted model, on both databases."""
 
 import json
+import sys
 
 import pytest
-from django.apps import apps
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from alwayson.claude.replay import recorded_runs, replay
+from alwayson.runtime import tools
 from alwayson.runtime.models import AgentConfigRevision
 from alwayson.testing import message, tool_use, usage
 from inbox.models import RunRecord
@@ -24,8 +26,13 @@ POLICY = {
 
 
 def row_counts() -> dict:
-    """Every table's rows, by model."""
-    return {model._meta.label: model.objects.count() for model in apps.get_models()}
+    """Every table's rows, those of many-to-many relations and of no model included."""
+    with connection.cursor() as cursor:
+        counts = {}
+        for table in connection.introspection.table_names(cursor):
+            cursor.execute(f"SELECT count(*) FROM {connection.ops.quote_name(table)}")
+            counts[table] = cursor.fetchone()[0]
+    return counts
 
 
 @pytest.fixture
@@ -99,6 +106,34 @@ def test_a_changed_prompt_is_replayed_without_committing_anything(harness, messa
         run.recorded_version
         == f"{CLAUDE} @ {RunRecord.objects.get().produced['version']['code']} config r1"
     )
+
+
+def test_a_replay_in_a_process_that_never_imported_the_tools_stubs_them_all(
+    harness, messages_api, support, monkeypatch
+):
+    proposed = AgentConfigRevision.propose(
+        support.inbox, system_prompt="Refund late orders at once.", now=harness.now
+    )
+    # As `manage.py replay` starts: no tool module imported yet (the first run imports them).
+    monkeypatch.setattr(tools, "_registry", {})
+    monkeypatch.delitem(sys.modules, claude_tools.__name__)
+    messages_api.reply(
+        message(tool_use("refund", {"order": "8", "amount": 20})),
+        message("Done."),
+    )
+
+    report = replay(recorded_runs(inboxes=["support"]), revision=proposed, budget=10)
+
+    [run] = report.runs
+    assert run.candidate.tool_calls == [
+        {
+            "tool": "refund",
+            "arguments": {"order": "8", "amount": 20},
+            "decision": "allow",
+            "answered": "would call",
+        }
+    ]
+    assert sys.modules[claude_tools.__name__].CALLS == []  # the real refund never ran
 
 
 def test_the_same_agent_and_configuration_is_answered_from_the_records(messages_api, support):
