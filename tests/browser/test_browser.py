@@ -164,10 +164,10 @@ def assert_fits_a_phone(page):
     assert width <= viewport, f"{page.url} is {width}px wide in a {viewport}px viewport"
 
 
-def log_in(page, site, username, next_path="/", password=PASSWORD):
+def log_in(page, site, username, next_path="/"):
     page.goto(f"{site}/accounts/login/?next={next_path}")
     page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(password)
+    page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Log in").click()
     expect(page).to_have_url(f"{site}{next_path}")
 
@@ -1238,10 +1238,11 @@ def orders_mcp(tmp_path):
 def demo_login(settings, tmp_path) -> str:
     """`make run`'s demo login and inbox (manage.py demologin, which needs DEBUG on, as `make
     run` has it; its password file in a temporary folder); the password it printed."""
+    checkout = settings.BASE_DIR
     settings.DEBUG, settings.BASE_DIR = True, tmp_path
     out = io.StringIO()
     call_command("demologin", stdout=out)
-    settings.DEBUG = False
+    settings.DEBUG, settings.BASE_DIR = False, checkout
     return re.search(r"Demo login: demo / (\S+)", out.getvalue())[1]
 
 
@@ -1299,7 +1300,7 @@ def test_the_mcp_how_to_a_tools_definition_and_its_call_approved_by_a_person(
     expect(page.get_by_role("status")).to_have_text("Sent.")
     call = tool_use("mcp__orders__order_status", {"order": "881"})
     scripted_model.reply(message("Let me look it up.", call))
-    assert run_background_once().outcome.startswith("asked 1")
+    assert run_background_once().outcome == "asked 1, said 1"  # the card, and its notice
     offered = {t["name"]: t for t in scripted_model.messages_requests[2].body["tools"]}
     schema = offered["mcp__orders__order_status"]["input_schema"]
     assert schema["required"] == ["order"]
@@ -1327,9 +1328,12 @@ def test_the_mcp_how_to_a_tools_definition_and_its_call_approved_by_a_person(
     page.locator(".entry.agent", has_text=said).get_by_role(
         "link", name="why did it say this?"
     ).click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Run #3 of Refund desk")
     tool = page.locator(".step.tool")
     expect(tool.locator(".what")).to_contain_text("mcp__orders__order_status")
     expect(tool.locator(".badge")).to_have_text("ask")
+    why = "Why: mcp__orders__order_status is not in the policy (default: ask)"
+    expect(tool.locator(".why")).to_have_text(why)
     expect(tool.locator(".approved")).to_contain_text("Answered by demo")
     tool.locator(".result").get_by_text("(show all)").click()  # what the model read, whole
     expect(tool.locator(".result pre")).to_contain_text("shipped on 2 December by parcel post")
