@@ -79,6 +79,8 @@ class AgentConfigForm(forms.ModelForm):
             "daily_token_budget",
             "approval_window",
         )
+        # The name the docs use; the field's own would read "Mcp servers".
+        labels = {"mcp_servers": "MCP servers"}
 
     def clean(self):
         cleaned = super().clean()

@@ -12,14 +12,20 @@ calls from a thread with a running loop; DJANGO_ALLOW_ASYNC_UNSAFE lifts that fo
 module only (the ORM calls here are plain synchronous code).
 """
 
+import io
 import os
 import re
+import socket
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.conf import settings as django_settings
 from django.core import mail
+from django.core.management import call_command
 
 from alwayson.claude.models import ModelCall
 from alwayson.demo import refund_desk
@@ -33,6 +39,8 @@ from inbox.services import acquire, ingest, release
 from outbox.models import OutboxMessage
 from outbox.services import dispatch, dispatch_notices
 from tests.support.mail import use_email_backend
+from tests.support.paths import ROOT
+from tests.support.processes import free_port, wait_for
 from timers.models import Timer
 from timers.services import run_scheduler
 
@@ -164,10 +172,10 @@ def log_in(page, site, username, next_path="/"):
     expect(page).to_have_url(f"{site}{next_path}")
 
 
-def log_in_to_admin(page, site, username, next_path="/admin/"):
+def log_in_to_admin(page, site, username, next_path="/admin/", password=PASSWORD):
     page.goto(f"{site}/admin/login/?next={next_path}")
     page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_label("Password").fill(password)
     page.locator("input[type=submit]").click()
     expect(page).to_have_url(f"{site}{next_path}")
 
@@ -1190,3 +1198,145 @@ def test_a_manager_corrects_a_memory_file_and_the_next_run_uses_the_correction(
     expect(page.get_by_role("status")).to_have_text("Sent.")
     assert run_background_once().outcome == "said 1"
     expect(page.locator(".entry.agent").last).to_contain_text("Your refund limit is 450 EUR.")
+
+
+# --- an MCP server's tool in the demo inbox (docs/how-to/mcp-demo-inbox.md) --------------------
+
+
+@pytest.fixture
+def orders_mcp(tmp_path):
+    """The demo's MCP server (alwayson/demo/orders_mcp.py) as the how-to starts it: a process
+    of its own, here on a free port; `printed()` is what it printed about its calls."""
+    port = free_port()
+    log = tmp_path / "orders_mcp.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "alwayson.demo.orders_mcp", str(port)],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def listening():
+        if process.poll() is not None:
+            pytest.fail(f"the demo's MCP server exited: {log.read_text()}")
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    def printed():
+        return [line for line in log.read_text().splitlines() if "order_status called" in line]
+
+    try:
+        wait_for(listening, 30, "the demo's MCP server to listen")
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/mcp", printed=printed)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def demo_login(settings, tmp_path) -> str:
+    """`make run`'s demo login and inbox (manage.py demologin, which needs DEBUG on, as `make
+    run` has it; its password file in a temporary folder); the password it printed."""
+    checkout = settings.BASE_DIR
+    settings.DEBUG, settings.BASE_DIR = True, tmp_path
+    out = io.StringIO()
+    call_command("demologin", stdout=out)
+    settings.DEBUG, settings.BASE_DIR = False, checkout
+    return re.search(r"Demo login: demo / (\S+)", out.getvalue())[1]
+
+
+def test_the_mcp_how_to_a_tools_definition_and_its_call_approved_by_a_person(
+    new_page, site, settings, tmp_path, scripted_model, orders_mcp
+):
+    from alwayson.claude.models import McpToolDefinition, ToolResult
+    from alwayson.testing.model import message, tool_use
+
+    # 2. The settings name the server; the model is the scripted one (the Messages API in use).
+    settings.ALWAYSON_MCP_SERVERS = {"orders": {"url": orders_mcp.url}}
+    password = demo_login(settings, tmp_path)
+    page = new_page()
+
+    # 3. The demo inbox runs the Claude agent, offered the server's tools.
+    log_in_to_admin(page, site, "demo", "/admin/alwayson/agentconfig/add/", password)
+    page.locator(".field-inbox .select2-selection").click()
+    page.locator(".select2-search__field").fill("demo-desk")
+    page.locator(".select2-results__option", has_text="demo-desk").click()
+    page.get_by_label("Agent:", exact=True).fill("alwayson.claude.agent")
+    page.get_by_label("MCP servers:", exact=True).fill('["orders"]')
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+
+    # 4. A first question: the run lists the server's tools; the new one is withheld.
+    page.goto(f"{site}/inbox/demo-desk/")
+    page.get_by_label("Message to your agent").fill("Where is order 881?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("status")).to_have_text("Sent.")
+    cannot = "I cannot look orders up yet."
+    answer = {"text": cannot, "urgent": True}
+    scripted_model.reply(message(tool_use("send_message", answer)), message("Done."))
+    assert run_background_once().outcome == "said 1"
+    offered = [t["name"] for t in scripted_model.messages_requests[0].body["tools"]]
+    assert "mcp__orders__order_status" not in offered
+    expect(page.locator(".entry.agent").last).to_contain_text(cannot)
+
+    # 5. Its definition, approved in the admin.
+    page.goto(f"{site}/admin/alwayson_claude/mcptooldefinition/")
+    row = page.locator("#result_list tbody tr", has_text="order_status")
+    row.get_by_role("link", name="order_status").click()
+    expect(page.locator(".field-diff")).to_contain_text("(none approved before)")
+    expect(page.locator(".field-diff")).to_contain_text("Where an order is")
+    page.go_back()
+    row.locator("input.action-select").check()
+    page.locator("select[name=action]").select_option(label="Approve the selected definitions")
+    page.get_by_role("button", name="Go").click()
+    expect(page.locator(".messagelist")).to_have_text("1 definition(s) approved.")
+    assert McpToolDefinition.objects.get(name="order_status").approved_by.username == "demo"
+
+    # 6. Asked again, the agent calls the tool: the policy asks (MCP tools' default), on a card.
+    page.goto(f"{site}/inbox/demo-desk/")
+    page.get_by_label("Message to your agent").fill("I approved the tool: where is order 881?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("status")).to_have_text("Sent.")
+    call = tool_use("mcp__orders__order_status", {"order": "881"})
+    scripted_model.reply(message("Let me look it up.", call))
+    assert run_background_once().outcome == "asked 1, said 1"  # the card, and its notice
+    offered = {t["name"]: t for t in scripted_model.messages_requests[2].body["tools"]}
+    schema = offered["mcp__orders__order_status"]["input_schema"]
+    assert schema["required"] == ["order"]
+    card = page.locator(".approval-card")
+    expect(card).to_contain_text(re.compile(r"order_status on orders \(order: 881\)", re.I))
+    screenshot(page, "mcp-approval-card")
+    assert orders_mcp.printed() == []  # nothing ran before a person said yes
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".outcome")).to_have_text("Approved.")
+
+    # 7. The next run makes the call, once; the model reads the server's answer and says it.
+    said = "Order 881 shipped on 2 December by parcel post; it is due Tuesday."
+    answer = {"text": said, "urgent": True}
+    scripted_model.reply(message(tool_use("send_message", answer)), message("Done."))
+    assert run_background_once().outcome == "said 1"
+    result = scripted_model.messages_requests[3].body["messages"][-1]["content"][0]
+    assert result["tool_use_id"] == call["id"]
+    assert 'server="orders" tool="order_status"' in result["content"]
+    assert "shipped on 2 December by parcel post, due Tuesday" in result["content"]
+    assert orders_mcp.printed() == ["order_status called for order 881"]
+    assert run_background_once() is None
+
+    # 8. The answer links to its run, whose timeline shows the call, the decision and who said
+    # yes.
+    page.locator(".entry.agent", has_text=said).get_by_role(
+        "link", name="why did it say this?"
+    ).click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Run #3 of Refund desk")
+    tool = page.locator(".step.tool")
+    expect(tool.locator(".what")).to_contain_text("mcp__orders__order_status")
+    expect(tool.locator(".badge")).to_have_text("ask")
+    why = "Why: mcp__orders__order_status is not in the policy (default: ask)"
+    expect(tool.locator(".why")).to_have_text(why)
+    expect(tool.locator(".approved")).to_contain_text("Answered by demo")
+    tool.locator(".result").get_by_text("(show all)").click()  # what the model read, whole
+    expect(tool.locator(".result pre")).to_contain_text("shipped on 2 December by parcel post")
+    screenshot(page, "mcp-timeline-1280")  # docs/images/mcp-timeline-1280.png
+    journaled = ToolResult.objects.get(tool="mcp__orders__order_status")
+    assert (journaled.decision, journaled.approval.answered_by.username) == ("ask", "demo")

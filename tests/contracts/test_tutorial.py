@@ -1,6 +1,7 @@
 """The tutorial cannot rot: every code block of docs/tutorial/first-agent.md is put there by
-docs/tutorial/build.py from the files beside it, which run as tests (testpaths). Plain file
-reads, no database."""
+docs/tutorial/build.py from the files beside it, which run as tests (testpaths); the MCP
+how-to shows the demo's MCP server as its file holds it (the browser test runs that file).
+Plain file reads, no database."""
 
 import importlib.util
 import re
@@ -64,3 +65,9 @@ def test_a_stale_page_is_found_and_rebuilt(tmp_path, monkeypatch):
 def test_a_region_that_is_not_marked_once_is_an_error():
     with pytest.raises(ValueError, match="region 'nowhere' must be marked once"):
         builder().code("desk_1_reply.py", "nowhere")
+
+
+def test_the_mcp_how_to_shows_the_demo_server_as_its_file_holds_it():
+    page = (ROOT / "docs" / "how-to" / "mcp-demo-inbox.md").read_text(encoding="utf-8")
+    source = (ROOT / "alwayson" / "demo" / "orders_mcp.py").read_text(encoding="utf-8")
+    assert f"```python\n{source}```\n" in page, "copy alwayson/demo/orders_mcp.py into the page"
