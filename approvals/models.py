@@ -305,9 +305,7 @@ class Approval(models.Model):
 
     def standing_answer(self, now) -> str:
         """The answer that stands, in the words of Answer; "" while a person may still answer.
-
-        A deadline that passed counts as expired even before the expiry timer has fired.
-        """
+        A deadline that passed counts as expired even before the expiry timer has fired."""
         if self.answer:
             return self.answer
         return self.Answer.EXPIRED if self.has_expired(now) else ""

@@ -232,15 +232,9 @@ def _check_details(details):
 
 def request_approval(inbox, request_id, action, expires_in, now=None, **options) -> Approval:
     """Ask a person (or, with approvers=2, two different people); the run ends here. The
-    answer, or its expiry, comes back as the inbox event ("approval", request_id), and only
-    one of them is ever stored.
-
-    The expiry is a one-off timer writing an "expired" answer under that same key, so a
-    request nobody answers still resumes the session, as a denial. Asking again with the
-    same request_id, action and approvers returns the existing request while it waits;
-    once it is answered (or expired), ValueError: a request id names one request for good.
-    `options` are Ask's, as run.ask takes them: `details` (the page shows them), `approvers`
-    and `group` (a group's calls share one card).
+    answer, or its expiry (a one-off timer writing "expired" under the same key), comes back
+    as the inbox event ("approval", request_id): only one of them is ever stored. A request
+    id names one request for good (run.ask says how). `options` are Ask's.
     """
     inbox = Inbox.objects.resolve(inbox)
     ask = Ask(inbox.pk, request_id, action, expires_in, **options)
@@ -340,31 +334,18 @@ def answer_approval(
     reply=None,
 ) -> "Answered":
     """Store a person's answer unless the deadline passed: what the answer did and what
-    stands (Answered). `stands` is "yes"/"no"/"replied", "expired", "unknown" for a request
-    never made, or "waiting" while a request that needs two approvers has its first "yes"
-    only; `result` is the audit's result (None for a request never made), for the page that
-    tells the person.
+    stands (Answered: "yes"/"no"/"replied", "expired", "unknown", or "waiting" for a second
+    approver). `by` must be an approver or manager of the inbox, or an operator
+    (MayNotAnswer otherwise). A request that needs two approvers resolves "yes" only when a
+    second, different approver says yes to the same arguments before the deadline; one "no"
+    denies it. A "yes" with `arguments` that differ from what it approves now is an edit,
+    checked by the approval's schema and edit check; a "no" takes a `reason`, a question a
+    `reply`. ValueError, nothing stored, for what the approval cannot take.
 
-    `by` is the user who answers (an approver or manager of the inbox, or an operator;
-    MayNotAnswer otherwise); `via` says from where, for the audit. A request that needs two
-    approvers resolves "yes" only when a second, different approver says yes before the
-    deadline, to the same arguments; one "no" denies it.
-
-    With a "yes", `arguments` are the call's arguments as the person approves them (the page
-    sends what it showed): different from what a yes approves now, they are an edit,
-    checked against the schema the approval keeps and by the check it names (the asking
-    agent's policy: an edit the policy denies is refused; one that needs two approvers makes
-    the request need two). Without them a yes approves the arguments as they stand. With a
-    "no", `reason` goes to the agent. A question takes "replied" and the `reply`. Anything
-    the approval cannot take raises ValueError, and nothing is stored.
-
-    Everything is decided under the inbox's lock, taken before the approval row is read: a
-    first approval another approver committed a moment ago is seen, so two approvers
-    answering at once make one first approval and one second, never two firsts. The deadline
-    is checked here, in the same transaction, instead of trusting that the expiry timer
-    already ran; the scheduler takes the same lock before it fires the expiry, and the
-    unique event key means the second of them finds the first stored. Every answer, counted
-    or not, is an AuditEntry.
+    Decided under the inbox's lock, taken before the approval row is read, so two approvers
+    answering at once make one first approval and one second, never two firsts; and the
+    deadline is checked here rather than trusting the expiry timer, which takes the same
+    lock and the same event key. Every answer, counted or not, is an AuditEntry.
     """
     response = Response(answer, arguments, reason, reply)
     require_key("request_id", request_id)
@@ -441,16 +422,11 @@ def answer_at_once(
     user, slug, request_id, answer, *, via=AuditEntry.Via.PAGE, reasons=None, now=None
 ) -> Answered | None:
     """A person's plain "yes" or "no" to request `request_id` of inbox `slug`, as its page
-    posts it, in one statement on PostgreSQL (approvals/sql/answer.sql): the request read
-    with the person's role, the inbox's lock, the request locked, the answer decided,
-    stored, settled and audited, as get_visible and answer_approval do in four round trips.
-
-    `reasons`: a "no"'s reason (stripped, checked) by the approval's id, as the page's forms
-    name them (the caller does not know the id before the request is read). None when the
-    statement hands the answer back (nothing written): to answer_approval's path, which takes
-    every case it does not (a viewer's answer, a question, two approvers, an edit, a deadline
-    passed, an action shown beyond ASCII), and on SQLite always. Approval.DoesNotExist for a
-    request the person may not see (the page's 404); InboxBusy past the lock's bound."""
+    posts it, in one statement on PostgreSQL (approvals/sql/answer.sql) where get_visible
+    and answer_approval take four round trips. `reasons`: a "no"'s reason by the approval's
+    id. None, nothing written, for every case the statement hands back to answer_approval's
+    path (and on SQLite always). Approval.DoesNotExist for a request the person may not
+    see; InboxBusy past the lock's bound."""
     if connection.vendor != "postgresql" or answer not in ("yes", "no"):
         return None
     if via not in VIAS:
@@ -491,14 +467,9 @@ def answer_at_once(
 
 @contextmanager
 def _answering(inbox, request_id, by, via, now):
-    """The transaction an answer runs in, under the inbox's lock: the inbox, `now` (the
-    clock read once the lock is granted) and the request, locked (_locked), or None.
-
-    The lock and the clock come first (locked_write), with the request's read in the same
-    round trip. The inbox and the user's role are read after the lock, where every statement
-    is planned by index, unless the caller read them already (the approval's page:
-    get_visible). A person is waiting on the answer: the write is bounded like a delivery
-    (InboxBusy past the wait)."""
+    """The transaction an answer runs in, under the inbox's lock: the inbox, `now` (read
+    once the lock is granted) and the request, locked, or None. A person is waiting on the
+    answer, so the write is bounded like a delivery (InboxBusy past the wait)."""
     if by is not None and not isinstance(by, get_user_model()):
         raise ValueError(f"by must be a user (or None), not {by!r}")
     if via not in VIAS:
@@ -570,14 +541,9 @@ def _answer(inbox, approval, response, by, via, now) -> Answered:
 def _decide(approval, response, approvers, by, now) -> tuple[str, str]:
     """What an answer does, under the inbox's lock: (the audit's result, what stands).
 
-    The row's answer is read first: it is set in the transaction that stores the answer
-    event and outlives it (prune deletes the event and the fired expiry timer after
-    ALWAYSON_RETAIN_EVENT_KEYS, the row only after ALWAYSON_RETAIN_AUDIT, if ever), so a
-    request settled long ago refuses a late answer instead of storing a second one.
-
-    Two approvers approve the same arguments: a "yes" that changes them (the first
-    approver's own included) is the first approval of the new ones, and the request waits
-    for a second, different approver again.
+    The row's answer is read first: it outlives the answer event (prune), so a request
+    settled long ago refuses a late answer instead of storing a second one. Two approvers
+    approve the same arguments: a "yes" that changes them starts the count again.
     """
     Result = AuditEntry.Result
     answer = response.answer

@@ -6,9 +6,8 @@ inbox's lease lock. Operators change events through actions that call the same s
 `manage.py deadletters`, which lock the lease row and keep its work flag right.
 
 Every list is meant to be usable at 100,000 rows: the related inbox is joined in the same
-query (list_select_related; tests/web/test_admin.py checks the query count does not grow with
-the rows), the unfiltered total is not counted twice, and the newest rows come first by
-primary key, so page one needs no sort of the whole table.
+query, the unfiltered total is not counted twice, and the newest rows come first by primary
+key, so page one needs no sort of the whole table.
 """
 
 import json
@@ -80,12 +79,8 @@ def chunks(ids, size=ACTION_CHUNK):
 
 
 def deleting_inbox(request) -> bool:
-    """True while the admin deletes inboxes, or the users who own them (their delete pages
-    or the bulk action).
-
-    Rows of an inbox's machinery may only go with their inbox. Before a delete Django asks
-    the admin of every model the delete cascades to; this lets those admins say yes there
-    and no on their own pages.
+    """True while the admin deletes inboxes, or the users who own them: rows of an inbox's
+    machinery may only go with their inbox, and Django asks their admins before a cascade.
     """
     match = getattr(request, "resolver_match", None)
     if match is None:

@@ -5,11 +5,10 @@ Lease expiry, due timers and approval deadlines compare against one clock. On Po
 that is the server's, so a worker host whose clock is off by minutes cannot steal a lease
 or fire a timer early. SQLite is embedded: its clock is this host's.
 
-A test that drives the loop commands' steps or the pages, which pass no `now`, pins the
-clock instead (`pin`, through alwayson.testing's Clock): every operation given no `now`
-then reads the pinned instant, so timers fall due, approvals expire and the outbox's gap
-passes when the test moves it, never by sleeping. Nothing in production pins it. One value
-for the whole process, not per thread: a live server's threads read it too.
+A test that drives code which passes no `now` pins the clock instead (`pin`, through
+alwayson.testing's Clock), so time moves when the test moves it, never by sleeping. Nothing
+in production pins it. One value for the whole process, not per thread: a live server's
+threads read it too.
 
 The backends (inbox/backends/) never consult the pin: every operation hands them
 `in_statement(now)`, where None means the database reads its own clock.

@@ -7,14 +7,9 @@ class UnknownInbox(LookupError):
 
 
 class InboxBusy(Exception):
-    """The inbox could not be reached in time; nothing was stored.
-
-    Its lock stayed taken past ALWAYSON_INGEST_LOCK_WAIT (a worker frozen inside a
-    transaction holds it until the database ends its idle session, longer than a webhook
-    sender waits), or the statement was stopped before it was done (a statement timeout, a
-    cancel), or its commit waited past the bound (on a lock another commit holds while it
-    waits for a synchronous standby). Each is rolled back whole: the caller answers "try
-    again" (a webhook 503 with Retry-After) and the sender's retry stores the event.
+    """The inbox could not be reached in time (its lock, a statement or the commit past
+    the bound: docs/explanation/design.md, "A frozen lock holder is bounded twice"). Rolled
+    back whole, nothing stored: the caller answers "try again" and the retry stores it.
     """
 
     def __init__(self, inbox_id, waited, reason=None):

@@ -42,17 +42,10 @@ def finish(
     produced: dict | None = None,
     trace: str = "",
 ) -> bool:
-    """End the run that `held` holds with `outcome` (Done, Failed or Defer: inbox/outcomes.py),
-    and commit what it produced, in one fenced transaction.
-
-    Refused (False, nothing written) unless (holder, generation) still holds the lease and
-    every event is still running under that generation. The effects commit unless the run
-    Failed. With `release`, the lease is given up in the same transaction (not when
-    refused).
-
-    The run's RunRecord commits with it (ALWAYSON_RUN_RECORDS): what the run `produced` as
-    its runtime counts it, and the `trace` (traceparent) of its span.
-    """
+    """End the run that `held` holds with `outcome` and commit what it produced, with its
+    RunRecord, in one fenced transaction: False, nothing written, when the fence refuses.
+    The effects commit unless the run Failed. With `release`, the lease is given up in the
+    same transaction."""
     outcome = require_ending(outcome)
     run, effects = _checked_run(held, effects, now, produced, trace)
     if isinstance(outcome, Done):
@@ -70,20 +63,14 @@ def finish_and_take(
     trace: str = "",
 ) -> tuple[bool, Claim | None]:
     """finish(held, effects, DONE, release=True), then take_next(holder): whether the finish
-    was accepted, and the next claim (None when there is no work; it may also be None after
-    a refused finish, which the caller then follows with take_next).
-
-    On PostgreSQL the take is a statement of the finish's own transaction (one commit and,
-    without effects, one round trip for both).
-    """
+    was accepted, and the next claim (None after a refused finish too, which the caller
+    then follows with take_next). On PostgreSQL one transaction for both."""
     run, effects = _checked_run(held, effects, now, produced, trace)
     return current().finish_and_take(held.inbox, run, effects)
 
 
 def _checked_run(held, effects, now, produced, trace) -> tuple[dict, list]:
-    """A finish's run checked before anything is locked: its inbox id, holder, generation,
-    `now`, sorted event ids and its record's values (the finish statements' parameters),
-    and its effects."""
+    """A finish's parameters and effects, checked before anything is locked."""
     if not isinstance(held, Held):
         raise ValueError(f"a finish takes what the run holds (a Held), not {type(held).__name__}")
     effects = _require_effects(effects)

@@ -26,41 +26,29 @@ def lock_inbox(inbox_id) -> Lease:
 @contextmanager
 def bounded_write(inbox_id, wait: float | None):
     """A transaction on one inbox whose wait for that inbox's lock is bounded: InboxBusy
-    after `wait` seconds (None: wait as long as the database's own timeouts allow).
-
-    Deliveries and people's answers use it: a worker frozen inside a transaction (SIGSTOP,
-    a debugger, a swap storm) holds its inbox's lease row until PostgreSQL ends its idle
-    session (idle_in_transaction_session_timeout), longer than a webhook sender waits. On
-    PostgreSQL the bound is the transaction's lock_timeout; on SQLite, whose IMMEDIATE
-    transaction takes the database's write lock at BEGIN, it is the busy timeout.
-    """
+    after `wait` seconds (None: the database's own timeouts). For deliveries and people's
+    answers: a frozen worker holds the lease row longer than a webhook sender waits
+    (docs/explanation/design.md, "A frozen lock holder is bounded twice")."""
     with current().bounded_write(inbox_id, wait):
         yield
 
 
 @contextmanager
 def locked_write(inbox, wait: float | None, now=None, then=()):
-    """bounded_write on `inbox` (an Inbox, its id or its slug) with its lock taken first,
-    `now` resolved once the lock is granted (the database's clock when None), then the reads
-    `then` ((sql, params), inbox/prebuilt.py): yields (the inbox's id, now, the rows of each
-    read). For writers above inbox/ that decide by the clock from rows of their own, read
-    under the lock (a person's answer: its request, its deadline). On PostgreSQL the lock,
-    the clock and `then` are one round trip, and writes whose results nobody reads go with
-    the next one (backends/postgresql.py). UnknownInbox for no such inbox; InboxBusy past
-    `wait`.
+    """bounded_write on `inbox` with its lock taken first, `now` resolved once the lock is
+    granted, then the reads `then` ((sql, params)): yields (the inbox's id, now, the rows of
+    each read). For writers above inbox/ that decide by the clock from rows read under the
+    lock (a person's answer: its request, its deadline).
     """
     with current().locked_write(inbox, wait, clock.in_statement(now), then) as locked:
         yield locked
 
 
 def write_in_one(inbox, sql: str, params: dict, wait: float | None) -> dict | None:
-    """On PostgreSQL, a write above inbox/ stated as one statement: a database function of
-    its app that takes the inbox's lock itself, first (its lease row FOR UPDATE, as
-    locked_write does), then its own rows, with `params["lock_timeout"]` (lock_timeout(wait))
-    bounding that wait. Its own transaction, one round trip (a savepoint inside a caller's):
-    the statement's first row by column name, or None. InboxBusy past `wait`, rolled back.
-    For a hot write whose round trips under locked_write cost more than its statements
-    (approvals' plain answer: approvals/sql/answer.sql)."""
+    """On PostgreSQL, a write above inbox/ stated as one statement that takes the inbox's
+    lock itself, first, its wait bounded by `params["lock_timeout"]` (lock_timeout(wait)):
+    its first row, or None; InboxBusy past `wait`, rolled back. For a hot write whose round
+    trips under locked_write cost more than its statements (approvals/sql/answer.sql)."""
     return current().write_in_one(inbox, sql, params, wait)
 
 

@@ -73,8 +73,7 @@ _ANY_SLUG = "\x00any slug"
 @functools.cache
 def _role_read(vendor) -> tuple[str, tuple]:
     """get_with_role's statement, built by the ORM (granting() stays the one rule) once per
-    process and database: building and compiling it costs several times its execution, and
-    it starts every page of an inbox. Its parameters hold the stand-ins to replace."""
+    process and database (inbox/prebuilt.py says why). Its parameters hold the stand-ins."""
     anyone = get_user_model()(pk=_ANY_USER_ID)
     query = Inbox.objects.annotate(role_granted=granted_role(anyone)).filter(slug=_ANY_SLUG)
     query = query.order_by()
@@ -189,9 +188,8 @@ class Inbox(models.Model):
         return held is not None and held >= role
 
     def roles_of(self, user_ids) -> dict[int, Role]:
-        """The highest role each of `user_ids` holds here (absent: none), for many people at
-        once (a pushed conversation checks everyone whose page is open at every change:
-        alwayson/web/feed.py). Two indexed lookups, whatever the number of people."""
+        """The highest role each of `user_ids` holds here (absent: none), in two indexed
+        lookups whatever the number of people."""
         user_ids = set(user_ids)
         link = get_user_model().groups.through
         groups_of = {}
@@ -299,8 +297,7 @@ class LeaseQuerySet(models.QuerySet):
         return self.free(now).filter(work_at__lte=now)
 
     def held(self, inbox_id, holder, generation, now=None):
-        """The lease row while (holder, generation) still holds it: the egress gateway's
-        test of a run before it spends a credential for it (alwayson/egress/server.py)."""
+        """The lease row while (holder, generation) still holds it."""
         now = Now() if now is None else now
         return self.filter(
             inbox_id=inbox_id, holder=holder, generation=generation, until__gt=now
@@ -421,9 +418,8 @@ class Event(models.Model):
         DEAD = "dead"
 
     # No index of its own: event_unique_source_key starts with inbox_id and serves every
-    # lookup by inbox. A second one would cost every insert, and on a small table the
-    # planner may prefer it for ingest's duplicate check, then read each of the inbox's
-    # events through the plan it keeps for the connection.
+    # lookup by inbox. A second would cost every insert, and the planner may pick it for
+    # ingest's duplicate check in a cached plan that reads every event of the inbox.
     inbox = models.ForeignKey(
         Inbox, on_delete=models.CASCADE, related_name="events", db_index=False
     )
@@ -495,15 +491,8 @@ class EventTraceQuerySet(models.QuerySet):
 
 class EventTrace(models.Model):
     """The trace context of the request that stored an event, so the run that handles it
-    continues that trace (inbox/tracing.py; docs/how-to/tracing.md).
-
-    A table of its own rather than a column of Event: a column would cost every event row
-    and every insert statement whether tracing is on or not, and the hot insert statements
-    (inbox/sql/insert_*.sql) would carry one more parameter. This row is written only when a
-    span is current at ingest (tracing on), in the ingest's transaction and only for the
-    events that statement stored: a duplicate delivery stores no event and so no row. It
-    goes with its event (CASCADE: prune's deletes and an inbox's take it along).
-    """
+    continues that trace. A table of its own, not a column of Event, so tracing off costs
+    nothing: docs/explanation/design.md, "Trace contexts"."""
 
     event = models.OneToOneField(
         Event, on_delete=models.CASCADE, primary_key=True, related_name="trace"
@@ -543,14 +532,8 @@ class RunRecordQuerySet(models.QuerySet):
 
 
 class RunRecord(models.Model):
-    """What one run did, under the lease generation it ran in.
-
-    A run that ended (done, error, deferred) is recorded by its fenced finish, in the same
-    transaction as what it produced, so a record marked done always has its effects and
-    never the other way round. A run whose finish was refused, and one found lost (its
-    worker gone, its events left running under its generation), are recorded apart: they
-    committed nothing else, and the record says so.
-    """
+    """What one run did, under the lease generation it ran in. Who writes it, and when:
+    docs/explanation/design.md, "Run records"."""
 
     class Outcome(models.TextChoices):
         DONE = "done"

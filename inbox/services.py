@@ -4,10 +4,7 @@ claim_more, finish, and the lease verbs.
 Each takes an optional `now` (an aware datetime; omitted, the database's clock) and works on
 one inbox, named by an `Inbox`, its slug or its id.
 
-The lease row is the inbox's lock. Every write that touches an inbox's events or what a run
-produced locks that row first (SELECT ... FOR UPDATE on PostgreSQL; on SQLite the IMMEDIATE
-transaction already holds the database's write lock), so the rows beneath it are always
-locked in the same order and two writers on one inbox can never deadlock.
+The lease row is the inbox's lock, taken first by every writer (locks.py).
 
 The bodies live by operation: ingest.py (storing events), leases.py (the lease and the
 claim), finish.py (a run's end; outcomes.py, how it ends: Done, Failed or Defer),

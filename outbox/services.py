@@ -93,18 +93,12 @@ def dispatch_inbox(inbox, send: Send | None = None, now=None) -> int:
     """One inbox's turn: one send, if the gap allows (or one of its messages is urgent) and
     the channel is not backing off after a failure.
 
-    A send's rows are fixed before its first attempt: a short transaction stamps them with
-    the send's key and commits. Until that send is sent or parked, every turn retries
-    exactly those rows under that key, whatever was queued meanwhile; the messages queued
-    meanwhile make the next send. So a repeat, after a timeout or a crash, always carries
-    the key and the body the receiver may already have.
-
-    At least once (the default): the send happens inside a second transaction, under the
-    channel's row lock, and the rows are marked sent after it. Two dispatchers can't both
-    send the same rows, and a crash after send() and before COMMIT sends them again under
-    the same key: the receiver dedupes on it. Holding the lock across the send is what the
-    rule requires. At most once: the rows are stamped, marked sent and committed in the
-    first transaction, then sent outside any lock; a crash in between loses them.
+    A send's rows and key are stamped and committed before its first attempt, so a repeat
+    after a timeout or a crash carries the key and the body the receiver may already have
+    (docs/explanation/design.md, "A send's key is stamped on its rows"). At least once (the
+    default): sent in a second transaction under the channel's row lock, marked sent after,
+    so a crash before COMMIT sends again under the same key. At most once: marked sent and
+    committed first, then sent outside any lock; a crash in between loses it.
     """
     _require_send(send)
     # Checked before the channel row is written; the clock itself is read under its lock.
@@ -156,11 +150,9 @@ def _locked_channel(inbox_id):
 
 
 def _next_send(channel, now, may_start) -> list:
-    """The rows of the inbox's next send, in order, if it may go now; [] if not.
-
-    A send already stamped (attempted, or resent by an operator) comes first, the oldest
-    if there are several, exactly as stamped. Otherwise, if `may_start`, every held message
-    makes a new send, stamped here with its key; the caller commits that before sending.
+    """The rows of the inbox's next send, in order, if it may go now; [] if not. A send
+    already stamped comes first, exactly as stamped; otherwise, if `may_start`, every held
+    message makes a new one, stamped here (the caller commits that before sending).
     """
     held = list(OutboxMessage.objects.filter(inbox_id=channel.pk).held().order_by("id"))
     if not held or channel.backing_off(now):
@@ -351,13 +343,10 @@ def queue_notice(inbox_id, recipient, topic, subject, body, now) -> bool:
 
 
 def dispatch_notices(send=None, now=None) -> int:
-    """Send the notices that are due, each as its own email; the number sent.
-
-    At least once, like the outbox's default: each is sent inside its own transaction under
-    its row's lock (SKIP LOCKED, so dispatchers running at once never send one twice) and
-    marked sent after; a crash in between sends it again under the same Message-ID. A failed
-    send is retried with the outbox's backoff and parked as failed after
-    ALWAYSON_OUTBOX_MAX_ATTEMPTS. `send(notice)` overrides the email (tests, scripts).
+    """Send the notices that are due, each as its own email; the number sent. At least once:
+    each under its row's lock (SKIP LOCKED) and marked sent after, so a crash in between
+    sends it again under the same Message-ID. A failure is retried with the outbox's backoff
+    and parked after ALWAYSON_OUTBOX_MAX_ATTEMPTS. `send(notice)` overrides the email.
     """
     _require_send(send)
     now = clock.resolve(now)

@@ -28,12 +28,9 @@ class Schedule:
     `due` (an aware datetime) or `delay` after the moment it is applied; a `cron` timer at
     its next occurrence after `due` (or after that moment), read in `timezone`.
 
-    Every timer is registered through a Schedule (add_timer, run.schedule(), the admin's
-    form, an approval's expiry), so this is the one place that refuses what only alwayson
-    writes: a key starting "expire:" (an approval's expiry timer, which it would replace)
-    and a fixed event key under a reserved source (a forged approval answer, or an
-    occurrence's key). Only `Schedule.reserved()`, which the approvals app uses, may take
-    the first two; a fixed "timer" event key is refused to everyone.
+    Every timer is registered through a Schedule, so this is the one place that refuses
+    what only alwayson writes: an "expire:" key and a fixed event key under a reserved
+    source (docs/explanation/design.md, "Sources `timer` and `approval` are reserved").
     """
 
     may_reserve: ClassVar[bool] = False
@@ -196,14 +193,10 @@ def add_timer(
 
 
 def run_scheduler(now=None, batch_size=SCHEDULER_BATCH, inbox=None) -> int:
-    """Turn due timers, of every inbox, into inbox events; the number of timers handled.
-
-    The timer advances in the same transaction as the insert, so a second pass finds nothing
-    due; the event key (timer key + scheduled instant) is the second line of defence, for a
-    replay the transaction can't see. Each timer fires in a short transaction of its own that
-    locks its inbox's lease row first, like every other write to an inbox; several schedulers
-    can run at once, and the one that finds the timer no longer due skips it.
-    `inbox` limits the pass to one inbox.
+    """Turn due timers, of every inbox (or of `inbox`), into inbox events; the number of
+    timers handled. The timer advances in the transaction that stores its event, under its
+    inbox's lease lock, so a second pass or a second scheduler finds nothing due; the event
+    key (timer key + scheduled instant) is the second line of defence.
     """
     timers = Timer.objects.all()
     if inbox is not None:

@@ -7,11 +7,9 @@ used up on "(no reply)". Every failure's text is scrubbed of the API key before 
 (and so before it is stored on the events or logged): a proxy set through ANTHROPIC_BASE_URL
 may echo the key it was sent in its error body.
 
-Every answer is stored in `ModelCall` the moment it arrives, outside the run's transaction, so
-the fence never rolls it back: a run retried after a crash sends the same request, finds the
-answer and does not pay for it again. The SDK's own retries are off: a sleeping retry would
-hold the inbox's lease and hide the outage from the event; the inbox's backoff retries instead,
-durably, no sooner than the API's `retry-after`.
+Every answer is stored in `ModelCall` the moment it arrives, outside the fence, so a retried
+run does not pay for it again. The SDK's own retries are off: a sleeping retry would hold the
+inbox's lease; the inbox's backoff retries instead, no sooner than the API's `retry-after`.
 """
 
 from __future__ import annotations
@@ -40,10 +38,8 @@ from inbox.clock import day_start
 if TYPE_CHECKING:
     import anthropic
 
-# The SDK is imported in the functions that call the API, not here: importing it costs about
-# 1.2 s of CPU, and every process loads this module (the Claude app's ready() reads the edit
-# check), the web's workers and each manage.py command included, where only a worker that
-# runs a Claude agent ever calls the API.
+# The SDK is imported in the functions that call the API, not here: its import is slow, and
+# every process loads this module, where only a worker running a Claude agent calls the API.
 
 log = logging.getLogger("alwayson.claude")
 
@@ -157,12 +153,9 @@ def check_budget(inbox_id, budget: int | None):
 
 def call(run, request: dict, budget: int | None) -> dict:
     """The answer to `request` (the Messages API's JSON), from the cache or from the API.
-
-    Raises BudgetSpent before a call the budget does not allow (a cached answer costs
-    nothing and is always given), ModelUnavailable for a transient failure, AgentBug for a
-    request the API refused, LeaseLost (before anything is sent) for a run that lost its
-    lease: no model call is paid for after the lease's deadline.
-    """
+    BudgetSpent before a call the budget does not allow (a cached answer is always given),
+    ModelUnavailable for a transient failure, AgentBug for a request the API refused,
+    LeaseLost, nothing sent, once the run is lost."""
     key = request_key(request)
     cached = (
         ModelCall.objects.filter(inbox_id=run.inbox.pk, request_key=key)
@@ -264,12 +257,8 @@ def _send(request: dict, run) -> dict:
 
 
 def not_a_message(answer: dict) -> str | None:
-    """What keeps `answer` from being a Messages API message, or None.
-
-    The SDK does not validate a 200's body: `{"detail": "upstream hiccup"}` comes back as a
-    Message with no content, which would be read as "(no reply)", cached for every retry,
-    and the events done with nothing said. Checked here: what the agent reads of it.
-    """
+    """What keeps `answer` from being a Messages API message, or None: the SDK does not
+    validate a 200's body, which would otherwise be cached as "(no reply)"."""
     if answer.get("type") != "message":
         return f"type {answer.get('type')!r}, not 'message'"
     if answer.get("role") != "assistant":

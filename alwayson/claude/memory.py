@@ -1,16 +1,13 @@
 """The Claude agent's memory: the Messages API's memory tool (`memory_20250818`), with the
-inbox's files in the database (MemoryFile, MemoryVersion) as its client-side store.
+inbox's files in the database (MemoryFile, MemoryVersion) as its client-side store
+(docs/how-to/claude-agent.md, "Memory").
 
 A run works on the files as they were when it began plus its own writes (`RunMemory`): what
-it writes is an effect (`MemoryWrites`) that commits in the run's fenced finish with
-everything else it produced, so a run whose finish is refused, or that is lost, leaves memory
-as it was. Paths are confined to /memories; a file and an inbox's files are bounded in size
-(ALWAYSON_CLAUDE_MEMORY_FILE_CHARS, ALWAYSON_CLAUDE_MEMORY_INBOX_CHARS), and the model gets a
-tool error that says which bound it hit. A file written while the conversation held content
-from outside the owner is marked untrusted, and reaches later prompts as data.
-
-People read and correct the files on the inbox's memory page (`write_file`, `delete_file`):
-each change, theirs or a run's, is a MemoryVersion naming who or which run made it.
+it writes is an effect (`MemoryWrites`) that commits in the run's fenced finish, so a run
+whose finish is refused, or that is lost, leaves memory as it was. Paths are confined to
+/memories and sizes bounded; a file written while the conversation held content from
+outside the owner is marked untrusted. Every change, a person's or a run's, is a
+MemoryVersion.
 """
 
 import json

@@ -165,9 +165,7 @@ class ModelCallQuerySet(models.QuerySet):
         return self.filter(inbox_id=inbox_id, generation=generation).order_by("id")
 
     def tokens_by_run(self) -> "ModelCallQuerySet":
-        """One row per run (inbox_id, generation) with its calls, its summed tokens (input,
-        output, cache_read, cache_write, total) and its time waiting for the API (api_ms,
-        summed over the calls that kept a duration), by inbox then generation."""
+        """One row per run (inbox_id, generation): its calls, summed tokens and api_ms."""
         return (
             self.order_by()
             .values("inbox_id", "generation")
@@ -243,9 +241,8 @@ class ToolResultQuerySet(models.QuerySet):
         return self.filter(inbox_id=inbox_id, generation=generation).order_by("id")
 
     def start(self, *, inbox_id, idempotency_key, event_ids, **fields) -> "ToolResult":
-        """The row of a call about to run (no result yet), with the events it is made for,
-        committed before the tool runs; the row already stored under the key if a run fenced
-        off a moment ago made the same call first."""
+        """The row of a call about to run, committed before the tool runs; the row already
+        stored under the key if a run fenced off a moment ago made the same call first."""
         links = ToolResult.events.through.objects
         try:
             with transaction.atomic():
@@ -259,20 +256,11 @@ class ToolResultQuerySet(models.QuerySet):
 
 
 class ToolResult(models.Model):
-    """One application tool call of the Claude agent, kept under its idempotency key.
-
-    Written just before the tool runs (`result` None), outside the run's transaction like
-    ModelCall, with the events the call was made for, and given its result the moment the
-    tool returns. A run retried after a crash, or deferred and claimed again in another
-    batch, finds the calls made for its events: one that returned gives the model the same
-    result instead of running again; one that did not return runs again under the same key,
-    so the receiving system can refuse the repeat. How a call is recognised:
-    docs/how-to/claude-agent.md#idempotency-keys.
-
-    It is also the call's journal: the policy's decision and why, the approval of an asked
-    call, the error a tool raised, when it finished. A call that is not run (the policy or a
-    person refused it, its approval expired) gets a row too, written with the result the
-    model was given, so a retry replays the refusal rather than deciding again.
+    """One application tool call of the Claude agent, kept under its idempotency key, and
+    its journal (the policy's decision, the approval, the error). Written just before the
+    tool runs, outside the run's transaction like ModelCall, so a retried run repeats the
+    call instead of making it twice (docs/how-to/claude-agent.md#idempotency-keys); a call
+    not run gets a row too, so a retry replays the refusal rather than deciding again.
     """
 
     inbox = models.ForeignKey("inbox.Inbox", on_delete=models.CASCADE, related_name="tool_results")
@@ -412,11 +400,9 @@ class MemoryVersion(models.Model):
 
 class McpToolDefinition(models.Model):
     """One definition (description and input schema) an MCP server listed for one of its
-    tools, as first seen, and whether a person approved it. A tool is offered to the model
-    only while the server lists a definition approved here: one rewritten since (a description
-    that now carries instructions, a widened schema) is a new row, withheld until approved.
-    Written by the runs that list the server's tools (alwayson/claude/mcp.py), outside the
-    fence: what a server offered is a fact, whichever run saw it first."""
+    tools, and whether a person approved it. A tool is offered only while its server lists
+    an approved definition: one rewritten since is a new row, withheld until approved.
+    Written outside the fence: what a server offered is a fact, whichever run saw it."""
 
     server = models.CharField(max_length=24)
     name = models.CharField(max_length=200)

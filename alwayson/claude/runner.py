@@ -1,29 +1,18 @@
 """The Claude agent: one run's batch of events becomes one user turn, and the model works
 through its tools until it ends its turn.
 
-A run ends one of the article's three ways: the model calls `send_message` (an outbox
-message), it ends its turn without it (nothing goes out: quiet is the default), or a tool whose
-policy is `ask` ends the run waiting for a person. Every later call of the same turn that the
-policy also asks joins it: one approval each, grouped on one card. The session then holds the
-turn's calls from the first one asked; each answer (or expiry) arrives as the event
-("approval", request_id), and once all of them have, the next run resumes those exact calls
-in order: approved, a call runs if the tool and the inbox's policy as they are then still
-let it (a plain yes is checked as an edit is: denied now, it is not run and the model is
-told why), with the arguments as a person edited them (the model told what changed and by
-whom), and the model gets its result; a question's reply is its result;
-denied (with the reason a person gave) or expired, the model gets an error result that says
-so. Events that arrive while calls wait are kept in the session and reach the model in the
-turn that resumes them.
+A run ends one of the article's three ways: the model calls `send_message`, it ends its turn
+without it (quiet is the default), or a call the policy asks ends the run waiting for a
+person. Every later call of that turn the policy also asks joins it, one approval each on
+one card; once every answer (or expiry) has arrived as ("approval", request_id), the next
+run resumes those exact calls in order, each checked again against the tool and the policy
+as they are then. Events that arrive meanwhile wait in the session for that turn.
 
-Everything the run produces (messages, approvals, timers, the transcript) commits in its
-fenced finish, or not at all. Only the model's answers (`ModelCall`) and the application
-tools' calls (`ToolResult`) are stored at once, outside the fence: a run retried after a
-crash replays them, so it neither pays for a model call twice nor runs a tool twice. A tool
-call is recognised on a retry by what it is, not by the model's tool-use id, which a model
-asked again picks anew: the same tool with the same arguments, made for one of the run's
-events (the n-th such call of the run is the n-th made for them before). It keeps its
-idempotency key on every retry that repeats it, whatever the batch, for the window between
-a tool's side effect and its result.
+Everything the run produces commits in its fenced finish, or not at all. Only the model's
+answers (`ModelCall`) and the application tools' calls (`ToolResult`) are stored at once,
+outside the fence, so a retried run neither pays for a model call twice nor runs a tool
+twice; a tool call is recognised on a retry by what it is, not by its tool-use id
+(docs/how-to/claude-agent.md, "Idempotency keys").
 """
 
 import hashlib
@@ -364,9 +353,8 @@ class ClaudeRun:
         )
 
     def _joined(self) -> list[dict]:
-        """Under the inbox's `join`, the chat messages sent since the run's claim, taken into
-        the run (Run.more) and given to the model with the tool results, before its next
-        call: one text block, or none."""
+        """Under the inbox's `join`, the chat messages sent since the run's claim (Run.more),
+        as one text block for the model's next call, or none."""
         if not self.config.joins:
             return []
         joined = self.run.more()
@@ -526,10 +514,8 @@ class ClaudeRun:
         return self._not_run(call, error_result(tool_use_id, text), journal)
 
     def _run_approved(self, tool, call, payload, names, request_id, journal) -> dict:
-        """The call as it was asked, checked again as an edited one is: the tool and the
-        policy as they are now, at the answer (either may have changed while it waited). A
-        call the policy now denies is not run, and the model is told who approved it and
-        why it did not run."""
+        """The call as it was asked, checked again against the tool and the policy as they
+        are now (either may have changed while it waited); denied now, it is not run."""
         name, tool_use_id, arguments = call["name"], call["id"], call["input"]
         people = payload.get("approved_by") or [payload.get("answered_by")]
         who = " and ".join(_who(person, names) for person in people if isinstance(person, str))
@@ -594,9 +580,8 @@ class ClaudeRun:
         return {**result, "content": f"{note}\n{result['content']}"}
 
     def _execute(self, tool, call, approved, reply=None, journal=None) -> dict:
-        """Run the call (an application tool once per key, its row journaled with `journal`:
-        the policy's decision and why, the approval) and give its result. Nothing runs for a
-        run that lost its lease (LeaseLost): no tool call after the lease's deadline."""
+        """Run the call (an application tool once per key, journaled with `journal`) and give
+        its result; LeaseLost, nothing run, past the lease's deadline."""
         name, arguments, tool_use_id = call["name"], call["input"], call["id"]
         self.run.check_lease()
         if tool is SEND_MESSAGE:
@@ -641,10 +626,9 @@ class ClaudeRun:
         return result
 
     def _not_run(self, call, result, journal) -> dict:
-        """A call refused (by the policy, by a person, by an expiry), journaled with the
-        result the model gets, under the key it would have run with: a retry that makes the
-        call again replays that result rather than deciding again. A built-in's is not
-        journaled: its effects are the run's own, in the fence."""
+        """A call refused (by the policy, a person, an expiry), journaled with the result
+        the model gets, so a retry replays it rather than deciding again. A built-in's is
+        not journaled: its effects are the run's own, in the fence."""
         if call["name"] in BUILTINS:
             return result
         entry = self._journal_entry(
@@ -662,15 +646,10 @@ class ClaudeRun:
         return {**entry.result, "tool_use_id": call["id"]}
 
     def _journal_entry(self, name, arguments, approved, **fields) -> ToolResult:
-        """The journal row of this call: an earlier one it repeats, or a new one, written
-        before the tool runs so that a crash in the tool leaves its key behind.
-
-        The call repeats the n-th earlier call of the same tool with the same arguments made
-        for one of this call's events, when this is the n-th such call of the run. A repeated
-        row is narrowed to this run's events: one side effect is the repeat of one later call,
-        so when a crashed batch is retried event by event, two events that each ask for the
-        same thing do not both take the one call made for the batch. A new row gets `fields`
-        (the decision and why, the approval, a refusal's result); a repeated one keeps its own.
+        """The journal row of this call: an earlier one it repeats (narrowed to this run's
+        events, so one side effect is the repeat of one later call), or a new one with
+        `fields`, written before the tool runs so that a crash in the tool leaves its key
+        behind. The rule: docs/how-to/claude-agent.md, "Idempotency keys".
         """
         events = [self.key_event] if self.key_event is not None else list(self.run.events)
         ids = [event.pk for event in events]
@@ -713,9 +692,8 @@ class ClaudeRun:
         return ok_result(tool_use_id, f"Timer {arguments['key']} set: you will be woken {when}.")
 
     def _remember(self, call) -> dict:
-        """A memory command, on the run's own view of the files; its writes commit with the
-        run's finish. A write is marked untrusted when the conversation the model has read
-        holds content from outside the owner."""
+        """A memory command on the run's own view of the files; its writes commit with the
+        finish, marked untrusted when the model has read content from outside the owner."""
         self.run.check_lease()
         untrusted = memory.read_untrusted(transcript.flatten(self.runs))
         try:

@@ -1,18 +1,12 @@
 """The transcript: how a batch of events becomes one user turn, and how the transcript kept in
-the inbox's session stays bounded.
+the inbox's session stays bounded (docs/how-to/claude-agent.md, "The transcript").
 
-The session keeps the transcript as a list of runs, each the messages that run added (its user
-turn, the model's answers, the tool results). The bound, applied at every finish:
-
-1. only the last ALWAYSON_CLAUDE_KEEP_RUNS runs are kept, older ones are dropped whole;
-2. tool results older than the last ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS runs are replaced by a
-   placeholder (the model's own words and its tool calls stay), and so are those runs' views
-   of the memory (alwayson/claude/memory.py);
-3. while the transcript is longer than ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS (as JSON), the
-   oldest run goes, down to the last run, which is always kept.
-
-Dropping whole runs keeps the transcript valid: every run starts with a user turn, and a tool
-call is never separated from its result.
+The session keeps the transcript as a list of runs, each the messages that run added. The
+bound, applied at every finish, drops whole runs (ALWAYSON_CLAUDE_KEEP_RUNS, then the oldest
+while over ALWAYSON_CLAUDE_MAX_TRANSCRIPT_CHARS, down to the last run) and replaces old tool
+results and memory views by a placeholder (ALWAYSON_CLAUDE_KEEP_TOOL_RESULTS). Dropping
+whole runs keeps the transcript valid: every run starts with a user turn, and a tool call is
+never separated from its result.
 """
 
 import html

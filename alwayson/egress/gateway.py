@@ -295,9 +295,8 @@ def _client(transport=None) -> httpx.Client:
 
 @lru_cache(maxsize=1)
 def _shared_client() -> httpx.Client:
-    """One client for the process, shared by its threads (httpx's pool is thread-safe): its
-    TLS context is built once (loading the CA bundle took ~30 ms a call) and connections are
-    kept between calls. It holds no credential: each request carries its own."""
+    """One client for the process, shared by its threads: its TLS context is built once and
+    connections are kept between calls. It holds no credential: each request carries its own."""
     return _client()
 
 

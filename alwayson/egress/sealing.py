@@ -1,18 +1,15 @@
-"""The sealed worker: agent code runs in a process that holds no credential.
+"""The sealed worker: agent code runs in a process that holds no credential
+(docs/how-to/egress.md, "The sealed worker").
 
 With ALWAYSON_EGRESS_SOCKET set, `runworker` re-executes itself (same PID, same arguments)
 with an environment that lacks every credential variable alwayson knows, plus the ones a
 team names in ALWAYSON_WORKER_WITHHOLD. An exec, not `del os.environ[...]`: the kernel keeps
-the environment a process started with in its memory (`/proc/self/environ` reads it back),
-and only a new program image replaces it. The settings the new image reads then carry none
-of them either, and it does not read the `.env` file again. Its agents reach the outside
-world through `runegress`, the one process with the credentials (alwayson/egress/server.py).
+the environment a process started with (`/proc/self/environ` reads it back), and only a new
+program image replaces it.
 
-Every other process of a sealed deployment (web, scheduler, dispatcher, egress, runall)
-holds credentials, and may run as the same Unix user as the worker: each makes itself
-non-dumpable (`hide_from_same_user`), so the worker cannot read their `/proc/<pid>/environ`
-or memory, nor attach a debugger. Only root can. An exec resets that flag, which is why the
-sealed worker, which has nothing to hide, is readable again.
+Every other process of a sealed deployment holds credentials and may run as the same Unix
+user, so each makes itself non-dumpable (`hide_from_same_user`). An exec resets that flag,
+which is why the sealed worker, which has nothing to hide, is readable again.
 """
 
 import ctypes

@@ -1,32 +1,13 @@
 """Compressed bytes in a service's answer, opened as an agent could open them, so that the
-scrub (alwayson/egress/scrub.py) sees what is inside.
+scrub (alwayson/egress/scrub.py) sees what is inside: the transfer's `Content-Encoding`
+(decode_transfer: here, not by httpx, whose decoders put no bound on what one chunk inflates
+to) and compressed content, said to be so or recognised by its magic bytes.
 
-Two places hold them:
-
-- the transfer, `Content-Encoding` (gzip, deflate, br, zstd): decoded here from the raw
-  bytes (decode_transfer), not by httpx, whose decoders put no bound on what one chunk
-  inflates to; the answer's body is what it decodes to, at most the service's max_bytes;
-- the content: a body (or what a layer of it opens to) that is a gzip, zlib or deflate,
-  brotli, zstd, bzip2 or xz stream, or a zip archive, whether the answer says so
-  (`Content-Type`, a `Content-Disposition` file name, a zip member's name) or not (the
-  format's magic bytes, or a zip's end record). An agent could open any of them
-  (`gzip.decompress(answer.content)`) and read a credential the scrub never saw.
-
-Each layer is opened (opened), what it holds opened again, and scrubbed; a layer with the
-credential anywhere in it (its content, a zip member's name, a gzip header's file name) is
-packed again with it taken out, in the same format, so the agent still gets a body it can
-open. An answer is withheld (Withheld: the gateway raises EgressFailed, the service's bytes
-reach no one) when a layer that carries the credential cannot be written again (it is
-damaged, or packing that format needs a module not installed), and when a layer cannot be
-checked: the answer says it is compressed but it does not open, its format's decoder is
-not installed (brotli, zstd: see DECODERS), a zip member is encrypted, or the layers go
-deeper than MAX_DEPTH.
-
-A compression bomb costs at most the service's max_unpacked_bytes of work: every byte any
-layer opens to is counted against one budget for the whole answer, read a chunk at a time,
-and the answer is withheld as soon as it is spent; a zip's members' declared sizes are
-checked against it before any is read, as are their count (MAX_MEMBERS) and each one's
-ratio (MAX_RATIO).
+Each layer is opened, what it holds opened again, and scrubbed; a layer that carried the
+credential is packed again without it, in its format. An answer whose layers cannot all be
+checked or written again is withheld (Withheld), and every byte any layer opens to counts
+against one budget, so a compression bomb costs at most max_unpacked_bytes of work. What
+is opened and what is withheld: docs/how-to/egress.md, "Compressed answers".
 """
 
 import bz2

@@ -1,26 +1,14 @@
-"""When events go dead: an ERROR log line for each, and one alert to the operators.
+"""When events go dead: an ERROR log line for each, and one alert to the operators
+(docs/how-to/operations.md, "Logs and alerts").
 
 claim_batch parks the events that ran out of attempts and sends `events_dead` inside its
-transaction, under the inbox's lease lock; `events_going_dead` receives it there:
-
-- each event is logged at ERROR by `alwayson.events` (inbox, source, key, attempts, the last
-  error's last line) once the parking commits, so a rolled-back claim logs nothing;
-- the operators are told by email, one notice each (outbox.models.Notice), at most once per
-  ALWAYSON_DEAD_ALERT_INTERVAL per inbox, counting every event that went dead since the
-  last alert. The notices are written in the same transaction that parks the events, so a
-  crash either keeps both or neither: nobody is told twice nor missed. Events that go dead
-  within the interval are counted on the inbox's DeadAlert row (in the database, so every
-  worker process shares the limit), and the dispatcher's `flush_dead_alerts` tells the
-  operators about them once the interval has passed, even if nothing else goes dead.
-
-The operators are the active staff who may view events in the admin (superusers too): the
-alert's link is to the admin's list of dead events, which nobody else can open. An inbox
-with no operator at all tells its owner instead, so an alert always reaches somebody. The
-alert never goes through the inbox's channel: it is not the agent speaking, so it is not in
-the conversation its people read, and it neither waits for nor spends the inbox's gap.
-
-An operator's mark_dead is a decision, not a failure: inbox/operator.py logs it at WARNING
-and sends no alert.
+transaction, under the inbox's lease lock; `events_going_dead` receives it there. The lines
+are logged once the parking commits, and the notices are written in that transaction, so a
+crash keeps both or neither: nobody is told twice nor missed. At most one alert per
+ALWAYSON_DEAD_ALERT_INTERVAL per inbox, counted on its DeadAlert row so every worker shares
+the limit; the dispatcher's `flush_dead_alerts` tells what went dead within the interval.
+The alert is a notice, never a message through the inbox's channel: it is not the agent
+speaking.
 """
 
 import logging
@@ -97,12 +85,9 @@ def note_dead(inbox_id, events, now) -> int:
 
 
 def flush_dead_alerts(now=None) -> int:
-    """Tell the operators of inboxes whose dead events went unreported (they went dead within
-    the interval of an earlier alert) once that interval has passed; the alerts queued.
-
-    The dispatcher calls it on each pass. Each inbox in its own transaction, under the same
-    locks as claim_batch (the lease row, then the DeadAlert row), so an alert is queued once
-    even with several dispatchers.
+    """Tell the operators of inboxes whose dead events went unreported once the interval has
+    passed; the alerts queued. Each inbox under claim_batch's locks (the lease row, then
+    the DeadAlert row), so an alert is queued once even with several dispatchers.
     """
     now = clock.resolve(now)
     queued = 0

@@ -6,7 +6,7 @@ commit with the request or not at all, and the unique (inbox, topic, recipient) 
 one once per approval. The dispatcher sends them (outbox.services.dispatch_notices).
 
 The owner is not among them: the owner hears from the agent itself, through the inbox's
-channel, as before.
+channel.
 
 The calls a model asked in one turn (a group, answered on one page) are one notice per
 person: each member's request, made in the same transaction, rewrites the notice held for the

@@ -3,10 +3,9 @@ its replication view, for `check --deploy`, /healthz and the metrics.
 
 Every guarantee of alwayson rests on a commit staying committed: a 202 to a webhook, a finish
 the worker logged, a send key stamped before the send. Two setups break that without a
-sound: `synchronous_commit` below `on` (off, local or remote_write: a commit is answered
-before it is flushed where a crash or a failover keeps it), and a standby that replicates
-asynchronously (promoted after a lag, it has lost the commits it had not received; measured
-in issue 38: 24 acknowledged events gone, 34 lease generations issued twice). A synchronous
+sound: `synchronous_commit` below `on` (a commit is answered before it is flushed where a
+crash or a failover keeps it), and a standby that replicates asynchronously (promoted after a
+lag, it has lost the commits it had not received: docs/explanation/faults.md). A synchronous
 standby loses nothing.
 
 What this cannot see: a cascading standby (replicating from another standby, not from this

@@ -34,12 +34,7 @@ OK, FAILING, UNKNOWN = "ok", "failing", "unknown"
 
 
 class ProcessBeat:
-    """This process's `Process` row.
-
-    `start()` registers it and starts the beating thread; `stop()` stops the thread and marks
-    the row stopped. `register`, `beat` and `mark_stopped` are the single writes underneath;
-    each takes `now` (the database's clock when omitted).
-    """
+    """This process's `Process` row, beaten from a thread of its own."""
 
     def __init__(self, kind: str, worker_id: str):
         if kind not in Process.Kind.values:

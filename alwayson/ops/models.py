@@ -34,17 +34,10 @@ class ProcessQuerySet(models.QuerySet):
 
 
 class Process(models.Model):
-    """One run of a loop process (runworker, runscheduler, rundispatcher): its heartbeat.
-
-    The process writes its row when it starts and `last_beat` every
-    ALWAYSON_HEARTBEAT_INTERVAL seconds, from a thread of its own and outside any work
-    transaction (alwayson/ops/health.py, ProcessBeat). A clean exit sets `stopped`. A row with
-    no `stopped` whose beat is older than HEALTH_LIVE_BEATS intervals is *lost*: the process
-    was killed, hung or cut off from the database. Rows are deleted a day after their last
-    beat, by the next process that starts. Times are the database's clock.
-
-    Read by /healthz, `manage.py status` and the admin; a restarted process gets a new row,
-    so `runs` counts the work of this run of the process only.
+    """One run of a loop process (runworker, runscheduler, rundispatcher): its heartbeat
+    (alwayson/ops/health.py). A row with no `stopped` whose beat is older than
+    HEALTH_LIVE_BEATS intervals is *lost*: killed, hung or cut off from the database. A
+    restarted process gets a new row. Times are the database's clock.
     """
 
     class Kind(models.TextChoices):
@@ -99,11 +92,9 @@ def live_window() -> timedelta:
 
 class DeadAlert(models.Model):
     """One inbox's alerts about its dead events (alwayson/ops/alerts.py): when the last one was
-    queued, and what went dead since that its operators have not been told yet.
-
-    Written in the transaction that parks events as dead, under the inbox's lease lock, and
-    by the dispatcher's flush under the same lock: an alert is queued exactly when its events'
-    parking (or the flush) commits.
+    queued, and what went dead since that its operators have not been told yet. Written only
+    under the inbox's lease lock, so an alert is queued exactly when its events' parking (or
+    the dispatcher's flush) commits.
     """
 
     inbox = models.OneToOneField(
@@ -138,13 +129,10 @@ class DeadAlert(models.Model):
 
 
 class MetricTotal(models.Model):
-    """One running total of a Prometheus counter or histogram, shared by every process.
-
-    Loop processes count in memory and add their counts here every heartbeat, with an
-    upsert that adds (alwayson/ops/metrics/), so the totals of every process on every host add
-    up and survive restarts; /metrics reads this table at scrape. A counter is one row
-    (bucket ""); a histogram is a row per bucket (its upper bound, not cumulative) and one
-    for its sum ("sum"). Never written inside a run's transaction.
+    """One running total of a Prometheus counter or histogram, shared by every process
+    (alwayson/ops/metrics/), so the totals of every host add up and survive restarts. A
+    counter is one row (bucket ""); a histogram a row per bucket (its upper bound, not
+    cumulative) and one for its sum ("sum"). Never written inside a run's transaction.
     """
 
     name = models.CharField(max_length=100)

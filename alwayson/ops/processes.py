@@ -1,10 +1,8 @@
 """The production process set: one source for `runall --production`, `deploy/` and the tests.
 
 Commands are written as the deployment files write them, run from the project directory:
-`python manage.py ...`, and `gunicorn ...` from the same environment. tests/ops/test_deploy.py
-checks that the Dockerfile, the compose file and the systemd units run exactly these, and
-tests/processes/test_production_pg.py starts them (through `runall --production`) and drives
-an event through.
+`python manage.py ...`, and `gunicorn ...` from the same environment; the deployment files
+must run exactly these.
 """
 
 import shutil

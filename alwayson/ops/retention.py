@@ -1,26 +1,18 @@
-"""What `manage.py prune` deletes, and what it must never touch.
+"""What `manage.py prune` deletes, and what it must never touch (docs/how-to/operations.md,
+"Retention", lists both).
 
 Every rule is a queryset of rows that are finished and older than their retention. Rows are
 taken in bounded batches, oldest first, by a cursor on (age, primary key); each batch is its
-own short transaction that selects the batch's ids and deletes (or clears) only those of
-them that still match the rule, so a row a worker changed in between (a timer re-registered,
-a message put back to held) is left alone. Workers never wait on prune for longer than one
-batch's statement, and prune never locks a lease row: nothing it touches is read by a run.
-
-Kept, whatever the settings: pending, running and dead events; held and failed messages and
-notices; approvals still waiting and their audit, and settled ones while their answer
-event or expiry timer remains; timers still to fire; every inbox's session state; and the
-rows a run that may still be retried reads again (below).
+own short transaction that deletes (or clears) only the rows that still match the rule, so a
+row a worker changed in between is left alone. Workers never wait on prune for longer than
+one batch's statement, and prune never locks a lease row: nothing it touches is read by a run.
 
 Principle 1 keeps a key for as long as a sender may deliver it again: a done event is first
-cleared to a tombstone (its payload and error emptied, its key kept), and its row goes only
-after ALWAYSON_RETAIN_EVENT_KEYS, which settings refuse to set below the longest sender retry
-window. A key that a timer still to fire will write (an approval's expiry, which competes
-with the answer for the key) is kept while that timer waits. Timers themselves decide what
-fired from their own row (`due` moves past every occurrence in the transaction that stores
-it), never from the event history, so deleting old occurrences' events cannot fire them again.
-A settled approval's row refuses every later answer once its event is gone
-(approvals/services.py), so it outlives that event and its expiry timer.
+cleared to a tombstone (its key kept), and its row goes only after
+ALWAYSON_RETAIN_EVENT_KEYS. A key a timer still to fire will write (an approval's expiry) is
+kept while that timer waits. Timers decide what fired from their own row, never from the
+event history, so deleting old occurrences' events cannot fire them again; and a settled
+approval's row, which refuses every later answer once its event is gone, outlives both.
 """
 
 from collections.abc import Callable

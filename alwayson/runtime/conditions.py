@@ -8,9 +8,9 @@ must be. The reference, with examples, is docs/reference/policy-rules.md.
     {"/items": {"all": {"/sku": {"prefix": "BOOK-"}}}}   every element (and there is one)
 
 A field is a JSON Pointer (RFC 6901: `/order/amount`, `/items/0`; `~1` stands for a `/` and
-`~0` for a `~` inside a name) or, as before pointers, a top-level argument's exact name. A
-dotted `order.amount` is not a path: an argument's name may contain dots, so it could mean
-either, and schemas.check_against() refuses it, naming the pointer to write.
+`~0` for a `~` inside a name) or a top-level argument's exact name. A dotted `order.amount`
+is not a path: an argument's name may contain dots, so schemas.check_against() refuses it,
+naming the pointer to write.
 
 Judging is three-valued: a condition holds, fails, or cannot be judged (the field is absent,
 its value is of a type the operator does not take, a string is too long for a regex, `all`

@@ -146,9 +146,7 @@ class LoopCommand(AlwaysonCommand):
 
 class OutageBackoff:
     """Seconds to wait before the next try while the database is unreachable: doubling from
-    FIRST, capped at CAP, so a loop is back within CAP seconds of the database returning
-    (a 30 s cap left loops idle long after an outage had ended). A try every CAP seconds
-    per loop is one failed connection attempt, nothing the database notices."""
+    FIRST, capped at CAP, so a loop is back within CAP seconds of the database returning."""
 
     FIRST = 0.5
     CAP = 2.0
@@ -166,9 +164,8 @@ class OutageBackoff:
 
     def attempt(self, step, stop, log):
         """`step()`'s result; or, when the database is unreachable, OUTAGE once the next
-        delay has passed (or `stop` was set): the caller goes round its loop again. Every
-        loop of every process waits out an outage this way. A database it cannot use is no
-        outage: DatabaseUnusable says what to do."""
+        delay has passed (or `stop` was set). A database it cannot use is no outage:
+        DatabaseUnusable says what to do."""
         try:
             result = step()
         except DatabaseError as exc:

@@ -13,21 +13,12 @@
         "delete_account": "deny"
     }
 
-A tool's entry is a decision or a list of rules tried in order; the first whose conditions
-all hold decides. A condition tests one field, named by a top-level argument's name or a
-JSON Pointer (conditions.py has the language: eq, ne, lt, lte, gt, gte, in, not_in, prefix,
-regex, exists, any, all; docs/reference/policy-rules.md the reference). A condition that
-cannot be judged (its field is absent, a number is compared with a string) never lets a call
-through: an allow rule it is in does not hold, and an ask or deny rule it is in makes every
-later rule's allow an ask. A list in which no rule holds asks: a policy that did not foresee a
-call never lets it through. Tools the policy does not name: the built-ins are allowed,
-application tools ask.
-
-A rule that asks may require `"approvers": 2`: two different people must approve the call
-(the approvals' two-person rule), also when a person edits its arguments into that rule. An
-entry may be one rule object instead of a list, for a rule that covers every call of a tool.
-
-Pure Python: the Claude app's ready() checks ALWAYSON_CLAUDE_POLICY with it at start-up.
+A tool's entry is a decision, one rule, or a list of rules tried in order; the first whose
+conditions all hold decides (conditions.py has the language; docs/reference/policy-rules.md
+the reference). What the policy did not foresee never gets through: a condition that cannot
+be judged never allows (an allow after it becomes an ask), a list in which no rule holds
+asks, and application tools the policy does not name ask (the built-ins are allowed). A
+rule that asks may require `"approvers": 2` (docs/how-to/claude-agent.md, "The policy").
 """
 
 from dataclasses import dataclass

@@ -11,11 +11,9 @@ or a deferred tool call asks the user (`ask`). A fourth gives the batch back unt
 inbox's `join` choice, a run takes the chat messages sent since its claim with `more`: they
 end with it, as its batch does.
 
-A run keeps its lease's deadline itself, on a clock no database call can block (lease_clock):
-the TTL from its take, moved to the TTL from each renewal that succeeds, counted from the
-moment that renewal was sent. Once the deadline passes with no renewal, the run is lost at
-once, whatever the database is doing: `lost` is True, `renew()` raises LeaseLost, and so does
-every outside call made through alwayson (`run.http`, a Claude agent's model and tool calls).
+A run keeps its lease's deadline itself, on a clock no database call can block, and is lost
+the moment it passes with no renewal (docs/explanation/design.md, "A run keeps its lease's
+deadline itself").
 """
 
 import copy
@@ -92,11 +90,9 @@ class Run:
         renewer=None,
         clock=lease_clock,
     ):
-        """`taken_at`: when the statement that took the lease was sent, on `clock` (default:
-        now); the lease's deadline is the TTL from then. `renewer(run, timeout)`: how renew()
-        renews (the worker's heartbeat): True, False when the lease is no longer this run's,
-        or None when it had no answer within `timeout` seconds; without one, renew() runs the
-        statement itself."""
+        """`taken_at`: when the take was sent, on `clock`; the deadline is the TTL from then.
+        `renewer(run, timeout)`: how renew() renews (the worker's heartbeat): True, False when
+        the lease is no longer this run's, None for no answer within `timeout`."""
         self.inbox = inbox
         self.holder = holder
         self.generation = generation
@@ -143,16 +139,10 @@ class Run:
     def ask(self, request_id: str, action: str, expires_in, details=None, **options):
         """A deferred approval: its answer or expiry comes back as ("approval", request_id).
 
-        `details` ({"tool", "arguments", "asked_by", "context"}) are shown on the approval
-        page, so the person sees exactly what they approve; with "schema" they may edit the
-        arguments, with "question" they answer with a value (docs/how-to/approvals.md).
-        `options` are Ask's, `approvers` and `group`: with approvers=2 it needs a "yes" from
-        two different people; requests of one `group` (say, the first one's request id) are
-        shown and answerable together.
-
-        A request id names one request for good: asked again while it waits, it is the same
-        request; once answered (or expired), ValueError naming it, here or, for an answer
-        that lands before this run's finish, at the finish.
+        `details` ({"tool", "arguments", "asked_by", "context"}, "schema", "question") are
+        shown on the approval page; `options` are Ask's (`approvers`, `group`):
+        docs/how-to/approvals.md. A request id names one request for good: asked again while
+        it waits, the same request; once answered or expired, ValueError.
         """
         ask = Ask(
             self.inbox.pk,
@@ -186,32 +176,20 @@ class Run:
 
     def defer(self, reason: str, *, until: datetime | None = None, delay=None):
         """Give the batch back untouched, to be claimed again at `until` (or `delay` after the
-        finish), without counting the attempt: for a run that cannot do its work yet through
-        no fault of its events (a spent budget, a service that is down).
-
-        What the verbs recorded before this call is dropped; verbs called after it (a notice
-        to the owner) and the session state commit with the deferral.
+        finish), without counting the attempt: the run cannot work yet through no fault of
+        its events. What the verbs recorded before this call is dropped; verbs called after
+        it and the session state commit with the deferral.
         """
         self.deferred = Defer(reason, until=until, delay=delay)
         self._effects = []
         self.said = self.asked = self.scheduled = 0
 
     def more(self, now=None) -> list[Event]:
-        """The chat messages sent since this run's claim, taken into the run: under the
-        inbox's `join` choice (its agent configuration's "a message sent mid-run"), [] under
-        `queue`, where they wait for the next run.
-
-        They are claimed under the lease this run holds, by the claim's rules: each attempt
-        counted, running under this run's generation. They join `run.events` (and
-        `run.joined`) and end with the run: done in its finish, or back to pending with its
-        other events when it fails, defers, is refused at the finish or loses its lease.
-        Only chat messages never attempted join: webhooks, timers and approval answers wait
-        for the next run, so a message can never answer an approval; and a run of a retried
-        event (claimed alone) takes none, so a poison event cannot take them down with it.
-
-        Call it at a point where the run can still act on what it reads (before the model's
-        next call, before the refund is sent). LeaseLost once the run is lost, or when the
-        fence finds the lease is no longer this run's.
+        """The chat messages sent since this run's claim, taken into the run under the inbox's
+        `join` choice ([] under `queue`). They join `run.events` and end with the run, as its
+        batch does. Only chat messages never attempted join, so a message never answers an
+        approval, and a retried event's run (claimed alone) takes none. Call it where the run
+        can still act on what it reads. LeaseLost once the run is lost.
         """
         self.check_lease()
         if not self.joins or any(event.attempts > 1 for event in self.events):
@@ -250,11 +228,9 @@ class Run:
 
     @property
     def http(self):
-        """Outbound HTTP through the egress gateway (alwayson/egress/gateway.py): name a service and
-        a path; the gateway checks the allowlist and adds the credential this run never sees.
-        In a sealed worker the gateway is another process (alwayson/egress/client.py).
-        Refused (LeaseLost) once the run is lost, each call too: a client taken before the
-        deadline makes no call after it.
+        """Outbound HTTP through the egress gateway: name a service and a path; the gateway
+        checks the allowlist and adds the credential this run never sees. LeaseLost once the
+        run is lost, on each call too.
         """
         self.check_lease()
         if self._http is None:
@@ -263,10 +239,7 @@ class Run:
 
     def renew(self):
         """Renew the lease between steps; LeaseLost if this run has been fenced off, or when
-        no renewal succeeds by the lease's deadline: it never waits past the deadline, however
-        long the database takes to answer (through the worker's heartbeat, on a thread of its
-        own; a bare Worker's run sends the statement itself, bounded by
-        ALWAYSON_LEASE_STATEMENT_TIMEOUT)."""
+        no renewal succeeds by the lease's deadline, which it never waits past."""
         self.check_lease()
         sent = self.clock()
         if self._renewer is None:
@@ -282,10 +255,8 @@ class Run:
         self.check_lease()
 
     def check_lease(self):
-        """LeaseLost unless this run still holds its lease by its own clock. No database call:
-        a database that stopped answering cannot hold it up. Every outside call made through
-        alwayson checks it first (`http`, the Claude agent's model and tool calls); an agent's
-        own step may too."""
+        """LeaseLost unless this run still holds its lease by its own clock. No database call,
+        so a database that stopped answering cannot hold it up."""
         if self.lost:
             raise LeaseLost(
                 f"lease of {self.inbox.slug} lost (generation {self.generation}):"
@@ -311,10 +282,9 @@ class Run:
         return self._deadline
 
     def renewed(self, sent: float) -> bool:
-        """A renewal sent at `sent` (on `clock`, read before the statement went out)
-        succeeded: the lease now runs the TTL from then, measured from before the database
-        could have stamped it. False, the deadline unchanged, when the run was lost first: a
-        renewal that answers after the deadline does not bring a lost run back."""
+        """A renewal sent at `sent` (read before the statement went out, so never after the
+        database's stamp) succeeded: the TTL runs from then. False when the run was lost
+        first: a late answer does not bring a lost run back."""
         with self._deadline_lock:
             if self.lost:
                 return False

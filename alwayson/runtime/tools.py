@@ -1,4 +1,6 @@
-"""The application's tools: Python functions with a JSON Schema input, registered by `@tool`.
+"""The application's tools: Python functions with a JSON Schema input, registered by `@tool`
+(docs/how-to/claude-agent.md, "Tools"; a tool that asks a person a question declares
+`question=Question(...)`: docs/how-to/approvals.md).
 
     from alwayson.claude import tool, ToolError
 
@@ -15,35 +17,11 @@
         payments.refund(order, idempotency_key=call.idempotency_key)
         return f"refunded {amount} EUR on order {order}"
 
-The modules named by ALWAYSON_CLAUDE_TOOLS are imported when a Claude agent needs its tools;
-each `@tool` in them registers one tool. A tool receives a `ToolCall` first (its
-`idempotency_key` is the same on every retry of the same call) and the model's arguments as
-keywords, already checked against the schema. It returns text or JSON for the model. Raising
+The modules named by ALWAYSON_CLAUDE_TOOLS are imported when a Claude agent needs its tools.
+A tool receives a `ToolCall` first (its `idempotency_key` is the same on every retry of the
+same call) and the model's arguments, already checked against the schema, as keywords.
 `ToolError` gives the model an error result; any other exception fails the run, which is
 retried with backoff, the idempotency key making the repeat safe.
-
-A tool that asks a person a question rather than for permission declares `question=`:
-
-    @tool(
-        input_schema={
-            "type": "object",
-            "properties": {
-                "question": {"type": "string"},
-                "options": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["question"],
-        },
-        action="{question}",
-        question=Question(choices="options"),  # or a fixed tuple; free text allowed too
-    )
-    def ask_owner(call, question, options=()):
-        "Ask the owner a question; their reply is the result."
-        return call.reply
-
-Such a call always goes to a person (the policy may still deny it, never allow it past
-them): the approval page offers the choices and, unless `free_text=False`, a box for an
-answer of their own. The tool runs once they reply, with the reply in `call.reply`, and what
-it returns is the model's result.
 """
 
 import inspect

@@ -80,15 +80,10 @@ class _Renewal:
 
 
 class Heartbeat:
-    """Renews the lease of every run in progress, several times per TTL, on a thread and a
-    database connection of its own; a run's own `renew()` is sent there too, and waits for
-    it at most until the run's deadline.
-
-    A run whose renewal fails is marked lost: its own `renew()` raises LeaseLost, and its
-    finish will be refused. Four beats per TTL, so one slow or missed beat never costs a
-    healthy run its lease. A renewal that succeeds moves the run's deadline (Run.renewed);
-    a second thread, which never touches the database, loses each run at its deadline when
-    none did: a beat stuck on a database that stopped answering cannot hold that up.
+    """Renews the lease of every run in progress on a thread and a connection of its own
+    (a run's own `renew()` too). Four beats per TTL, so one slow or missed beat never costs a
+    healthy run its lease. A second thread, which never touches the database, loses each run
+    at its deadline, so a beat stuck on a silent database cannot hold that up.
     """
 
     def __init__(self):
@@ -133,10 +128,9 @@ class Heartbeat:
             return run in self._runs
 
     def renew_now(self, run: Run, timeout: float) -> bool | None:
-        """Renew `run`'s lease now, on the heartbeat's thread: True, False when the lease is
-        no longer the run's, None when no answer came within `timeout` seconds (the database
-        not answering, or a beat stuck on it). Before the heartbeat starts, on the caller's
-        thread (a bare Worker's runs, tests)."""
+        """Renew `run`'s lease now, on the heartbeat's thread (the caller's before it
+        starts): True, False when the lease is no longer the run's, None for no answer
+        within `timeout` seconds."""
         if not self._thread.is_alive():
             return renew(run.inbox.pk, run.holder, run.generation)
         asked = _Renewal(run)
@@ -212,12 +206,10 @@ class Heartbeat:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One worker step: how its run ended, in the word of its record, the pages, the log
-    line, its span and the metrics (`recorded`, RunRecord.Outcome; None for a lease taken
-    whose claim found nothing, which is no run), and what more there is to say (`detail`:
-    what a done run said or asked, the error's last line, the deferral's reason, why it was
-    refused). `fenced`: the run lost its lease mid-run (LeaseLost, or a deadline passed) and
-    sent no finish; its record says refused, the metrics count it as lost."""
+    """One worker step: how its run ended (`recorded`, RunRecord.Outcome, the one word of
+    the records, pages, log, span and metrics; None when the claim found nothing) and what
+    more there is to say (`detail`). `fenced`: the run lost its lease mid-run and sent no
+    finish; its record says refused, the metrics count it as lost."""
 
     inbox: str
     generation: int
@@ -280,11 +272,7 @@ class Worker:
         return getattr(self._carried, "claim", None) is not None
 
     def step(self) -> StepResult | None:
-        """One run of one inbox, or None when no inbox has claimable work and a free lease.
-
-        Two transactions when all goes well: take_next (lease and claim) and a finish that
-        gives the lease back with the run's outcome.
-        """
+        """One run of one inbox, or None when no inbox has claimable work and a free lease."""
         # Every line logged from the claim to the release carries the run's id, the dead
         # events the claim parks included (alwayson/ops/logs.py).
         with run_context():
@@ -312,13 +300,8 @@ class Worker:
                     release(claim.inbox.pk, self.worker_id, claim.generation)
 
     def _run(self, claim: Claim, started, taken_at) -> tuple[StepResult, bool]:
-        """The run and its finish; the result, and whether the finish gave the lease back.
-
-        One invoke_agent span covers both (OpenTelemetry's GenAI conventions): the Claude
-        agent's chat and execute_tool spans open inside it, and its outcome is the finish's.
-        It continues the trace of the request that stored its first event and links the
-        other events' requests (_causes).
-        """
+        """The run and its finish, under one invoke_agent span (OpenTelemetry's GenAI
+        conventions); the result, and whether the finish gave the lease back."""
         try:
             agent, version = self.agents.with_version(claim.inbox, claim.extras)
             name = agent_name(agent)
@@ -404,10 +387,8 @@ class Worker:
                     trace=traceparent(),
                 )
         except (OperationalError, InterfaceError):
-            # The database, not the run, failed: nothing was committed, the events stay
-            # claimed until the lease lapses, and the next claim retries them. Or the outcome
-            # is unknown (a connection lost at the commit; Unreplicated, a commit here cut
-            # short of the synchronous standby): not logged as a finish a failover keeps.
+            # The database, not the run, failed (or the outcome is unknown: Unreplicated):
+            # the events stay claimed until the lease lapses and the next claim retries them.
             raise
         except Exception as exc:
             # What the run produced could not be committed (a bad effect): record why on the
@@ -461,10 +442,8 @@ class Worker:
 
 
 def _causes(claim: Claim) -> tuple[str, list[str]]:
-    """The run span's parent and links: the trace contexts stored with its events at ingest
-    (EventTrace). As a batch consumer in OpenTelemetry's messaging conventions, the run
-    continues the trace of its oldest event that has one and links every other event's
-    request. One query, and only with tracing on: off, a run reads nothing more."""
+    """The run span's parent and links, as a batch consumer in OpenTelemetry's messaging
+    conventions: the oldest event's trace continued, the others linked. Off, no query."""
     if not enabled():
         return "", []
     traces = event_traces(event.pk for event in claim.events)

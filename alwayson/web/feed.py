@@ -1,19 +1,12 @@
 """A conversation pushed to its open pages at the cost of its changes, not of its pages
-(docs/explanation/live-pages.md#one-read-per-change).
+(docs/explanation/live-pages.md, "One read per change, not one per page").
 
-Each web process keeps one Feed per inbox with an open conversation page. When the inbox
-changes (its NOTIFY, alwayson/web/live.py's Hub), the feed reads it once, in one of the hub's
-threads: the cursor, the entries (conversation.entries: three queries) and the roles of the
-people whose pages are open. It compares each entry's fingerprint with the last read and
-renders the entries that moved once per person looking, since what a person sees depends on
-who they are: their role (the answer forms), their own first approval, their messages as
-"You". The result is a new State, an immutable revision of the conversation.
-
-Every open page then takes what it lacks from that State, in memory: the entries rendered
-after the revision it shows (a patch), or the whole region when it shows none of the feed's
-revisions (it opened at another cursor, its person's view was rebuilt, or the list went from
-empty to not). Pages of one person at one revision share one encoded message. No statement
-and no rendering per page, whatever their number.
+Each web process keeps one Feed per inbox with an open conversation page. A change is read once,
+in one of the hub's threads, and the entries whose fingerprint moved are rendered once per
+person looking (what a person sees depends on who they are), making a new State, an immutable
+revision of the conversation. Every open page takes what it lacks from that State in memory: a
+patch, or the whole region when it shows none of the feed's revisions. No statement and no
+rendering per page.
 """
 
 import asyncio
@@ -71,12 +64,8 @@ class State:
 def read(inbox_id, previous: State | None, people: set[int]) -> State:
     """The inbox as it is now, against `previous`: a new State, or `previous` itself when
     nothing a page shows moved. `people` are the users with open pages; one without a view
-    in `previous` (their first page just opened) has it rendered whole.
-
-    All of it as of one instant: a State's cursor says what its entries show. Read statement
-    by statement, a change committed between the cursor and the entries was in the entries
-    at the cursor from before it; a page rendered at that cursor took the State for the one
-    it shows, and the next read, which found only the cursor moved, sent it nothing."""
+    in `previous` has it rendered whole. All of it as of one instant, so that a State's
+    cursor says what its entries show."""
     with one_snapshot():
         return _read(inbox_id, previous, people)
 

@@ -1,21 +1,12 @@
 """Live pages: what an open page shows is pushed to it when it changes, and costs nothing while
 nothing does (docs/explanation/live-pages.md).
 
-The cursor. Database triggers (migration 0002) append a LiveChange row in the transaction of
-every change a page shows; an inbox's cursor is its newest row's id with its lease's
-generation and whether a run holds it now, read together by one indexed query. A page holds
-the cursor it shows; the same cursor answers "anything new?" for a poll and "what did I
-miss?" for a stream that reconnects.
-
-Push. On PostgreSQL the triggers also NOTIFY `alwayson_live` with "<inbox id>:<kind>". Each
-web process that pushes (under ASGI, or the production web's worker: alwayson/web/serving.py)
-LISTENs on one connection (Hub) and wakes the open streams of that inbox (asyncio events, so
-a burst of changes is one wake-up); a woken stream reads the cursor
-and, only if it moved, renders its page's fragment and sends it with the cursor as its SSE
-`id:`. An idle stream sends a comment every HEARTBEAT seconds and reads nothing.
-
-Fallback. Without PostgreSQL or such a server the page polls `?since=<cursor>`: one query,
-204 while the cursor stands, no rendering.
+An inbox's cursor is its newest LiveChange row's id (appended by the triggers of migration 0002
+in the transaction of every change a page shows), its lease's generation and whether a run holds
+it now, read by one indexed query: the same cursor answers "anything new?" for a poll and "what
+did I miss?" for a stream that reconnects. On PostgreSQL the triggers also NOTIFY, and each web
+process that pushes LISTENs on one connection (Hub) and wakes the streams of that inbox; a woken
+stream renders only if the cursor moved. Elsewhere the page polls `?since=<cursor>`.
 """
 
 import asyncio
@@ -322,12 +313,10 @@ def stream(
 ) -> StreamingHttpResponse:
     """The page's event stream. `refresh(since)` (synchronous, in a thread) returns GONE,
     None while `since` is still the cursor, or (cursor, fragment); the pages of one
-    `audience` (whose fragment is the same) woken by one change share it. After a push, the
-    next waits `gap` seconds, for a page costly to render: changes meanwhile are one push.
-    While `recheck(cursor)`, a heartbeat also refreshes: a lease held now lapses without a
-    write if its run dies, and nothing else would tell the page it is no longer working.
-    The settling read and those rechecks are the page's own, never shared: they look for
-    what no notification announced."""
+    `audience` woken by one change share it. After a push the next waits `gap` seconds. While
+    `recheck(cursor)`, a heartbeat also refreshes: a lease whose run died lapses without a
+    write, so no notification would tell the page. Those reads are the page's own, never
+    shared: they look for what no notification announced."""
 
     async def events():
         live = hub()
@@ -382,9 +371,8 @@ def event_stream(events) -> StreamingHttpResponse:
 
 async def release_request_connection(request):
     """The stream outlives its request: under ASGI, give back the database connection the
-    request's middleware opened (sessions, the user) instead of holding it as long as the page
-    is open. Under the production web's worker that connection is its thread's, kept for the
-    thread's next request."""
+    request's middleware opened instead of holding it as long as the page is open (under the
+    production web's worker it is its thread's, kept)."""
     if isinstance(request, ASGIRequest):
         await sync_to_async(_close_connection)()
 

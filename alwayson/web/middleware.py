@@ -1,11 +1,9 @@
 """Requests carrying what the database cannot hold are refused before anything looks them up.
 
-PostgreSQL's text cannot hold a NUL (psycopg refuses it before sending), so a NUL in a slug,
-an approval id, an admin filter or search term, an autocomplete term or a session cookie used
-to surface as a 500 there while SQLite answered 404. One check ahead of every view, the
-session and the admin's lookups makes both databases answer the same, and no view has to
-remember it: 404 for an address (no page has a NUL in its address), 400 with the reason for a
-query string, a posted form or a header.
+PostgreSQL's text cannot hold a NUL (psycopg refuses it before sending). One check ahead of
+every view, the session and the admin's lookups makes both databases answer the same, and no
+view has to remember it: 404 for an address, 400 with the reason for a query string, a posted
+form or a header.
 """
 
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME

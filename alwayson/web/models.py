@@ -5,12 +5,9 @@ from django.db.models.expressions import RawSQL
 class PasswordResetRequestQuerySet(models.QuerySet):
     def allow(self, email, now, limit, window) -> bool:
         """Record a password reset asked for `email`, unless `limit` were asked within
-        `window` before `now`; whether its email may go out.
-
-        Counted per address, whether or not it belongs to anybody, so the answer tells
-        nothing about who has an account. Two requests at the same instant may both pass the
-        count: the bound is the limit plus the concurrent requests, which is what it is for
-        (a victim's mailbox), not an exact quota. Rows past the window are dropped here.
+        `window` before `now`; whether its email may go out. Counted per address, whether or
+        not it belongs to anybody, so the answer tells nothing about who has an account. A
+        bound for a victim's mailbox, not an exact quota: concurrent requests may all pass.
         """
         email = email.strip().lower()
         since = now - window
@@ -43,12 +40,9 @@ class PasswordResetRequest(models.Model):
 
 class LiveChange(models.Model):
     """Something a live page shows changed in an inbox: written by database triggers (this
-    app's migration 0002) in the transaction that makes the change, never by Python.
-
-    The newest row's id per inbox is the pages' cursor (alwayson/web/live.py): a fallback
-    poll reads it by one index lookup, and a pushed page that reconnects says the one it saw.
-    Rows are only appended (no row is locked or updated, so no write waits on another for
-    this table); prune keeps the newest per inbox, all a cursor needs.
+    app's migration 0002) in the transaction that makes the change, never by Python. The
+    newest row's id per inbox is the pages' cursor. Only appended, so no write waits on
+    another for this table; prune keeps the newest per inbox, all a cursor needs.
     """
 
     # No foreign key in the database: the triggers' inserts check nothing on the hot path,
@@ -87,16 +81,11 @@ class LiveWatchQuerySet(models.QuerySet):
 
 
 class LiveWatch(models.Model):
-    """An inbox some open page of a web process is pushed (0: every inbox, for the approvals
-    list and the dashboard), under the backend pid of that process's LISTEN connection.
-
-    The triggers NOTIFY only for watched inboxes (migration 0003): a notifying commit takes
-    PostgreSQL's notification queue lock and holds it through its WAL flush, so every commit
-    that notifies waits for the one before it, and the runs of inboxes nobody looks at would
-    pay for pages that are not open. Written by the process's Hub (alwayson/web/live.py),
-    which adds a row when the first page of an inbox opens and deletes it when the last
-    closes. A process that dies leaves its rows: they only cost a NOTIFY nobody hears, until
-    a hub reconnects or `prune` deletes the rows of listeners no longer connected.
+    """An inbox some open page of a web process is pushed (0: every inbox), under the
+    backend pid of that process's LISTEN connection. The triggers NOTIFY only for watched
+    inboxes (migration 0003): notifying commits wait for each other, and unwatched inboxes'
+    runs should not pay for it (docs/explanation/live-pages.md). A dead process's rows only
+    cost a NOTIFY nobody hears, until a hub reconnects or `prune` deletes them.
     """
 
     inbox_id = models.BigIntegerField()  # no foreign key: 0 is every inbox

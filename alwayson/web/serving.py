@@ -1,27 +1,13 @@
 """The production web process's gunicorn worker (alwayson/gunicorn_conf.py names it): plain WSGI
-for requests, one event loop for the live pages' streams, and bodies bounded before they are read
-(docs/explanation/live-pages.md#the-server).
+for requests, one event loop for the live pages' streams, and bodies bounded before they are read.
+Why each, and how: docs/explanation/live-pages.md#the-server.
 
-Requests. gunicorn's gthread worker: each request runs on one of a few threads, each keeping its
-PostgreSQL connection between requests (CONN_MAX_AGE), as a plain Django deployment does. Django's
-ASGI handler ran every request's view on a thread of its own behind an event loop, at a third of
-the speed.
-
-Streams. A live page's stream is an async generator that never ends by itself, which a WSGI thread
-could serve only by blocking on it. So every request is told it may be offered the push
-(environ["alwayson.push"], read by live.push_available), and when Django answers with an async
-streaming response, the connection is taken from gunicorn and handed to one event loop per
-process, on a thread started with the worker: it writes the head itself, then each chunk as the
-generator yields it, and closes the generator when the client leaves.
-
-Closes. A connection the worker will not keep (a "Connection: close", a refusal) is closed on
-that loop too, gracefully (the client's last bytes read for up to 2 s), rather than on
-gunicorn's main thread, where a client that kept its side open stalled the whole worker.
-
-Bodies. Before the application runs, a request declaring a body larger than any view accepts
-(ALWAYSON_REQUEST_MAX_BYTES) is answered 413 and closed, its body unread; a chunked body is read
-up to that limit (413 past it) and handed to Django as a body of known length, since Django
-reads none of a body whose length is not declared.
+Requests run on gunicorn's gthread threads. A live page's stream, an async generator that never
+ends by itself, is taken from gunicorn and handed to the process's event loop, as is every
+connection the worker closes (closed gracefully there, never on gunicorn's main thread). A body
+larger than any view accepts (ALWAYSON_REQUEST_MAX_BYTES) is refused 413 unread; a chunked one is
+read up to that limit and handed to Django with its length, since Django reads none of a body
+whose length is not declared.
 """
 
 import asyncio
@@ -86,10 +72,8 @@ class Worker(ThreadWorker):
             self.streams.stop()
 
     def handle(self, conn):
-        """A connection gunicorn will not keep is closed by the loop, not by gunicorn's main
-        thread: there close_graceful() waits up to 2 s for the client to close its side, and
-        a client that does not (one refused 413, say) stalled every connection of the worker
-        meanwhile, accepting new ones included."""
+        """A connection gunicorn will not keep is closed by the loop: on gunicorn's main
+        thread close_graceful() waits up to 2 s for the client, stalling the whole worker."""
         self.handed.off = False
         keep = super().handle(conn)
         if keep is False and not self.handed.off and not self.cfg.is_ssl:
@@ -342,13 +326,8 @@ async def _close_generators(content, response):
 
 def _take(client) -> socket.socket:
     """The connection `client` names, as a socket of the caller's; `client` is left naming a
-    socket whose peer is already closed.
-
-    gunicorn goes on using its socket after a connection is taken from it: it writes its
-    response's head to it, then closes it with close_graceful(), whose shutdown(SHUT_WR) acts
-    on the connection, not on the descriptor, so a dup alone would not survive it. With its
-    descriptor number naming a dead socket, all of that fails there (EPIPE: to gunicorn, a
-    client that left) or returns at once, and never reaches the connection."""
+    socket whose peer is already closed. A dup alone would not do: gunicorn goes on writing
+    to its socket and shuts it down (close_graceful), which acts on the connection itself."""
     own = client.dup()
     dead, peer = socket.socketpair()
     peer.close()

@@ -1,79 +1,31 @@
 """PostgreSQL: the hot operations as whole statements of their own (inbox/sql/), prepared
 on the server, and the psycopg tricks that make them cheap for the client.
 
-Every statement here states its rule once on this database: acquire, acquire_next and
-take_next take a lease by take_lease.sql (Lease.take is SQLite's), claim_batch and
-take_next claim by claim_batch.sql (the ORM's claim is SQLite's), a run's join by
-claim_more.sql (what both write, claim_chosen.sql, stated once), a run that ended well
-finishes by finish_done.sql, the fence is fence.sql. The leftovers of a lost run, a run's
-error or deferral, renewals and operators' actions stay in the ORM (backends/base.py), one
-form for both databases.
+Each rule is stated once on this database: acquire, acquire_next and take_next take a lease
+by take_lease.sql (Lease.take is SQLite's), claim_batch and take_next claim by
+claim_batch.sql, a run's join by claim_more.sql (both write through claim_chosen.sql), a run
+that ended well finishes by finish_done.sql, the fence is fence.sql. The leftovers of a lost
+run, a run's error or deferral, renewals and operators' actions stay in the ORM
+(backends/base.py), one form for both databases.
 
-Storing events
---------------
+An event is stored in one statement (a data-modifying WITH), in this order:
 
-An event is stored in one statement (a data-modifying WITH), so an ingest outside a transaction is
-one round trip and one commit. In the order the statement runs:
+1. `fresh`: the keys not already stored as of the statement's snapshot. With none (a
+   sender's retry) nothing below runs: "duplicate" is right, a visible row is committed.
+2. `lease`: the inbox's lease row locked before any event row is written (the lock order
+   of inbox/locks.py).
+3. `stored`: INSERT ... ON CONFLICT DO NOTHING: the UNIQUE constraint decides.
+4. `marked`: work_at lowered on the locked row, not on the statement's snapshot, which may
+   predate a finish's recount.
+5. pg_notify only when the marker moved: notifying commits are serialised database-wide.
 
-1. `fresh`: the keys not already stored as of the statement's snapshot. When there are none
-   (the sender's retry of a stored delivery) nothing below runs: no lock, no write, no
-   transaction id, no WAL flush; the answer is "duplicate", and it is right, because a
-   visible row is a committed row.
-2. `lease`: the inbox's lease row locked, before any event row is written, the lock order
-   of every other writer (inbox/locks.py). A finish that holds it commits first, and the lock
-   then returns the row as that finish left it (work_at included).
-3. `stored`: INSERT ... ON CONFLICT DO NOTHING: the UNIQUE constraint decides, against rows
-   committed meanwhile too; no exception, no savepoint.
-4. `marked`: work_at lowered to the events' time when the locked row (not the statement's
-   older snapshot, which may predate a finish's recount) has no earlier work.
-5. pg_notify when the marker moved (the inbox had no earlier work), sent at commit. An
-   inbox whose marker already stood has been announced, or is held by a worker that looks
-   for more work when its run ends; and a NOTIFY is not free: PostgreSQL serialises the
-   commits of notifying transactions database-wide, which would undo group commit for
-   concurrent deliveries.
-
-A finish recounts work_at under the same lock: an ingest either committed before the finish
-took the lock (the recount, a later statement, sees its event) or waits for the finish to
-commit and then marks the work on the row the finish left. Either way no event is left
-pending without a marker.
-
-The lock is FOR UPDATE when the marker must move, and FOR SHARE when it already stands at
-or before the event's time and the statement is its own transaction (an ingest outside
-any transaction): deliveries to one inbox then hold the row together and
-their commits flush the WAL together, where FOR UPDATE would queue each behind the last
-one's flush. The rule above still holds, because FOR SHARE conflicts with every writer's
-FOR UPDATE: a finish waits for the sharers to commit before it recounts, and a sharer that
-waited for a finish gets the row as the finish left it. That row is checked again (work_at
-at or before the event's time), and when the finish moved the marker the statement stores
-nothing and runs again with FOR UPDATE: a sharer never writes the row, so no two sharers
-wait to upgrade each other's lock. Inside a caller's transaction it is always FOR UPDATE: a
-later FOR UPDATE of the same row there would wait on the other sharers, and they, for a key
-this transaction inserted, on it.
-
-One event outside a transaction first tries the common case alone (insert_try.sql):
-the marker stands and no writer holds the row. It is one INSERT ... SELECT whose SELECT
-takes the lease row FOR SHARE SKIP LOCKED, so it never waits and sets no lock timeout, and
-has the fewest plan nodes a delivery can cost the server. Any other case (no marker yet, a
-finish or a worker's take holding the row, a key stored since the statement's snapshot)
-comes back as "again", having written nothing, and the statement above runs: the first
-delivery to an idle inbox is two statements and one commit.
-
-One event's statements are prepared, with scalar parameters. A prepared statement keeps
-its generic plan, made from the statistics of the moment, and statistics gathered while
-every marker was NULL made the delivery by slug two nested sequential scans. So every hot
-statement here names its rows by key in scalar subqueries and key arrays (InitPlans), never
-by a join the planner could turn around, and is planned with sequential scans off: BY_INDEX
-goes before it in the same pipeline (one round trip, its transaction), AS_BEFORE after it
-inside a caller's transaction. No statement text could do the second part: on a table of a
-few pages a sequential scan costs less than any index probe, to the planner. Their generic
-plan is then one probe of each key whatever the statistics say
-(tests/contracts/test_plans_any_statistics_pg.py; see Event.inbox on the index it has not).
-The try runs through libpq itself (_Direct). A batch's (insert_many.sql) is planned each
-time: its plan depends on the batch's size.
-
-Three statements state the insert, each the fast form of its case, kept apart for speed:
-the try (never waits, fewest nodes), one event (prepared with scalar parameters: a stable
-generic plan) and a batch (arrays, planned for its size).
+A finish recounts work_at under the same lock, so no event is left pending without a
+marker. Three statements state the insert, each the fast form of its case: the try
+(insert_try.sql: never waits, fewest plan nodes), one event (insert_one.sql: prepared, scalar
+parameters, a stable generic plan) and a batch (insert_many.sql: arrays, planned for its
+size). Why deliveries share the lock FOR SHARE, why the try goes through libpq and why every
+hot statement is planned with sequential scans off (BY_INDEX): docs/explanation/design.md,
+"The notes".
 """
 
 import itertools
@@ -132,9 +84,7 @@ FINISH_DONE = _load("finish_done")
 INSERT_TRY = _load("insert_try")
 INSERT_ONE = _load("insert_one")
 # insert_one.sql as two prepared statements, `share` written in as a constant: with it a
-# parameter, the generic plan keeps both locking branches and every delivery pays for the
-# one that cannot run (8 connections on one inbox: 0.78 of the reference instead of 0.83 to
-# 0.93, bench/run.py --only ingest).
+# parameter, the generic plan keeps both locking branches and every delivery pays for both.
 INSERT_ONE_SHARING = {
     share: INSERT_ONE.replace("%(share)s::boolean", "true" if share else "false")
     for share in (True, False)
@@ -149,10 +99,8 @@ BY_INDEX = (
 )
 _BY_INDEX_BOUNDED = BY_INDEX + ", set_config('lock_timeout', %(lock_timeout)s, true)"
 AS_BEFORE = "SELECT set_config('enable_seqscan', current_setting('alwayson.enable_seqscan'), true)"
-# A worker's lease statements are bounded (ALWAYSON_LEASE_STATEMENT_TIMEOUT): the server
-# cancels one that runs longer, waiting for a lock or not. Local to the transaction, the
-# value it replaces kept, to be put back inside a caller's (STATEMENT_TIMEOUT_AS_BEFORE). A
-# take's pipeline sets it with the plan setting (BY_INDEX_LEASE, AS_BEFORE_LEASE).
+# A worker's lease statements are bounded (ALWAYSON_LEASE_STATEMENT_TIMEOUT), local to the
+# transaction, the value it replaces kept to be put back inside a caller's.
 _KEEP_TIMEOUT = (
     "set_config('alwayson.statement_timeout', current_setting('statement_timeout'), true)"
 )
@@ -160,12 +108,10 @@ _SET_TIMEOUT = "set_config('statement_timeout', %(statement_timeout)s, true)"
 _PUT_TIMEOUT_BACK = (
     "set_config('statement_timeout', current_setting('alwayson.statement_timeout'), true)"
 )
-# The bound never reaches a commit: PostgreSQL disarms statement_timeout before it commits
-# (postgres.c, finish_xact_command), a COMMIT statement's or a pipeline's Sync, so a commit
-# waiting for a synchronous standby waits as long as the standby takes, and is never reported
-# committed short of it (tests/ops/test_durability.py). Nothing here bounds that wait: the
-# run's own deadline (Run.check_lease, by its clock) stops it spending meanwhile, and a
-# commit that never returns holds the lease until it lapses, as a frozen worker does.
+# The bound never reaches a commit (PostgreSQL disarms statement_timeout first:
+# postgres.c, finish_xact_command), so a commit waiting for a synchronous standby is never
+# reported committed short of it. The run's own deadline (Run.check_lease) stops it
+# spending meanwhile.
 STATEMENT_TIMEOUT = f"SELECT {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
 STATEMENT_TIMEOUT_AS_BEFORE = f"SELECT {_PUT_TIMEOUT_BACK}"
 BY_INDEX_LEASE = f"{BY_INDEX}, {_KEEP_TIMEOUT}, {_SET_TIMEOUT}"
@@ -175,8 +121,8 @@ _INBOX_FIELDS = ["id", "owner_id", "slug", "name", "created"]
 _EVENT_FIELDS = [field.attname for field in Event._meta.concrete_fields]
 
 
-# Each statement's result columns, by its text, read from its first result: psycopg builds
-# cursor.description anew on every access (about 5 us a column, on every delivery).
+# Each statement's result columns, by its text: psycopg builds cursor.description anew on
+# every access.
 _columns = {}
 
 
@@ -207,10 +153,8 @@ _ONLY_WHEN_ASKED = 2**62
 
 
 class _PreparingCursor(psycopg.Cursor):
-    # Django turns psycopg's automatic preparing off for the whole connection (for poolers);
-    # these statements ask for it themselves, unless ALWAYSON_DB_PREPARE is off. The threshold
-    # is lifted for their execution only: while it is set, psycopg also counts every other
-    # statement the connection runs.
+    # Django turns psycopg's preparing off (for poolers); these statements ask for it, and
+    # lift the threshold for their own execution only, so Django's are not counted.
     def execute(self, query, params=None, *, prepare=True, binary=None):
         conn = self.connection
         if conn.prepare_threshold is not None or not settings.ALWAYSON_DB_PREPARE:
@@ -231,10 +175,8 @@ class _PreparingCursor(psycopg.Cursor):
 
 
 def prepared_cursor():
-    """A cursor binding its parameters on the server, so psycopg prepares the statement
-    and PostgreSQL parses it once per connection (Django's own cursors inline parameters,
-    and every statement is parsed and planned again). Wrapped by Django as its own cursors
-    are: counted by CaptureQueriesContext, logged under DEBUG."""
+    """A cursor binding its parameters on the server, so PostgreSQL parses the statement
+    once per connection; wrapped as Django's own cursors are (CaptureQueriesContext, DEBUG)."""
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
     # Private Django: how its own cursor() wraps a driver cursor (thread check, the query
@@ -254,18 +196,11 @@ _kept_cursors = weakref.WeakKeyDictionary()
 
 
 def _by_index(db, statements, lease=False) -> list:
-    """Send each (sql, params) of `statements` on a prepared cursor of `db` (the default
-    connection) after BY_INDEX, in one pipeline: one round trip, one implicit transaction
-    outside a caller's, and inside one AS_BEFORE after them. With `lease`, each bounded as
-    a lease statement (BY_INDEX_LEASE, AS_BEFORE_LEASE). The cursors, in
-    order, their rows read after the pipeline is synced. The settings go on a cursor of
-    psycopg's own, unseen by Django's query log: they are how a statement is planned, not a
-    query.
-
-    Through Django's cursor wrappers while something watches the queries (CaptureQueriesContext,
-    DEBUG, an execute wrapper); otherwise on cursors kept for the connection, with what the
-    wrapper would have done that matters here: the broken-transaction check and Django's
-    exceptions."""
+    """Each (sql, params) of `statements` after BY_INDEX in one pipeline (one round trip,
+    one implicit transaction outside a caller's, AS_BEFORE after them inside one); with
+    `lease`, bounded as lease statements. The cursors, in order. The settings go on a cursor
+    unseen by Django's query log: they are how a statement is planned, not a query. Kept
+    cursors unless something watches the queries (then Django's wrappers)."""
     db.ensure_connection()
     if db.queries_logged or db.execute_wrappers:
         setting = _PreparingCursor(db.connection)
@@ -291,16 +226,10 @@ def _by_index(db, statements, lease=False) -> list:
 def _pipeline(raw):
     """psycopg's pipeline on `raw`, except for an error at its closing Sync.
 
-    Outside a caller's transaction the statements run in an implicit one, committed at the
-    Sync, and a commit can fail: a lock it waits for (a deferred foreign key check; the
-    database-wide lock a notifying commit takes, held by a commit that waits for a
-    synchronous standby) past lock_timeout, a cancel. psycopg (3.3) then raises "cannot exit
-    pipeline mode while busy" in place of that error and leaves libpq in pipeline mode with
-    the Sync's result unread, so every later statement on the connection fails too. Here the
-    Sync's result is read, pipeline mode left, and the commit's own error raised (psycopg
-    keeps it as the context of its own): a lock timeout is then InboxBusy like any other,
-    and the connection goes on. Inside another pipeline nothing is committed at a Sync and
-    psycopg's errors stand."""
+    A commit at the Sync can fail (a lock wait past lock_timeout, a cancel); psycopg (3.3)
+    then raises "cannot exit pipeline mode while busy" instead and leaves the connection
+    stuck in pipeline mode. Here the Sync's result is read, pipeline mode left and the
+    commit's own error raised, so a lock timeout is InboxBusy and the connection goes on."""
     pgconn = raw.pgconn
     outermost = pgconn.pipeline_status == pq.PipelineStatus.OFF
     try:
@@ -400,19 +329,11 @@ class _Statement(NamedTuple):
 
 class _Direct:
     """One connection's statements run through libpq itself (psycopg's pq layer), for the
-    statements every delivery and every run send: a delivery's try (insert_try.sql), and a
-    worker's take and finish (take.sql, lock.sql, finish_done.sql). Each is prepared once by
-    name, then a call is one pipeline of PQsendQueryPrepared, its rows loaded by the
-    connection's own loaders. psycopg's cursor (its query conversion, dumpers, wait loop and
-    result handling in Python) cost about 0.06 ms of client CPU per delivery under eight
-    concurrent deliveries on two cores, a third of what the server spends on the statement,
-    and about 0.3 ms per one-event run; under load that CPU is what bounds deliveries and
-    runs per second (bench/ingest.py, bench/drain.py).
-
-    The waits are on the socket, without the GIL. The try never waits on the lease row
-    (SKIP LOCKED): only, briefly, on a concurrent insert of the same key or at commit on the
-    inbox row (its foreign key), within the session's lock_timeout; a finish waits for its
-    lease row's lock. Errors are Django's, as through its cursors."""
+    statements every delivery and every run send (insert_try.sql, take.sql, lock.sql,
+    finish_done.sql): under load the client CPU psycopg's cursors spend in Python bounds
+    deliveries and runs per second (docs/explanation/design.md). Each is prepared once by
+    name; a call is one pipeline of PQsendQueryPrepared. The waits are on the socket,
+    without the GIL. Errors are Django's."""
 
     def __init__(self, raw):
         self.raw = raw
@@ -503,11 +424,10 @@ class _Direct:
         return [dict(zip(statement.columns, row, strict=True)) for row in rows]
 
     def _pipeline(self, calls) -> tuple[list, set]:
-        """Each (sql, statement, values, text) of `calls` sent in one pipeline, prepared first
-        when it has a text, then one Sync: one round trip, one implicit transaction. Their
-        results, in order, and the commit's error if it failed; and the names of the
-        statements prepared. The waits are on the socket (select, without the GIL); libpq's
-        own would hold it."""
+        """Each (sql, statement, values, text) of `calls` in one pipeline, prepared first when
+        it has a text, then one Sync. Their results (and the commit's error if it failed),
+        and the names of the statements prepared. Waits with select: libpq's would hold the
+        GIL."""
         pgconn = self.raw.pgconn
         pgconn.enter_pipeline_mode()
         try:
@@ -726,14 +646,11 @@ class PostgreSQL(Backend):
 
     @contextmanager
     def locked_write(self, ref, wait, now, then=()):
-        """bounded's transaction in three round trips where each statement would be one,
-        through psycopg's pipeline (a statement is sent when a result is read, with every
-        one queued before it): BEGIN, bounded's settings, lock_now.sql (the lock and the
-        clock) and the reads `then`; the caller's statements, each alone, the writes held
-        (write()) sent with the next one read through this module; the writes still held,
-        with the COMMIT. Each statement runs after the one before it, so a read of `then`
-        sees what was committed before the lock was granted. A statement's error is raised
-        where its result is read, or at the commit: inside the transaction, rolled back."""
+        """bounded's transaction in three round trips through psycopg's pipeline: BEGIN,
+        the settings, lock_now.sql and the reads `then`; the caller's statements, the writes
+        held (write()) going with the next read; the writes still held, with the COMMIT.
+        Each statement runs after the one before, so `then` sees what was committed before
+        the lock was granted."""
         column, value = _lookup(ref)
         params = {
             "inbox_id": _inbox_id(ref, value) if column == "id" else None,
@@ -791,10 +708,8 @@ class PostgreSQL(Backend):
         return _lock_timeout(wait)
 
     def read(self, statement):
-        """Prepared and planned by index: alone inside bounded()'s transaction, whose settings
-        hold (after the writes held there); elsewhere after BY_INDEX, in one round trip
-        (_by_index). A statement of several joins and subqueries costs the server several
-        times more planned anew each time."""
+        """Prepared and planned by index: inside bounded()'s transaction its settings hold;
+        elsewhere after BY_INDEX, in one round trip."""
         if connection.connection in _planned_by_index:
             return _after_held(connection, *statement).fetchall()
         [cursor] = _by_index(connection, [statement])
@@ -1150,19 +1065,11 @@ def _finish_done(ref, run, effects, release, take=None) -> tuple[bool, list[dict
 
 
 def _finish_in_one(ref, run, effects, release, take=None) -> tuple[bool, list[dict]]:
-    """The lease row locked (lock.sql), then one statement that checks the fence, marks the
-    events done, recounts the work and gives the lease back, all or nothing
-    (finish_done.sql), then the effects; one transaction.
-
-    Without effects, and outside a caller's transaction, the lock, the finish and the take
-    go in one pipeline after BY_INDEX (_fetch_all): one round trip, one implicit transaction
-    committed at its Sync, no BEGIN or COMMIT of their own. The finish still runs after the
-    lock is granted, so its snapshot holds every event committed before, as the recount
-    needs, and it writes nothing when refused, so committing blind is safe.
-
-    Whether the finish was accepted, and the rows of `take` (a _Take run in the same
-    transaction), [] without one.
-    """
+    """lock.sql, then finish_done.sql (fence, events done, recount, release: all or
+    nothing), then the effects, in one transaction. Without effects it is one pipeline
+    committed at its Sync: the finish still runs after the lock is granted, so its snapshot
+    holds every event committed before, and it writes nothing when refused, so committing
+    blind is safe. Whether the finish was accepted, and the rows of `take`."""
     params = {**run, "count": len(run["ids"]), "release": release}
     if effects or connection.in_atomic_block or not psycopg.Pipeline.is_supported():
         with transaction.atomic():

@@ -14,16 +14,13 @@ log = logging.getLogger("alwayson.metrics")
 
 
 class MetricsMiddleware:
-    """Answers /metrics, early (like /healthz): a Prometheus server scrapes a web process at
-    its own address over a private network, before the host check and the HTTPS redirect.
+    """Answers /metrics early (like /healthz), before the host check and the HTTPS redirect:
+    a Prometheus server scrapes a web process at its own address over a private network.
 
-    Off unless ALWAYSON_METRICS_TOKEN is set: the site's 404, answered here too (gone on to
-    the URLs, a request over plain http got the HTTPS redirect instead). With a token: 401
-    without `Authorization: Bearer ...`, 403 with a wrong one (compared in constant time), 503
-    while the database is unavailable. The right token gets the metrics over plain http too,
-    not a redirect: by the time it arrives it has crossed in the clear, so a redirect would
-    protect nothing and only break the scrape of gunicorn's own address on a private network;
-    anywhere else a scrape goes through the TLS proxy (docs/how-to/operations.md#metrics).
+    Off (404) unless ALWAYSON_METRICS_TOKEN is set; then 401 without the bearer token, 403
+    with a wrong one (constant time), 503 while the database is unavailable. No redirect to
+    HTTPS for the right token: it has already crossed in the clear, and a redirect would only
+    break the scrape (docs/how-to/operations.md#metrics).
     """
 
     PATHS = ("/metrics", "/metrics/")
