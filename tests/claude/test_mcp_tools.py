@@ -268,6 +268,28 @@ def test_an_mcp_tool_asks_by_default_and_runs_as_a_person_edited_it(desk):
     assert "limit: 40 → 3" in result["content"]
 
 
+def test_an_mcp_call_a_rule_gives_two_approvers_runs_once_the_second_person_approves(
+    desk, django_user_model
+):
+    new_tools_approved(desk)
+    with_policy(desk, {SEARCH: [{"then": "ask", "approvers": 2}]})
+    lee = django_user_model.objects.create_user(username="lee")
+    Membership.objects.create(inbox=desk.inbox, user=lee, role=Role.APPROVER)
+    call_search(desk, {"q": "login", "limit": 5})
+    approval = Approval.objects.get()
+
+    first = answer_approval(desk.inbox, approval.request_id, "yes", by=desk.dana)
+    assert first.stands == "waiting" and step() is None  # a first approval wakes nothing
+    assert desk.server.calls == []
+    second = answer_approval(desk.inbox, approval.request_id, "yes", by=lee)
+    desk.api.reply(message("Done."))
+    step()
+
+    assert second.stands == "yes"
+    assert [name for name, _, _ in desk.server.calls] == ["search"]
+    assert Event.objects.get(source="approval").payload["approved_by"] == ["dana", "lee"]
+
+
 def test_an_edit_outside_the_servers_schema_is_refused(desk):
     new_tools_approved(desk)
     call_search(desk, {"q": "login"})

@@ -194,3 +194,29 @@ def test_a_refused_webhook_span_carries_its_status(receiver, inbox, settings):
     assert status == 401  # the wrong secret signed it
     assert request.parent_span_id == b""
     assert attributes(request)["http.response.status_code"] == status
+
+
+@pytest.mark.django_db
+def test_an_mcp_tools_call_is_an_execute_tool_span_of_the_run_like_an_application_tools(
+    receiver, messages_api, claude_inbox, scripted_mcp_server, settings
+):
+    scripted_mcp_server.tool("search", "Search issues.", {"type": "object"}, answer="2 issues")
+    scripted_mcp_server.connect(settings, approve_new=True)
+    inbox = claude_inbox("support", policy={"mcp__tracker__search": "allow"})
+    ingest(inbox, "chat", "m1", {"text": "any login issues?", "from": "owner"})
+    call = tool_use("mcp__tracker__search", {"q": "login"})
+    messages_api.reply(message(call), message("Two."))
+
+    Worker("w1").step()
+    tracing.force_flush()
+
+    (run,) = [s for s in receiver if s.name.startswith("invoke_agent ")]
+    (tool,) = [s for s in receiver if s.name.startswith("execute_tool ")]
+    assert [name for name, *_ in scripted_mcp_server.calls] == ["search"]
+    assert (tool.trace_id, tool.parent_span_id) == (run.trace_id, run.span_id)
+    assert tool.name == "execute_tool mcp__tracker__search"
+    assert attributes(tool) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "mcp__tracker__search",
+        "gen_ai.tool.call.id": call["id"],
+    }
