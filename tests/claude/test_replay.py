@@ -18,6 +18,7 @@ from alwayson.runtime import tools
 from alwayson.runtime.models import AgentConfigRevision
 from alwayson.testing import message, tool_use, usage
 from inbox.models import RunRecord
+from tests import support as support_package
 from tests.support import claude_tools
 
 CLAUDE = "alwayson.claude.agent"
@@ -120,6 +121,9 @@ def test_a_replay_in_a_process_that_never_imported_the_tools_stubs_them_all(
     # As `manage.py replay` starts: no tool module imported yet (the first run imports them).
     monkeypatch.setattr(tools, "_registry", {})
     monkeypatch.delitem(sys.modules, claude_tools.__name__)
+    # The import below binds the fresh module to its package too: put the first one back after,
+    # or later tests' `from tests.support import claude_tools` gets a module no tool writes to.
+    monkeypatch.setattr(support_package, "claude_tools", claude_tools)
     messages_api.reply(
         message(tool_use("refund", {"order": "8", "amount": 20})),
         message("Done."),
