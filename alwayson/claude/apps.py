@@ -4,6 +4,8 @@ from alwayson.runtime.policy import check_policy_syntax
 from alwayson.runtime.tools import check_mcp_server_settings
 from inbox.validation import alwayson_setting, checked_setting
 
+from .prices import check_prices
+
 
 def checked_policy(name, policy):
     """Setting `name`'s permission policy."""
@@ -39,6 +41,9 @@ class ClaudeConfig(AppConfig):
             "ALWAYSON_MCP_SERVERS",
             check_mcp_server_settings,
             alwayson_setting("ALWAYSON_MCP_SERVERS"),
+        )
+        checked_setting(
+            "ALWAYSON_CLAUDE_PRICES", check_prices, alwayson_setting("ALWAYSON_CLAUDE_PRICES")
         )
         # What this app adds to the apps below (inbox/extensions.py).
         retention.table_rules.add(self.label, own_tables.rules)

@@ -11,6 +11,7 @@ did and what the candidate would do are compared run by run: docs/how-to/replay.
 """
 
 import json
+import math
 import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -33,19 +34,21 @@ from timers.models import Timer
 from timers.services import Schedule
 
 from . import client
-from .models import ModelCall, ModelSettings, ToolResult
+from .models import TOKEN_FIELDS, ModelCall, ModelSettings, ToolResult
+from .prices import KINDS, cost
 
 # What a replayed tool call that no recorded call answers returns, unless the command names
 # another.
 STUB = "(replay: this tool was not run; the replay stands in for it with this text)"
 # What a candidate run and a recorded run are compared on, in the report's order.
 COMPARED = ("outcome", "messages", "asks", "tool_calls", "timers")
-TOKEN_KEYS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-)
+# Each kind of token (TOKEN_FIELDS) as an answer's usage names it.
+USAGE_KEYS = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache_read": "cache_read_input_tokens",
+    "cache_write": "cache_creation_input_tokens",
+}
 
 
 _ONE_AT_A_TIME = threading.Lock()
@@ -67,7 +70,26 @@ class Did:
     timers: list = field(default_factory=list)  # the timers' keys
     model_calls: int = 0
     tokens: int = 0
+    tokens_by_kind: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    # In USD at ALWAYSON_CLAUDE_PRICES, each call at its model's; None when a model has no
+    # price (those models in no_price).
+    cost_usd: float | None = 0.0
+    no_price: list = field(default_factory=list)
     error: str = ""
+
+    @classmethod
+    def used(cls, calls, **fields) -> "Did":
+        """What `calls` used: each `(model, {kind: tokens})`."""
+        by_kind = {kind: sum(tokens[kind] for _, tokens in calls) for kind in KINDS}
+        spent, no_price = cost(calls)
+        return cls(
+            **fields,
+            model_calls=len(calls),
+            tokens=sum(by_kind.values()),
+            tokens_by_kind=by_kind,
+            cost_usd=spent,
+            no_price=no_price,
+        )
 
     def compared(self, name):
         if name == "tool_calls":
@@ -112,6 +134,11 @@ class Report:
             "candidate_tokens": sum(run.candidate.tokens for run in self.runs),
             "recorded_model_calls": sum(run.recorded.model_calls for run in self.runs),
             "candidate_model_calls": sum(run.candidate.model_calls for run in self.runs),
+            **{
+                f"{side}_{name}": value
+                for side in ("recorded", "candidate")
+                for name, value in _summed([getattr(run, side) for run in self.runs]).items()
+            },
             "paid_model_calls": self.paid_calls,
             "budget": self.budget,
             "not_replayed": self.not_replayed,
@@ -147,6 +174,12 @@ class Report:
                 f"  tokens     recorded: {run.recorded.tokens} ({run.recorded.model_calls} calls)"
                 f", candidate: {run.candidate.tokens} ({run.candidate.model_calls} calls)"
             )
+            out.append(f"  by kind    recorded: {_kinds(run.recorded.tokens_by_kind)}")
+            out.append(f"  {'':<11}candidate: {_kinds(run.candidate.tokens_by_kind)}")
+            out.append(
+                f"  cost       recorded: {_usd(run.recorded.cost_usd, run.recorded.no_price)}, "
+                f"candidate: {_usd(run.candidate.cost_usd, run.candidate.no_price)}"
+            )
             if run.candidate.error:
                 out.append(f"  candidate error: {run.candidate.error}")
         totals = self.totals()
@@ -157,9 +190,38 @@ class Report:
             f"{totals['candidate_tokens']}; model calls paid {self.paid_calls} of budget "
             f"{self.budget}"
         )
+        out.append(
+            f"total tokens by kind: recorded {_kinds(totals['recorded_tokens_by_kind'])}; "
+            f"candidate {_kinds(totals['candidate_tokens_by_kind'])}"
+        )
+        out.append(
+            "total cost: recorded "
+            f"{_usd(totals['recorded_cost_usd'], totals['recorded_no_price'])}, candidate "
+            f"{_usd(totals['candidate_cost_usd'], totals['candidate_no_price'])}"
+        )
         if self.stopped:
             out.append(f"stopped: {self.stopped}; {self.not_replayed} run(s) not replayed")
         return out
+
+
+def _summed(dids: list[Did]) -> dict:
+    """The runs' tokens by kind and cost summed; the cost None when a run's is unknown."""
+    no_price = sorted({model for d in dids for model in d.no_price})
+    return {
+        "tokens_by_kind": {kind: sum(d.tokens_by_kind[kind] for d in dids) for kind in KINDS},
+        "cost_usd": None if no_price else math.fsum(d.cost_usd for d in dids),
+        "no_price": no_price,
+    }
+
+
+def _kinds(tokens: dict) -> str:
+    return ", ".join(f"{kind.replace('_', ' ')} {tokens[kind]}" for kind in KINDS)
+
+
+def _usd(amount, no_price) -> str:
+    if amount is None:
+        return "no price for " + ", ".join(no_price)
+    return f"${amount:.6f}"
 
 
 def _shown(value) -> str:
@@ -243,7 +305,8 @@ def recorded(record: RunRecord) -> Did:
             else:
                 decision = "ask" if key in asked else ""
             tool_calls.append(_call(block["name"], arguments, decision))
-    return Did(
+    return Did.used(
+        [(call.model, {k: getattr(call, f) for k, f in TOKEN_FIELDS.items()}) for call in calls],
         outcome=record.outcome,
         messages=list(
             OutboxMessage.objects.of_run(inbox_id, generation).values_list("body", flat=True)
@@ -255,8 +318,6 @@ def recorded(record: RunRecord) -> Did:
             .order_by("id")
             .values_list("key", flat=True)
         ),
-        model_calls=len(calls),
-        tokens=sum(call.total_tokens for call in calls),
         error=record.error,
     )
 
@@ -272,6 +333,7 @@ class ModelMeter:
         self.budget = budget
         self.paid = 0
         self.answers = []
+        self.models = []  # each answer's model: the answer's name for it, else the request's
 
     def call(self, send, run, request, _inbox_budget):
         key = client.request_key(request)
@@ -283,6 +345,8 @@ class ModelMeter:
         # The inbox's daily budget is for its live runs: a replay's is the one above.
         answer = send(run, request, None)
         self.answers.append(answer)
+        # As client._store keeps it, so the candidate's calls are priced as recorded ones are.
+        self.models.append(str(answer.get("model") or request.get("model") or ""))
         return answer
 
 
@@ -351,7 +415,8 @@ def _replay_one(record, agent_path, revision, meter: ModelMeter, stub) -> RunRep
             except Exception as exc:  # the candidate's failure is what the report shows
                 error = f"{type(exc).__name__}: {exc}"
         answers = meter.answers[answers_before:]
-        candidate = _candidate_did(run, error, answers, journal, would_call, inbox)
+        models = meter.models[answers_before:]
+        candidate = _candidate_did(run, error, answers, models, journal, would_call, inbox)
         transaction.set_rollback(True)
     candidate_version = versions.label(
         versions.version(path or versions.dotted_path(agent), agent, config.revision or None)
@@ -407,7 +472,7 @@ class _metered:
         client.call = self.original
 
 
-def _candidate_did(run, error, answers, journal: Counter, would_call: list, inbox) -> Did:
+def _candidate_did(run, error, answers, models, journal: Counter, would_call, inbox) -> Did:
     from .runner import AgentSettings, verdict  # the runner imports the models
 
     effects = run.recorded_effects()
@@ -434,14 +499,13 @@ def _candidate_did(run, error, answers, journal: Counter, would_call: list, inbo
                         answered = "would call"
                 tool_calls.append(_call(name, arguments, decision, answered))
     outcome = "error" if error else "deferred" if run.deferred else "done"
-    return Did(
+    return Did.used(
+        [(model, _usage(answer)) for model, answer in zip(models, answers, strict=True)],
         outcome=outcome,
         messages=[e.body for e in effects if isinstance(e, Say)],
         asks=[e.action for e in effects if isinstance(e, Ask)],
         tool_calls=tool_calls,
         timers=[e.key for e in effects if isinstance(e, Schedule)],
-        model_calls=len(answers),
-        tokens=sum(_tokens(answer) for answer in answers),
         error=error,
     )
 
@@ -458,9 +522,10 @@ def _tool_uses(answer) -> list[dict]:
     return [block for block in content if block.get("type") == "tool_use"]
 
 
-def _tokens(answer) -> int:
+def _usage(answer) -> dict:
+    """An answer's tokens by kind."""
     usage = (answer or {}).get("usage") or {}
-    return sum(usage.get(key) or 0 for key in TOKEN_KEYS)
+    return {kind: usage.get(key) or 0 for kind, key in USAGE_KEYS.items()}
 
 
 def _canonical(arguments) -> str:

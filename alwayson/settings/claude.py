@@ -18,6 +18,11 @@ ALWAYSON_CLAUDE_TOOLS = env.string_list("ALWAYSON_CLAUDE_TOOLS", [])
 # The default permission policy, JSON; an inbox's own policy replaces it tool by tool. Its
 # syntax is checked by the Claude app's ready() (alwayson/claude/apps.py).
 ALWAYSON_CLAUDE_POLICY = env.json_value("ALWAYSON_CLAUDE_POLICY", {})
+# USD per million tokens by model and kind, JSON: {"claude-sonnet-4-5": {"input": 3,
+# "output": 15, "cache_read": 0.3, "cache_write": 3.75}}; a key may end in * (a prefix).
+# None by default: prices change, the team copies Anthropic's. Read by replay's report;
+# checked by the Claude app's ready() (alwayson/claude/prices.py).
+ALWAYSON_CLAUDE_PRICES = env.json_value("ALWAYSON_CLAUDE_PRICES", {})
 # Tokens per UTC day per inbox; unset means no budget.
 ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET = env.optional_positive_int("ALWAYSON_CLAUDE_DAILY_TOKEN_BUDGET")
 ALWAYSON_CLAUDE_APPROVAL_WINDOW = env.seconds(

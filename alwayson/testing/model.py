@@ -46,8 +46,9 @@ def usage(input_tokens=100, output_tokens=20, cache_read=0, cache_write=0):
     }
 
 
-def message(*content, stop_reason=None, tokens=None):
-    """A 200 answer with these content blocks; stop_reason follows from them."""
+def message(*content, stop_reason=None, tokens=None, model="claude-sonnet-5-5"):
+    """A 200 answer with these content blocks; stop_reason follows from them. `model` is the
+    model the answer says ran it (the settings' default model unless a test names another)."""
     blocks = [{"type": "text", "text": c} if isinstance(c, str) else c for c in content]
     if stop_reason is None:
         stop_reason = "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
@@ -55,7 +56,7 @@ def message(*content, stop_reason=None, tokens=None):
         "id": f"msg_loopback_{next(_ids)}",
         "type": "message",
         "role": "assistant",
-        "model": "claude-sonnet-5-5",
+        "model": model,
         "content": blocks,
         "stop_reason": stop_reason,
         "stop_sequence": None,

@@ -7,14 +7,18 @@ import json
 import sys
 
 import pytest
+from django.apps import apps
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connection
 
+from alwayson.claude.prices import price_of
 from alwayson.claude.replay import recorded_runs, replay
 from alwayson.runtime import tools
 from alwayson.runtime.models import AgentConfigRevision
 from alwayson.testing import message, tool_use, usage
 from inbox.models import RunRecord
+from tests import support as support_package
 from tests.support import claude_tools
 
 CLAUDE = "alwayson.claude.agent"
@@ -117,6 +121,9 @@ def test_a_replay_in_a_process_that_never_imported_the_tools_stubs_them_all(
     # As `manage.py replay` starts: no tool module imported yet (the first run imports them).
     monkeypatch.setattr(tools, "_registry", {})
     monkeypatch.delitem(sys.modules, claude_tools.__name__)
+    # The import below binds the fresh module to its package too: put the first one back after,
+    # or later tests' `from tests.support import claude_tools` gets a module no tool writes to.
+    monkeypatch.setattr(support_package, "claude_tools", claude_tools)
     messages_api.reply(
         message(tool_use("refund", {"order": "8", "amount": 20})),
         message("Done."),
@@ -257,3 +264,124 @@ def test_another_agent_replays_a_rule_based_agents_runs_from_their_start_state(h
     ]
     assert broken.runs[0].candidate.error == "ValueError: the agent broke on purpose"
     assert "tests.support.kit_agents.broken @ sha256:" in broken.runs[0].candidate_version
+
+
+# --- tokens by kind and cost ------------------------------------------------------------------
+
+SONNET = {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75}
+HAIKU = {"input": 1, "output": 5, "cache_read": 0.1, "cache_write": 1.25}
+
+
+def test_a_changed_model_s_tokens_by_kind_and_cost_at_each_model_s_price(
+    settings, harness, messages_api, support
+):
+    settings.ALWAYSON_CLAUDE_PRICES = {"claude-sonnet-5-5": SONNET, "claude-haiku-5*": HAIKU}
+    proposed = AgentConfigRevision.propose(
+        support.inbox, model="claude-haiku-5", system_prompt="Say less.", now=harness.now
+    )
+    messages_api.reply(
+        message(
+            "Nothing to add.",
+            tokens=usage(200, 30, cache_read=1000, cache_write=400),
+            model="claude-haiku-5-20261201",
+        )
+    )
+
+    report = replay(recorded_runs(inboxes=["support"]), revision=proposed, budget=5)
+
+    assert messages_api.messages_requests[-1].body["model"] == "claude-haiku-5"
+    [run] = report.runs
+    recorded, candidate = run.recorded, run.candidate
+    kinds = ("input", "output", "cache_read", "cache_write")
+    assert recorded.tokens_by_kind == dict(zip(kinds, (350, 25, 0, 0), strict=True))
+    assert candidate.tokens_by_kind == dict(zip(kinds, (200, 30, 1000, 400), strict=True))
+    assert (recorded.tokens, candidate.tokens) == (375, 1630)  # the sum stays
+    # Recorded at Sonnet's prices: 350 x 3 + 25 x 15 per million; the candidate at Haiku's
+    # (its dated name, by the prefix): 200 x 1 + 30 x 5 + 1000 x 0.1 + 400 x 1.25.
+    assert (recorded.cost_usd, candidate.cost_usd) == (0.001425, 0.00095)
+    lines = "\n".join(report.lines())
+    assert "  by kind    recorded: input 350, output 25, cache read 0, cache write 0" in lines
+    assert "             candidate: input 200, output 30, cache read 1000, cache write 400" in lines
+    assert "  cost       recorded: $0.001425, candidate: $0.000950" in lines
+    assert "total cost: recorded $0.001425, candidate $0.000950" in lines
+    totals = json.loads(json.dumps(report.as_json()))["totals"]
+    assert totals["recorded_tokens_by_kind"] == recorded.tokens_by_kind
+    assert totals["candidate_tokens_by_kind"] == candidate.tokens_by_kind
+    assert (totals["recorded_cost_usd"], totals["candidate_cost_usd"]) == (0.001425, 0.00095)
+
+
+def test_a_model_without_a_price_has_no_cost_and_the_report_says_so(
+    settings, messages_api, support, tmp_path
+):
+    settings.ALWAYSON_CLAUDE_PRICES = {"claude-haiku-5*": HAIKU}
+    out = tmp_path / "report.json"
+
+    call_command(
+        "replay", "--inbox", "support", "--budget", "0", "--out", str(out), stdout=Printed([])
+    )
+
+    saved = json.loads(out.read_text())
+    [run] = saved["runs"]
+    assert run["recorded"]["cost_usd"] is None and run["candidate"]["cost_usd"] is None
+    assert run["recorded"]["no_price"] == ["claude-sonnet-5-5"]
+    assert run["recorded"]["tokens_by_kind"]["input"] == 350  # tokens are still counted
+    totals = saved["totals"]
+    assert totals["recorded_cost_usd"] is None and totals["candidate_cost_usd"] is None
+    assert totals["candidate_no_price"] == ["claude-sonnet-5-5"]
+    lines = replay(recorded_runs(inboxes=["support"]), budget=0).lines()
+    assert (
+        "  cost       recorded: no price for claude-sonnet-5-5, "
+        "candidate: no price for claude-sonnet-5-5"
+    ) in lines
+    assert "total cost: recorded no price for claude-sonnet-5-5, candidate no price for " in (
+        "\n".join(lines)
+    )
+
+
+def test_an_exact_model_name_wins_then_the_longest_prefix(settings):
+    settings.ALWAYSON_CLAUDE_PRICES = {
+        "claude-*": {"input": 1},
+        "claude-sonnet-5*": {"input": 2},
+        "claude-sonnet-5-5": {"input": 3},
+    }
+    assert price_of("claude-sonnet-5-5") == {"input": 3}
+    assert price_of("claude-sonnet-5-5-20261201") == {"input": 2}
+    assert price_of("claude-opus-5") == {"input": 1}
+    assert price_of("gpt-5") is None
+
+
+@pytest.mark.parametrize(
+    ("prices", "error"),
+    [
+        ([], "ALWAYSON_CLAUDE_PRICES: expected a JSON object of prices by model"),
+        (
+            {"claude-sonnet-5-5": {**SONNET, "output": "15"}},
+            "ALWAYSON_CLAUDE_PRICES: claude-sonnet-5-5.output must be a number of USD per "
+            "million tokens, not '15'",
+        ),
+        (
+            {"claude-sonnet-5-5": {**SONNET, "cache_read": True}},
+            "claude-sonnet-5-5.cache_read must be a number of USD per million tokens, not True",
+        ),
+        (
+            {"claude-sonnet-5-5": {**SONNET, "cache_write": -3.75}},
+            "ALWAYSON_CLAUDE_PRICES: claude-sonnet-5-5.cache_write must be 0 or more, not -3.75",
+        ),
+        (
+            {"claude-haiku-5*": {**HAIKU, "cache_hit": 0.1}},
+            "ALWAYSON_CLAUDE_PRICES: claude-haiku-5*: unknown kind(s) cache_hit; the kinds are "
+            "input, output, cache_read, cache_write",
+        ),
+        (
+            {"claude-haiku-5": {"input": 1, "output": 5}},
+            "claude-haiku-5: no price for cache_read, cache_write (0 if it is free)",
+        ),
+        ({"claude-*-5": HAIKU}, "model 'claude-*-5': a model's name, or a prefix ending in one *"),
+    ],
+)
+def test_malformed_prices_stop_start_up_naming_the_model_and_field(settings, prices, error):
+    settings.ALWAYSON_CLAUDE_PRICES = prices
+
+    with pytest.raises(ImproperlyConfigured) as raised:
+        apps.get_app_config("alwayson_claude").ready()
+    assert error in str(raised.value)

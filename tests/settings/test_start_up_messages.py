@@ -44,6 +44,12 @@ def test_a_missing_secret_key_with_debug_off_is_one_line_saying_what_to_set():
         ),
         # Checked by the egress app's ready(), past the settings import.
         ("ALWAYSON_EGRESS_SERVICES", '{"payments": 1}', "ALWAYSON_EGRESS_SERVICES"),
+        # The Claude app's ready().
+        (
+            "ALWAYSON_CLAUDE_PRICES",
+            '{"claude-sonnet-4-5": {"input": 3, "output": 15, "cache_read": -1, "cache_write": 4}}',
+            "ALWAYSON_CLAUDE_PRICES: claude-sonnet-4-5.cache_read must be 0 or more, not -1",
+        ),
     ],
 )
 def test_a_bad_setting_is_one_line_naming_it(name, value, says):

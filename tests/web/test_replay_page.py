@@ -28,8 +28,11 @@ def support(harness, messages_api):
 
 
 def test_staff_replay_a_proposed_prompt_and_read_the_report(
-    admin_client, harness, messages_api, support
+    admin_client, harness, messages_api, support, settings
 ):
+    settings.ALWAYSON_CLAUDE_PRICES = {
+        "claude-sonnet-5-5": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75}
+    }
     proposed = AgentConfigRevision.propose(support.inbox, system_prompt="Say less.")
     messages_api.reply(message("Done."))
     before = row_counts()
@@ -44,6 +47,11 @@ def test_staff_replay_a_proposed_prompt_and_read_the_report(
     assert "support #1 (" in text and "differs: messages, tool_calls" in text
     assert "candidate: []" in text
     assert "model calls paid 1 of budget 3" in text
+    # Recorded: two calls of 100 input and 20 output tokens; the candidate one.
+    assert "by kind    recorded: input 200, output 40, cache read 0, cache write 0" in text
+    assert "candidate: input 100, output 20, cache read 0, cache write 0" in text
+    assert "cost       recorded: $0.001200, candidate: $0.000600" in text
+    assert "total cost: recorded $0.001200, candidate $0.000600" in text
     assert row_counts() == before
 
 
