@@ -1,15 +1,23 @@
 """A database a process cannot use, told apart from one it cannot reach.
 
 An outage (the server unreachable, restarting, failing over) ends on its own: the loops wait
-it out (OutageBackoff in loop.py). A database that does not exist, or whose migrations were
-never run, stays so until a person acts: retrying it only fills the log with tracebacks. Those
-stop the process with one line saying what to do (DatabaseUnusable).
+it out (OutageBackoff), and so does `runall`'s start-up, within a bound (through_outage). A
+database that does not exist, or whose migrations were never run, stays so until a person
+acts: retrying it only fills the log with tracebacks. Those stop the process with one line
+saying what to do (DatabaseUnusable).
 """
 
 import re
 import shlex
+import time
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, OperationalError, connections
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    OperationalError,
+    connection,
+    connections,
+)
 from django.db.migrations.executor import MigrationExecutor
 
 MIGRATE = "run `python manage.py migrate`"
@@ -126,3 +134,75 @@ def unusable(exc: BaseException, using=DEFAULT_DB_ALIAS) -> DatabaseUnusable | N
         f"the database lacks what this code uses ({detail}), though `manage.py showmigrations`"
         " lists every migration as applied: was the schema changed by hand?"
     )
+
+
+class OutageBackoff:
+    """Seconds to wait before the next try while the database is unreachable: doubling from
+    FIRST, capped at CAP, so a loop is back within CAP seconds of the database returning
+    (a 30 s cap left loops idle long after an outage had ended). A try every CAP seconds
+    per loop is one failed connection attempt, nothing the database notices."""
+
+    FIRST = 0.5
+    CAP = 2.0
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.delay = self.FIRST
+
+    def next(self) -> float:
+        delay = self.delay
+        self.delay = min(delay * 2, self.CAP)
+        return delay
+
+    def attempt(self, step, stop, log):
+        """`step()`'s result; or, when the database is unreachable, OUTAGE once the next
+        delay has passed (or `stop` was set): the caller goes round its loop again. Every
+        loop of every process waits out an outage this way. A database it cannot use is no
+        outage: DatabaseUnusable says what to do."""
+        try:
+            result = step()
+        except DatabaseError as exc:
+            connection.close()
+            if (cannot_use := unusable(exc)) is not None:
+                raise cannot_use from exc
+            delay = self.next()
+            log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
+            stop.wait(delay)
+            return OUTAGE
+        self.reset()
+        return result
+
+
+# What OutageBackoff.attempt returns for a step the database did not let run.
+OUTAGE = object()
+
+
+def through_outage(
+    work, within, say, using=DEFAULT_DB_ALIAS, clock=time.monotonic, sleep=time.sleep
+):
+    """`work()`'s result (a process's start-up: `runall`'s migrate), tried again while the
+    database server cannot be reached, for up to `within` seconds, at OutageBackoff's delays;
+    `say(line)` tells of each retry. A server restarting, failing over or too slow to accept
+    (connect_timeout) is an outage, which the loops started next wait out too: a start-up
+    that gave up on it was a process that died on its own. A database that does not exist is
+    none: its error is raised at once, for manage.py's one line; and SQLite has no server to
+    wait for (its errors are its file's)."""
+    backoff = OutageBackoff()
+    deadline = clock() + within
+    while True:
+        try:
+            return work()
+        except OperationalError as exc:
+            connections[using].close()
+            delay = backoff.next()
+            if (
+                connections[using].vendor == "sqlite"
+                or missing_database(exc) is not None
+                or clock() + delay > deadline
+            ):
+                raise
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            say(f"database unavailable ({detail}); retrying in {delay:.1f}s")
+            sleep(delay)

@@ -8,10 +8,10 @@ import socket
 import threading
 
 from django.core.management.base import CommandError
-from django.db import DatabaseError, close_old_connections, connection, connections
+from django.db import close_old_connections, connections
 
 from alwayson.command import AlwaysonCommand
-from alwayson.ops.database import DatabaseUnusable, check_database, unusable
+from alwayson.ops.database import OUTAGE, DatabaseUnusable, OutageBackoff, check_database
 from alwayson.ops.health import ProcessBeat
 from alwayson.ops.models import Process
 from inbox.validation import require_key
@@ -142,46 +142,6 @@ class LoopCommand(AlwaysonCommand):
             if once:
                 break
             stop.wait(interval)
-
-
-class OutageBackoff:
-    """Seconds to wait before the next try while the database is unreachable: doubling from
-    FIRST, capped at CAP, so a loop is back within CAP seconds of the database returning."""
-
-    FIRST = 0.5
-    CAP = 2.0
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.delay = self.FIRST
-
-    def next(self) -> float:
-        delay = self.delay
-        self.delay = min(delay * 2, self.CAP)
-        return delay
-
-    def attempt(self, step, stop, log):
-        """`step()`'s result; or, when the database is unreachable, OUTAGE once the next
-        delay has passed (or `stop` was set). A database it cannot use is no outage:
-        DatabaseUnusable says what to do."""
-        try:
-            result = step()
-        except DatabaseError as exc:
-            connection.close()
-            if (cannot_use := unusable(exc)) is not None:
-                raise cannot_use from exc
-            delay = self.next()
-            log.warning("database unavailable; retrying in %.1fs", delay, exc_info=True)
-            stop.wait(delay)
-            return OUTAGE
-        self.reset()
-        return result
-
-
-# What OutageBackoff.attempt returns for a step the database did not let run.
-OUTAGE = object()
 
 
 def default_worker_id() -> str:

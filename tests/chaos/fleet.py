@@ -272,7 +272,8 @@ class Fleet:
                 continue
             why = proc.expecting_exit
             if not why and proc.role == RUNALL and database_down:
-                # runall migrates before it starts its children.
+                # runall migrates before it starts its children, waiting out an outage
+                # within a bound (START_OUTAGE in runall.py): a longer one stops it.
                 why = "runall could not start while the database was down"
             self.exits.append(
                 Exit(

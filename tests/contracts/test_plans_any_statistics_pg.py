@@ -17,6 +17,10 @@ No plan may read a table that grows with the deployment by a sequential scan, an
 index read has a condition on its index's first column (not a walk of the whole index).
 The captures go through the cursor path: the libpq path of the delivery's try (_Direct)
 sends the same two statements (tests/inbox/test_ingest_pg.py checks it prepares them).
+
+Each state's rows are made once for the module (the large one takes seconds); each test has a
+desk of its own, made and analyzed with them and deleted after it, and the tables are checked
+to hold the state's rows alone again.
 """
 
 import itertools
@@ -27,19 +31,32 @@ from datetime import timedelta
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
 
 from alwayson.runtime.api import answer_approval, finish, ingest, request_approval
 from inbox.models import Event, Inbox, Lease, Membership, Role, Session
 from inbox.services import Held, claim_more, take_next
+from tests.support.clock import T0
 from tests.support.webhooks import BODY, GITHUB_SECRET, post, signed
 
 pytestmark = [
     pytest.mark.postgres_only,
+    # For pytest-django to make the test database; the fixtures below give the access.
     pytest.mark.django_db(transaction=True),
     pytest.mark.usefixtures("github_secret"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _django_db_marker():
+    """Overrides pytest-django's fixture of this name, which runs each django_db test as a
+    TransactionTestCase, whose flush would empty the state after every test. Here `state` and
+    `desk` open the database (autocommit, as a transactional test does) and leave it as they
+    found it. Were pytest-django to rename its fixture, the flush would come back and `desk`
+    would fail at once: the state's rows gone."""
+
 
 # Tables that grow with the deployment: every table of the project's apps and the users'.
 GROWING = re.compile(r"^(inbox|approvals|timers|outbox|alwayson|auth)_")
@@ -85,25 +102,67 @@ def analyze():
         cursor.execute("ANALYZE")
 
 
-@pytest.fixture(params=STATES)
-def desk(request, t0):
+def row_counts():
+    """Rows per table of the project, its users' and Django's."""
+    tables = connection.introspection.django_table_names(only_existing=True)
+    with connection.cursor() as cursor:
+        return {
+            table: cursor.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+            for table in sorted(tables)
+        }
+
+
+@pytest.fixture(scope="module", params=STATES)
+def state(request, django_db_setup, django_db_blocker):
+    """The rows of the state besides the desk, made once for the module's tests of that state:
+    the desk's owner and approver, and the noise. The database is flushed at the end, as a
+    transactional test leaves it."""
+    with django_db_blocker.unblock():
+        owner = get_user_model().objects.create(username="owner")
+        approver = get_user_model().objects.create(username="approver")
+        if request.param == "markers-null":
+            inboxes(owner, 120, T0)
+        elif request.param == "large":
+            noise = inboxes(owner, 2000, T0)
+            done_events(200_000, T0 - timedelta(days=30))
+            # Half the inboxes have work coming (a retry's backoff, a timer): the markers are set.
+            Lease.objects.filter(inbox__in=noise[::2]).update(work_at=T0 + timedelta(days=1))
+        try:
+            yield owner, approver, row_counts()
+        finally:
+            call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture
+def desk(state, django_db_blocker, t0):
     """The inbox the statements run on, "desk", in a database whose statistics are those of
-    the state; an approver of it and a request waiting for an answer."""
-    owner = get_user_model().objects.create(username="owner")
-    desk = Inbox.objects.create(owner=owner, slug="desk")
-    approver = get_user_model().objects.create(username="approver")
-    Membership.objects.create(inbox=desk, user=approver, role=Role.APPROVER)
-    if request.param == "markers-null":
-        inboxes(owner, 120, t0)
-    elif request.param == "large":
-        noise = inboxes(owner, 2000, t0)
-        done_events(200_000, t0 - timedelta(days=30))
-        # Half the inboxes have work coming (a retry's backoff, a timer): the markers are set.
-        Lease.objects.filter(inbox__in=noise[::2]).update(work_at=t0 + timedelta(days=1))
-    analyze()
-    request_approval(desk, "r1", "refund order 42", 3600, now=t0)
-    desk.approver = approver
-    return desk
+    the state; an approver of it and a request waiting for an answer. Deleted after the test,
+    with all it made: every table then holds the state's rows again."""
+    owner, approver, counts = state
+    with django_db_blocker.unblock():
+        desk = Inbox.objects.create(owner=owner, slug="desk")
+        Membership.objects.create(inbox=desk, user=approver, role=Role.APPROVER)
+        analyze()
+        request_approval(desk, "r1", "refund order 42", 3600, now=t0)
+        desk.approver = approver
+        yield desk
+        restore(counts)
+
+
+def restore(counts):
+    """The state's rows alone again, as a flush and the state's making would leave them: the
+    desk deleted with all it made, the rows the test wrote elsewhere (a metric's total)
+    deleted, and the dead rows vacuumed away, so that every table has the pages it would
+    have (a few dead rows in an emptied table already changed a plan)."""
+    Inbox.objects.filter(slug="desk").delete()
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Foreign keys are checked at the commit (Django makes them deferrable): any order.
+        for table, count in row_counts().items():
+            if count and not counts[table]:
+                cursor.execute(f'DELETE FROM "{table}"')
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM " + ", ".join(f'"{table}"' for table in counts))
+    assert row_counts() == counts, "the test changed the state's own rows"
 
 
 # --- capturing and explaining ----------------------------------------------------------------

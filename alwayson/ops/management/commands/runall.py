@@ -31,14 +31,19 @@ from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.urls import reverse
 
 from alwayson.command import AlwaysonCommand
 from alwayson.egress.sealing import hide_from_same_user
+from alwayson.ops.database import through_outage
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 
 DEFAULT_ADDR = "127.0.0.1:8000"
 STOP_GRACE = 15
+# How long the start-up waits out a database server it cannot reach (restarting, failing
+# over, not up yet) before it fails: the loops it then starts wait any later outage out.
+START_OUTAGE = 60
 
 
 class Command(AlwaysonCommand):
@@ -110,7 +115,7 @@ class Command(AlwaysonCommand):
         if demo and not settings.DEBUG:
             # Checked before migrate, like the flags: demologin would refuse after it.
             raise CommandError("--demo is for development: DEBUG is off")
-        call_command("migrate", verbosity=0)
+        self.through_outage(lambda: call_command("migrate", verbosity=0))
         if demo:
             call_command("demologin", addr=addr, stdout=self.stdout)
         else:
@@ -144,6 +149,9 @@ class Command(AlwaysonCommand):
             env["ALWAYSON_EGRESS_SOCKET"] = str(
                 Path(tempfile.mkdtemp(prefix="alwayson-egress-")) / "egress.sock"
             )
+        # The release steps are processes of their own: the server answers before they start.
+        self.through_outage(connection.ensure_connection)
+        connection.close()
         for name, command in RELEASE.items():
             self.stdout.write(f"{name}: {shlex.join(command)}")
             done = subprocess.run(local_argv(command, settings.BASE_DIR), env=env, check=False)
@@ -153,6 +161,9 @@ class Command(AlwaysonCommand):
             name: local_argv(command, settings.BASE_DIR) for name, command in PROCESSES.items()
         }
         return commands, env, env.get("ALWAYSON_WEB_BIND", DEFAULT_ADDR)
+
+    def through_outage(self, work):
+        return through_outage(work, START_OUTAGE, self.stderr.write)
 
 
 def home_url(addr) -> str:

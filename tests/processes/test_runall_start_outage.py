@@ -1,0 +1,134 @@
+"""`runall`'s start-up waits out a database server it cannot reach, within a bound, as the loops
+it then starts wait out any later outage; a database that does not exist still stops it at once
+with its one line (tests/processes/test_unusable_database.py).
+
+A chaos run restarted `runall` while its network to PostgreSQL was silent: the start-up's
+`migrate` timed out connecting and `runall` exited, a process that died on its own (seed
+205856). The process test here replays that: `runall` behind a userspace TCP proxy that forwards
+nothing until the test has seen it wait.
+"""
+
+import signal
+
+import pytest
+from django.db import OperationalError, connection
+
+from alwayson.ops.database import OutageBackoff, through_outage
+from tests.support.processes import database_url, free_port
+from tests.support.runall import START_TIMEOUT, STOP_TIMEOUT, Runall
+from tests.support.tcp_proxy import TcpProxy
+
+REFUSED = OperationalError(
+    'connection failed: connection to server at "127.0.0.1", port 5499 failed:'
+    " Connection refused\n\tIs the server running on that host and accepting TCP/IP connections?"
+)
+MISSING = OperationalError(
+    'connection failed: connection to server at "127.0.0.1", port 5432 failed:'
+    ' FATAL:  database "nowhere" does not exist'
+)
+
+
+class Clock:
+    """Monotonic time that moves only when the code under test sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.slept = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def failing(times, error):
+    """A start-up that raises `error` its first `times` tries (every try when None), then
+    returns "started"; its tries counted in `.tries`."""
+
+    def work():
+        work.tries += 1
+        if times is None or work.tries <= times:
+            raise error
+        return "started"
+
+    work.tries = 0
+    return work
+
+
+def test_a_start_up_waits_out_an_unreachable_server_at_the_loops_delays():
+    clock, said = Clock(), []
+    work = failing(3, REFUSED)
+
+    if connection.vendor == "sqlite":
+        # No server to wait for: SQLite's errors are its file's, raised as they come.
+        with pytest.raises(OperationalError):
+            through_outage(work, 60, said.append, clock=clock, sleep=clock.sleep)
+        assert work.tries == 1 and said == []
+        return
+
+    assert through_outage(work, 60, said.append, clock=clock, sleep=clock.sleep) == "started"
+
+    assert work.tries == 4
+    assert clock.slept == [0.5, 1.0, 2.0]
+    assert said == [
+        f"database unavailable (connection failed: connection to server at"
+        f' "127.0.0.1", port 5499 failed: Connection refused); retrying in {delay}s'
+        for delay in ("0.5", "1.0", "2.0")
+    ]
+
+
+@pytest.mark.postgres_only  # SQLite's raise at once: the test above
+def test_a_start_up_gives_up_on_an_outage_longer_than_its_bound():
+    clock, said = Clock(), []
+    work = failing(None, REFUSED)
+
+    with pytest.raises(OperationalError) as raised:
+        through_outage(work, 10, said.append, clock=clock, sleep=clock.sleep)
+
+    assert raised.value is REFUSED
+    # 0.5 + 1 + 2 + 2 + 2 + 2 = 9.5 s waited; a seventh wait would pass the 10 s bound.
+    assert clock.slept == [0.5, 1.0, 2.0, 2.0, 2.0, 2.0] and work.tries == 7
+    assert len(said) == 6
+
+
+def test_a_database_that_does_not_exist_is_raised_at_once_not_waited_for():
+    clock, said = Clock(), []
+    work = failing(None, MISSING)
+
+    with pytest.raises(OperationalError) as raised:
+        through_outage(work, 60, said.append, clock=clock, sleep=clock.sleep)
+
+    assert raised.value is MISSING
+    assert work.tries == 1 and clock.slept == [] and said == []
+
+
+@pytest.mark.postgres_only  # a server to be cut off from
+@pytest.mark.django_db(transaction=True)  # runall's children write to the test database
+def test_runall_started_while_its_database_is_silent_waits_then_migrates_and_starts(tmp_path):
+    config = connection.settings_dict
+    with TcpProxy(config["HOST"] or "127.0.0.1", config["PORT"] or 5432) as proxy:
+        proxy.blackhole()  # connections accepted, nothing answered: connect_timeout runs out
+        url = database_url().replace(f":{config['PORT'] or 5432}/", f":{proxy.port}/")
+        env = {"DATABASE_URL": url, "ALWAYSON_DB_CONNECT_TIMEOUT": "2"}
+        runall = Runall(tmp_path, free_port(), env=env)
+        try:
+            runall.wait_for(
+                "runall to say it waits for the database",
+                lambda: "database unavailable" in runall.output,
+                timeout=START_TIMEOUT,
+            )
+            proxy.heal()
+            runall.wait_for(
+                "runall to start its processes",
+                lambda: "alwayson is running at" in runall.output,
+                timeout=START_TIMEOUT,
+            )
+            assert f"retrying in {OutageBackoff.FIRST:.1f}s" in runall.output
+            assert "Traceback" not in runall.output, runall.tail()
+
+            runall.process.send_signal(signal.SIGTERM)
+            assert runall.process.wait(timeout=STOP_TIMEOUT + 15) == 0, runall.tail()
+        finally:
+            runall.stop()
