@@ -1289,7 +1289,7 @@ def test_the_mcp_how_to_a_tools_definition_and_its_call_approved_by_a_person(
     page.go_back()
     row.locator("input.action-select").check()
     page.locator("select[name=action]").select_option(label="Approve the selected definitions")
-    page.locator(".actions button[name=\"index\"]").click()  # "Go" (Django 5), "Run" (6)
+    page.locator('.actions button[name="index"]').click()  # "Go" (Django 5), "Run" (6)
     expect(page.locator(".messagelist")).to_have_text("1 definition(s) approved.")
     assert McpToolDefinition.objects.get(name="order_status").approved_by.username == "demo"
 
