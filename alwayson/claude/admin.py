@@ -62,23 +62,28 @@ class ModelSettingsInline(admin.StackedInline):
     can_delete = False
 
 
+# What a person edits on an agent configuration's page: the form's fields and the admin's.
+EDITED_FIELDS = (
+    "inbox",
+    "agent",
+    "model",
+    "system_prompt",
+    "tools",
+    "mcp_servers",
+    "policy",
+    "daily_token_budget",
+    "approval_window",
+    "mid_run",
+)
+
+
 class AgentConfigForm(forms.ModelForm):
     """AgentConfig.clean() checks a rule for an MCP tool for its syntax only (the runtime
     knows no server's schema); here, in the Claude app, against the definition approved."""
 
     class Meta:
         model = AgentConfig
-        fields = (
-            "inbox",
-            "agent",
-            "model",
-            "system_prompt",
-            "tools",
-            "mcp_servers",
-            "policy",
-            "daily_token_budget",
-            "approval_window",
-        )
+        fields = EDITED_FIELDS
         # The name the docs use; the field's own would read "Mcp servers".
         labels = {"mcp_servers": "MCP servers"}
 
@@ -121,21 +126,7 @@ class AgentConfigAdmin(admin.ModelAdmin):
     readonly_fields = ("updated", "tokens_today", "revisions")
     actions = ["reset_conversation"]
     inlines = [ModelSettingsInline]
-    fields = (
-        "inbox",
-        "agent",
-        "model",
-        "system_prompt",
-        "tools",
-        "mcp_servers",
-        "policy",
-        "daily_token_budget",
-        "approval_window",
-        "mid_run",
-        "tokens_today",
-        "updated",
-        "revisions",
-    )
+    fields = (*EDITED_FIELDS, "tokens_today", "updated", "revisions")
 
     def save_model(self, request, obj, form, change):
         # One revision for the page, model settings included, once the inline is saved too.

@@ -611,7 +611,12 @@ def test_the_admin_checks_an_mcp_tools_rules_against_its_approved_definition(des
     config = AgentConfig.objects.get(inbox=desk.inbox)
 
     def form(policy):
-        data = {"inbox": desk.inbox.pk, "agent": config.agent, "policy": json.dumps(policy)}
+        data = {
+            "inbox": desk.inbox.pk,
+            "agent": config.agent,
+            "mid_run": config.mid_run,
+            "policy": json.dumps(policy),
+        }
         return AgentConfigForm(data={**data, "mcp_servers": '["tracker"]'}, instance=config)
 
     refused = form({SEARCH: [{"when": {"order": {"eq": "7"}}, "then": "deny"}]})
