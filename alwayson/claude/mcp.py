@@ -35,10 +35,6 @@ from dataclasses import replace
 import httpx2
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 
 from alwayson.egress.exceptions import EgressRefused
 from alwayson.egress.gateway import RESERVED_HEADERS
@@ -160,7 +156,15 @@ class _EgressTransport(httpx2.AsyncBaseTransport):
         return httpx2.Response(answer.status, headers=shown, content=answer.content)
 
 
-def _connect(server: str, bridge: _Bridge, run) -> Client:
+# The mcp SDK is imported where a server is reached, not with this module: its types take half
+# a second to import, which every process that loads the Claude app (each manage.py command,
+# each worker) would pay, MCP servers or not.
+
+
+def _connect(server: str, bridge: _Bridge, run):
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
     entry, timeout = _server(server)
     # No response cache: each run sees the listing as the server gives it now.
     if "service" not in entry:
@@ -197,6 +201,9 @@ def _run(server: str, work):
     outage); an MCPError (the server answered, with an error) too, unless it is the transport's
     word for an HTTP error or a closed connection; anything else that kept the server from
     answering is ServerUnavailable."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
+
     try:
         return _Bridge().run(work)
     except Exception as exc:
@@ -216,6 +223,7 @@ def _run(server: str, work):
 
 def list_tools(server: str, run) -> list:
     """The server's tools (mcp_types.Tool), every page."""
+    from mcp.shared.exceptions import MCPError
 
     async def work(bridge):
         async with _connect(server, bridge, run) as client:
@@ -237,6 +245,8 @@ def call_tool(server: str, name: str, arguments: dict, tool_call) -> str:
     """The text of the tool's result, marked as untrusted; ToolError when the server says
     the call failed, refused it, or did not answer in time; ServerUnavailable when it
     cannot be reached."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import REQUEST_TIMEOUT
 
     async def work(bridge):
         async with _connect(server, bridge, tool_call.run) as client:

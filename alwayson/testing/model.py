@@ -154,7 +154,10 @@ class ScriptedModel:
         self.url = f"http://127.0.0.1:{self._server.server_port}"
 
     def start(self):
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        # stop()'s shutdown waits out one poll: the default half second, in every test.
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
         return self
 
     def stop(self):

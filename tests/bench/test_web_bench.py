@@ -60,7 +60,9 @@ def recorder():
     seen = []
     handler = type("Handler", (Recorder,), {"seen": seen})
     server = QuietServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}", seen
     server.shutdown()

@@ -81,7 +81,9 @@ class WebhookReceiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:

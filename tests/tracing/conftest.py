@@ -34,7 +34,9 @@ class _Receiver(http.server.BaseHTTPRequestHandler):
 def receiver():
     _Receiver.spans = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
     tracing.configure(exporter=OTLPSpanExporter(endpoint=endpoint), force=True)
