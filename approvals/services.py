@@ -11,8 +11,6 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db import connection, transaction
 from django.db.models import OuterRef, Subquery
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from inbox import clock, tracing
 from inbox.extensions import Extension
@@ -206,6 +204,11 @@ def _check_details(details):
         schema = details["schema"]
         if not isinstance(schema, dict) or not isinstance(details.get("arguments"), dict):
             raise ValueError("details: a schema goes with the arguments it describes (objects)")
+        # Imported here, not with the module: jsonschema is a tenth of every manage.py
+        # command's start-up, and most never check a schema.
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
         try:
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
@@ -297,6 +300,8 @@ class Response:
             return Response(self.answer, None, self.reason, self.reply), approval.approvers_needed
         if not approval.editable:
             raise ValueError(f"arguments: {rid} has no arguments a person may edit")
+        from jsonschema import Draft202012Validator  # see _check_details
+
         error = next(
             iter(Draft202012Validator(approval.details["schema"]).iter_errors(self.arguments)),
             None,

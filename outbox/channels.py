@@ -10,7 +10,6 @@ import re
 import smtplib
 import time
 
-import httpx
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
 from django.utils.html import escape, linebreaks, urlize
@@ -114,6 +113,10 @@ def send_webhook(delivery, channel):
         "User-Agent": "alwayson-dispatcher",
     }
     headers.update(signature_headers(delivery, body))
+    # Imported here, not with the module: httpx is a tenth of every manage.py command's
+    # start-up, and only the dispatcher sends.
+    import httpx
+
     try:
         # Redirects are not followed: a 3xx answer to a POST would be followed with a
         # bodiless GET and called a delivery; a receiver that moved is a failed send until

@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from importlib import import_module
 
 from django.conf import settings
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 # The Messages API's rule for tool names.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -109,6 +107,8 @@ class Tool:
 
     def check_input(self, arguments) -> str | None:
         """The first schema violation of `arguments`, in words; None when they fit."""
+        from jsonschema import Draft202012Validator  # see check_schema
+
         error = next(iter(Draft202012Validator(self.input_schema).iter_errors(arguments)), None)
         if error is None:
             return None
@@ -219,6 +219,11 @@ def tool(
 def check_schema(tool_name, schema):
     if not isinstance(schema, dict) or schema.get("type") != "object":
         raise ValueError(f"tool {tool_name!r}: input_schema must be a JSON Schema of an object")
+    # Imported here, not with the module: jsonschema (and referencing) are a tenth of every
+    # manage.py command's start-up, and most never check a schema.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
