@@ -8,15 +8,22 @@ connection the worker closes (closed gracefully there, never on gunicorn's main 
 larger than any view accepts (ALWAYSON_REQUEST_MAX_BYTES) is refused 413 unread; a chunked one is
 read up to that limit and handed to Django with its length, since Django reads none of a body
 whose length is not declared.
+
+Kept-alive connections are spread over the workers as they are accepted (Shares): a client
+that keeps a few connections open would otherwise have them all on whichever worker woke
+first, one core serving everything while the other idles.
 """
 
 import asyncio
 import concurrent.futures
 import io
 import logging
+import mmap
 import os
 import socket
+import struct
 import threading
+import time
 
 from gunicorn.workers.gthread import ThreadWorker
 
@@ -37,18 +44,73 @@ LINGER_BYTES = 64 * 1024
 # Framing of the connection, which the server decides: Django's values are dropped.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "content-length", "transfer-encoding"})
 HTTP_1 = frozenset({"HTTP/1.0", "HTTP/1.1"})
+# How long a worker holding more connections than another leaves a new one to the other, at
+# most: long enough for the other's main thread to wake and accept (it competes for its
+# process's GIL with its request threads: 5 ms switch interval), short enough that a worker
+# whose loop is stuck delays a connection little. While it holds, it looks again this often.
+ACCEPT_HOLD = 0.02
+HOLD_POLL = 0.002
+
+
+class Shares:
+    """Each worker's open connections, in memory the master maps before it forks, so that
+    every worker reads the others'. A slot per worker, by its age (gunicorn numbers each
+    worker it starts): (pid, open connections), 64-bit each; a slot whose pid is gone is
+    skipped, so a worker killed without clearing its slot holds no one back."""
+
+    SLOTS = 64
+    ENTRY = struct.Struct("qq")
+
+    def __init__(self):
+        self.memory = mmap.mmap(-1, self.SLOTS * self.ENTRY.size)
+
+    def publish(self, age: int, connections: int):
+        self.ENTRY.pack_into(self.memory, self.offset(age), os.getpid(), connections)
+
+    def clear(self, age: int):
+        self.ENTRY.pack_into(self.memory, self.offset(age), 0, 0)
+
+    def fewer_elsewhere(self, age: int, connections: int) -> bool:
+        """Whether a live worker other than `age`'s holds fewer connections."""
+        mine = self.offset(age)
+        for offset in range(0, len(self.memory), self.ENTRY.size):
+            pid, theirs = self.ENTRY.unpack_from(self.memory, offset)
+            if offset != mine and pid and theirs < connections and _alive(pid):
+                return True
+        return False
+
+    def offset(self, age: int) -> int:
+        return (age % self.SLOTS) * self.ENTRY.size
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Worker(ThreadWorker):
     """gunicorn's gthread worker, which hands streams and the connections it closes to its
-    event loop (Streams), and refuses oversize bodies before the application runs."""
+    event loop (Streams), spreads connections over the workers (Shares), and refuses oversize
+    bodies before the application runs."""
+
+    # Made at import, in gunicorn's master, which imports the worker class before it forks.
+    shares = Shares()
 
     def init_process(self):
         # Before gunicorn's init_process, which loads the application and then runs the worker's
         # loop until it stops.
         self.streams = Streams()
         self.handed = threading.local()  # whether this thread's connection went to a stream
-        super().init_process()
+        self.holding_since = None  # when it began to leave new connections to others
+        try:
+            super().init_process()
+        finally:
+            self.shares.clear(self.age)
 
     def load_wsgi(self):
         super().load_wsgi()
@@ -70,6 +132,46 @@ class Worker(ThreadWorker):
             # SIGINT at once). Handed-off streams are not among the connections it waits
             # for, so they never hold the stop for graceful_timeout; they close here.
             self.streams.stop()
+
+    # --- spreading connections ------------------------------------------------------------
+
+    def accept(self, listener):
+        """A new connection is left to a worker that holds fewer: this one stops listening
+        (holds) until it no longer holds more than any other, or for ACCEPT_HOLD at most."""
+        if self.holding_since is None and self.shares.fewer_elsewhere(self.age, self.nr_conns):
+            self.holding_since = time.monotonic()
+            super().set_accept_enabled(False)
+            return
+        super().accept(listener)
+        self.shares.publish(self.age, self.nr_conns)
+
+    def set_accept_enabled(self, enabled):
+        # gunicorn's loop enables accepting again after every event: not while holding.
+        super().set_accept_enabled(enabled and self.holding_since is None)
+
+    def wait_for_and_dispatch_events(self, timeout):
+        if self.holding_since is not None:
+            if time.monotonic() - self.holding_since >= ACCEPT_HOLD:
+                # No other worker took it in time: what still waits is taken here (nothing,
+                # if one did: the accept finds none).
+                self.end_hold()
+                for listener in self.sockets:
+                    super().accept(listener)
+            elif not self.shares.fewer_elsewhere(self.age, self.nr_conns):
+                self.end_hold()
+            else:
+                timeout = min(timeout, HOLD_POLL)
+        # The count as of the last event (connections end in several places of gunicorn's
+        # loop); a stopping worker accepts nothing more, so none leaves it a connection.
+        if self.alive:
+            self.shares.publish(self.age, self.nr_conns)
+        else:
+            self.shares.clear(self.age)
+        super().wait_for_and_dispatch_events(timeout)
+
+    def end_hold(self):
+        self.holding_since = None
+        self.set_accept_enabled(self.alive and self.nr_conns < self.worker_connections)
 
     def handle(self, conn):
         """A connection gunicorn will not keep is closed by the loop: on gunicorn's main

@@ -5,18 +5,23 @@ a plain WSGI server answers: on SQLite and on PostgreSQL.
 A body declared larger than any view accepts (ALWAYSON_REQUEST_MAX_BYTES) is refused with 413
 as soon as the headers arrive, none of it read, nothing written under the process's temporary
 directory; a chunked body, whose size nobody declares, is read up to that limit and cut there.
-A client that half-closes its socket after a whole request is answered.
+A client that half-closes its socket after a whole request is answered. Connections kept
+alive are spread over the workers.
 """
 
 import json
+import os
 import re
 import threading
 import urllib.request
+import uuid
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 
 from inbox.models import Event
+from tests.support.processes import child_pids, wait_for
 from tests.support.web import (
     GITHUB_BODY,
     ProductionWeb,
@@ -185,3 +190,66 @@ def test_the_web_process_writes_json_lines_when_asked(tmp_path, transactional_db
     assert access["logger"] == "gunicorn.access"
     assert access["level"] == "INFO"
     assert '"GET /favicon.ico HTTP/1.1" 302' in access["message"]
+
+
+def connections_held(pids, port):
+    """How many connections to `port` each of `pids` holds open, from /proc: the server's end
+    of each (local port `port`, ESTABLISHED), matched to the processes' descriptors."""
+    ends = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "01":
+            ends.add(f"socket:[{fields[9]}]")
+    held = {}
+    for pid in pids:
+        descriptors = Path(f"/proc/{pid}/fd")
+        held[pid] = sum(1 for fd in descriptors.iterdir() if _target(fd) in ends)
+    return held
+
+
+def _target(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def kept_alive(web, count):
+    """`count` connections opened at once, as a load generator opens its own, each then kept
+    alive after a delivery answered."""
+    clients = [connect(web) for _ in range(count)]  # all waiting before a worker accepts one
+    for client in clients:
+        client.sendall(github_delivery("desk", f"kept-{uuid.uuid4()}"))
+    for client in clients:
+        answer = read_answer(client)
+        assert (answer.status, answer.closed) == (202, False), web.log()[-2000:]
+    return clients
+
+
+def test_connections_kept_alive_are_spread_evenly_over_the_workers(tmp_path, desk):
+    web = ProductionWeb(tmp_path, WEB_CONCURRENCY="2")
+    clients = []
+    try:
+        workers = wait_for(
+            lambda: len(pids := child_pids(web.process.pid)) == 2 and pids, 30, "two workers"
+        )
+
+        def both_serving():
+            # A worker still loading the application takes no connection yet.
+            probes = kept_alive(web, 2)
+            try:
+                return 0 not in connections_held(workers, web.port).values()
+            finally:
+                for probe in probes:
+                    probe.close()
+
+        wait_for(both_serving, 30, "both workers to serve", period=0.1)
+        wait_for(lambda: sum(connections_held(workers, web.port).values()) == 0, 10, "no probe")
+        clients = kept_alive(web, 8)
+        held = connections_held(workers, web.port)
+    finally:
+        for client in clients:
+            client.close()
+        web.stop()
+
+    assert sorted(held.values()) == [4, 4], held
