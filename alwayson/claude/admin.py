@@ -62,19 +62,10 @@ class ModelSettingsInline(admin.StackedInline):
     can_delete = False
 
 
-# What a person edits on an agent configuration's page: the form's fields and the admin's.
-EDITED_FIELDS = (
-    "inbox",
-    "agent",
-    "model",
-    "system_prompt",
-    "tools",
-    "mcp_servers",
-    "policy",
-    "daily_token_budget",
-    "approval_window",
-    "mid_run",
-)
+# What a person edits on an agent configuration's page: the form's fields and the admin's. The
+# inbox, then every field a revision keeps: whatever a person changes there changes what the
+# agent does, so it makes a revision (a field added to one list and not the other drifted).
+EDITED_FIELDS = ("inbox", *AgentConfig.REVISED_FIELDS)
 
 
 class AgentConfigForm(forms.ModelForm):
