@@ -23,7 +23,6 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-import httpx2
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
@@ -100,6 +99,7 @@ def _sealed_client(socket_path: str, timeout: int) -> anthropic.Anthropic:
     the gateway adds it (alwayson/egress/server.py). The SDK insists on a key, so it gets a
     placeholder, taken off each request before the request leaves."""
     import anthropic
+    import httpx2
 
     def without_key(request):
         request.headers.pop("authorization", None)

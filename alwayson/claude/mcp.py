@@ -32,12 +32,10 @@ import queue
 import threading
 from dataclasses import replace
 
-import httpx2
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from alwayson.egress.exceptions import EgressRefused
-from alwayson.egress.gateway import RESERVED_HEADERS
 from alwayson.runtime.run import LeaseLost
 from alwayson.runtime.schemas import check_against
 from alwayson.runtime.tools import (
@@ -57,9 +55,6 @@ DEFAULT_TIMEOUT = 30
 # What the SDK's transport reports for an HTTP error status without a JSON-RPC error (a proxy's
 # 502, a server restarting): the server did not answer, as much as a refused connection.
 HTTP_ERROR_RESPONSE = "Server returned an error response"
-# Headers neither sent to the gateway (it sets its own) nor taken back from it (its body is
-# decoded already).
-DROPPED_HEADERS = frozenset({"accept-encoding", "content-encoding", "content-length"})
 # Sent with every call: the same on each retry of the same call (the tool journal's key).
 IDEMPOTENCY_META = "io.alwayson/idempotency-key"
 
@@ -129,47 +124,23 @@ class _Bridge:
         return outcome["value"]
 
 
-class _EgressTransport(httpx2.AsyncBaseTransport):
-    """The MCP connection's HTTP requests as calls of the run's egress gateway, to the service
-    the server's configuration names: the gateway checks the allowlist and the lease, adds the
-    credential this process never holds, and scrubs it from what comes back."""
-
-    def __init__(self, bridge: _Bridge, run, service: str):
-        self.bridge, self.run, self.service = bridge, run, service
-
-    async def handle_async_request(self, request):
-        body = await request.aread()
-        headers = {
-            name: value
-            for name, value in request.headers.items()
-            if name.lower() not in RESERVED_HEADERS and name.lower() not in DROPPED_HEADERS
-        }
-        path = request.url.raw_path.decode("ascii")
-
-        def send():
-            return self.run.http.request(
-                self.service, request.method, path, content=body, headers=headers
-            )
-
-        answer = await self.bridge.call(send)
-        shown = {k: v for k, v in answer.headers.items() if k.lower() not in DROPPED_HEADERS}
-        return httpx2.Response(answer.status, headers=shown, content=answer.content)
-
-
-# The mcp SDK is imported where a server is reached, not with this module: its types take half
-# a second to import, which every process that loads the Claude app (each manage.py command,
-# each worker) would pay, MCP servers or not.
+# The mcp SDK (and httpx2, which it is built on) is imported where a server is reached, not
+# with this module: its types take half a second to import, which every process that loads
+# the Claude app (each manage.py command, each worker) would pay, MCP servers or not.
 
 
 def _connect(server: str, bridge: _Bridge, run):
+    import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
+
+    from .mcp_egress import EgressTransport
 
     entry, timeout = _server(server)
     # No response cache: each run sees the listing as the server gives it now.
     if "service" not in entry:
         return Client(entry["url"], read_timeout_seconds=timeout, cache=None)
-    http = httpx2.AsyncClient(transport=_EgressTransport(bridge, run, entry["service"]))
+    http = httpx2.AsyncClient(transport=EgressTransport(bridge, run, entry["service"]))
     path = entry.get("path", "/mcp")
     return Client(
         streamable_http_client(f"http://{entry['service']}.egress{path}", http_client=http),

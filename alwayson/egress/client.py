@@ -9,14 +9,17 @@ run's lease, which the gateway checks on every call.
 
 import json as jsonlib
 import threading
+from typing import TYPE_CHECKING
 
-import httpx
 from django.conf import settings
 
 from alwayson.egress.exceptions import EgressFailed, EgressRefused
 from alwayson.egress.gateway import Egress, EgressResponse
 from alwayson.egress.server import GENERATION, HOLDER, INBOX, OUTCOME, SOCKET_HOST
 from alwayson.egress.services import configured_services
+
+if TYPE_CHECKING:
+    import httpx
 
 # Beyond a service's own timeout: the gateway's lease check and the two local hops.
 HOP_MARGIN = 5.0
@@ -35,13 +38,15 @@ def run_headers(run) -> dict:
     return {INBOX: str(run.inbox.pk), HOLDER: run.holder, GENERATION: str(run.generation)}
 
 
-_clients: dict[str, httpx.Client] = {}
+_clients: dict[str, "httpx.Client"] = {}
 _clients_lock = threading.Lock()
 
 
-def socket_client(path) -> httpx.Client:
+def socket_client(path) -> "httpx.Client":
     """One client per socket for the process, shared by its slots (httpx's pool is
     thread-safe): no TLS to set up on a local socket, connections kept between calls."""
+    import httpx  # here, not with the module: see Egress._send
+
     with _clients_lock:
         client = _clients.get(str(path))
         if client is None:
@@ -99,6 +104,8 @@ class GatewayClient:
         # The path goes as it is: the gateway normalises it and decides, and a refusal is
         # recorded there with the rest of the deployment's calls.
         url = f"http://{SOCKET_HOST}/{service}{path}"
+        import httpx  # here, not with the module: see Egress._send
+
         try:
             answer = socket_client(self.socket_path).request(
                 str(method).upper(),

@@ -20,9 +20,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import lru_cache
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-import httpx
 from django.db.models.functions import Now
 
 from alwayson.egress import unpack
@@ -31,6 +31,9 @@ from alwayson.egress.models import EgressCall
 from alwayson.egress.paths import UncleanPath, normal_path
 from alwayson.egress.scrub import REDACTED, scrub, secret_pattern
 from alwayson.egress.services import SECRET_SLOT, Service, configured_services
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("alwayson.egress")
 
@@ -180,6 +183,11 @@ class Egress:
         return target
 
     def _send(self, target, method, path, params, json, content, headers, secret):
+        # Imported at the first call, not with the module: httpx (and the command-line tools
+        # it loads when they are installed) is a fifth of every manage.py command's start-up,
+        # and most processes never call out.
+        import httpx
+
         headers = {str(k): str(v) for k, v in (headers or {}).items()}
         params = _pairs(params)
         base_url = target.base_url
@@ -278,7 +286,9 @@ def _printable(value) -> str:
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(value))
 
 
-def _client(transport=None) -> httpx.Client:
+def _client(transport=None) -> "httpx.Client":
+    import httpx
+
     # No redirects: a 3xx is returned as it is, so an answer can never carry the credential
     # to another host (or another path) that the allowlist did not name. No cookies: a
     # service's Set-Cookie is neither shown to the agent nor sent again, to any inbox.
@@ -294,7 +304,7 @@ def _client(transport=None) -> httpx.Client:
 
 
 @lru_cache(maxsize=1)
-def _shared_client() -> httpx.Client:
+def _shared_client() -> "httpx.Client":
     """One client for the process, shared by its threads: its TLS context is built once and
     connections are kept between calls. It holds no credential: each request carries its own."""
     return _client()

@@ -17,7 +17,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-import psycopg
 from django.db import DatabaseError, connection
 
 log = logging.getLogger("alwayson.durability")
@@ -92,6 +91,8 @@ def read(conn=None) -> Durability:
     """The verdict on the default database (or a psycopg connection's server), read now."""
     if conn is None and connection.vendor != "postgresql":
         return Durability(EMBEDDED)
+    import psycopg  # PostgreSQL's alone: not loaded by a process on SQLite
+
     try:
         with (conn or connection).cursor() as cursor:
             # The session's own value: a deployment may lower it for its connections alone.

@@ -12,7 +12,6 @@ import time
 import traceback
 from dataclasses import dataclass, replace
 
-import psycopg
 from django.db import (
     DatabaseError,
     InterfaceError,
@@ -29,7 +28,6 @@ from alwayson.ops.models import Process
 from alwayson.runtime.agents import Agents
 from alwayson.runtime.loop import OUTAGE, OutageBackoff, default_worker_id
 from alwayson.runtime.run import LeaseLost, Run, lease_clock
-from inbox.backends.postgresql import session_params
 from inbox.models import RunRecord
 from inbox.services import (
     DONE,
@@ -560,6 +558,11 @@ class WorkerPool:
     def listen(self):
         """Wake idle slots on NOTIFY (PostgreSQL). Polling stays the fallback: a missed
         notification costs at most one interval."""
+        # PostgreSQL's alone: imported here, so that a process on SQLite never loads psycopg.
+        import psycopg
+
+        from inbox.backends.postgresql import session_params
+
         conninfo = session_params()
         backoff = OutageBackoff()
         while not self.stop.is_set():

@@ -16,7 +16,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import psycopg
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db import DatabaseError, close_old_connections, connection, connections
@@ -24,7 +23,6 @@ from django.db.models import BooleanField, ExpressionWrapper, F, OuterRef, Q, Su
 from django.db.models.functions import Coalesce, Now
 from django.http import StreamingHttpResponse
 
-from inbox.backends.postgresql import session_params
 from inbox.models import Inbox
 
 from .models import LiveChange, LiveWatch
@@ -247,6 +245,11 @@ class Hub:
         self.wake(list(self.topics))
 
     async def listen(self):
+        # PostgreSQL's alone: imported here, so that a process on SQLite never loads psycopg.
+        import psycopg
+
+        from inbox.backends.postgresql import session_params
+
         conninfo = session_params()
         delay = 0.5
         while True:

@@ -11,11 +11,14 @@ whose rule its statements state, so that on one database each rule has one home.
 """
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.utils.module_loading import import_string
 
-from .postgresql import PostgreSQL
-from .sqlite import SQLite
-
-BACKENDS = {"postgresql": PostgreSQL, "sqlite": SQLite}
+# By name, imported when chosen: the PostgreSQL module loads psycopg, a tenth of a manage.py
+# command's start-up, which a process on SQLite never needs.
+BACKENDS = {
+    "postgresql": "inbox.backends.postgresql.PostgreSQL",
+    "sqlite": "inbox.backends.sqlite.SQLite",
+}
 _current = None
 
 
@@ -27,5 +30,5 @@ def current():
 
 def _choose():
     global _current
-    _current = BACKENDS[connections[DEFAULT_DB_ALIAS].vendor]()
+    _current = import_string(BACKENDS[connections[DEFAULT_DB_ALIAS].vendor])()
     return _current
