@@ -47,6 +47,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common, counting, servers  # noqa: E402
 
 CHROMIUM = os.environ.get("ALWAYSON_TEST_CHROMIUM", "/usr/bin/chromium")
+# Without the renderer each window starts for its address bar's drop-downs, which would take
+# the web's CPU while the pages open (tests/browser/test_browser.py, CHROMIUM_UI_OFF).
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-features=WebUIOmniboxPopup,WebUIOmniboxAimPopup",
+]
 SETTINGS = "bench.live_settings"
 CONVERSATION = 50  # messages already shown: the measured page
 HOLDER = "bench-live"
@@ -202,9 +210,7 @@ def pages_row(counted, inbox, cookie, pages, replies, prefix) -> dict:
     base = counted.server.base
     latencies, missed, unsettled = [], 0, 0
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
-        )
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         opened = []
         for _ in range(pages):
             context = browser.new_context()
