@@ -54,7 +54,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 CHROMIUM = os.environ.get("ALWAYSON_TEST_CHROMIUM", "/usr/bin/chromium")
 # Each new window (a context's first page) of this Chromium (156) also starts a renderer for
 # its address bar's two drop-downs, WebUI pages the headless window never shows: 10 pages cost
-# 8.3 s of CPU over their first 5 s with them, 1.8 without (docs/how-to/development.md,
+# 8.3 s of CPU over their first 5 s with them, 2.1 without (docs/how-to/development.md,
 # "Where CI's time goes"). The pages under test are untouched.
 CHROMIUM_UI_OFF = "--disable-features=WebUIOmniboxPopup,WebUIOmniboxAimPopup"
 CHROMIUM_ARGS = [
