@@ -1,5 +1,5 @@
 """What an answer posted on the approval's page costs the database, counted (structural, not
-timing: bench/views.py measures the time), with the guarantees the fewer queries keep: the
+timing: bench/web.py measures the time), with the guarantees the fewer queries keep: the
 message says what the answer did as decided under the lock, who answered is on the row.
 """
 

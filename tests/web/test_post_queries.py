@@ -1,6 +1,6 @@
 """What a person's post costs the database, counted: the chat form and an approval's answer.
 
-Structural, not timing (bench/views.py measures the time): each post's queries are listed
+Structural, not timing (bench/web.py measures the time): each post's queries are listed
 here so that a new one has to be added on purpose. The chat post reads the session, the user,
 the inbox with the user's role in it, then stores the message (one statement on PostgreSQL).
 """
