@@ -12,6 +12,7 @@ alive are spread over the workers.
 import json
 import os
 import re
+import socket
 import threading
 import urllib.request
 import uuid
@@ -67,6 +68,25 @@ def test_a_request_whose_client_half_closed_its_socket_after_sending_it_is_answe
 
     assert answer.status == 202, web.log()[-2000:]
     assert Event.objects.filter(inbox=desk, source_id__endswith="half-closed").count() == 1
+
+
+def test_a_kept_alive_connection_is_answered_request_after_request_and_two_sent_at_once(web, desk):
+    """The thread that answered serves the connection's next request itself when it comes at
+    once (or came with the last), as a load generator or a proxy sends them."""
+    with connect(web) as sock:
+        answers = []
+        for n in range(3):
+            sock.sendall(github_delivery("desk", f"in-a-row-{n}"))
+            answers.append(read_answer(sock))
+        sock.sendall(github_delivery("desk", "together-1") + github_delivery("desk", "together-2"))
+        sock.shutdown(socket.SHUT_WR)  # then gunicorn closes it once both are answered
+        rest = b""
+        while data := sock.recv(65536):
+            rest += data
+
+    assert [(answer.status, answer.closed) for answer in answers] == [(202, False)] * 3
+    assert re.findall(rb"HTTP/1\.1 (\d+) ", rest) == [b"202", b"202"], rest
+    assert Event.objects.filter(inbox=desk, source="github").count() == 5
 
 
 @pytest.mark.parametrize("declared", ["9" * 20, str(FIFTY_MIB)], ids=["20 digits", "50 MiB"])
