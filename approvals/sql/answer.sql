@@ -175,10 +175,13 @@ BEGIN
             IF FOUND THEN
                 PERFORM pg_notify(p_channel, v_inbox::text);
             END IF;
+            -- By its key alone: the row is locked above and unanswered (a.answer = '').
+            -- With "AND answer = ''" as well, the planner may take approval_waiting_idx,
+            -- whose predicate that matches, and read every waiting approval for the id.
             UPDATE approvals_approval AS ap
             SET answer = p_answer, answered_at = v_now, reason = v_reason, reply = '',
                 answered_by_id = p_user_id
-            WHERE ap.id = a.id AND ap.answer = '';
+            WHERE ap.id = a.id;
         END IF;
     END IF;
 

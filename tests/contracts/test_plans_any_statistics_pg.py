@@ -36,6 +36,7 @@ from django.db import connection, transaction
 from django.test import Client
 
 from alwayson.runtime.api import answer_approval, finish, ingest, request_approval
+from approvals.services import answer_at_once
 from inbox.models import Event, Inbox, Lease, Membership, Role, Session
 from inbox.services import Held, claim_more, take_next
 from tests.support.clock import T0
@@ -381,3 +382,58 @@ def test_an_answer_plans_by_index(desk, capture, t0):
     )
     assert outcome == ["yes"]
     assert_by_index(sent, least=4)
+
+
+def inner_plans(work):
+    """(statement, plan) of each statement run inside the database's functions while `work()`
+    runs, as auto_explain sees them (sent to this session as notices), each under its generic
+    plan: the plan PL/pgSQL keeps for the session."""
+    found = []
+    settings = {
+        "plan_cache_mode": "force_generic_plan",
+        "auto_explain.log_min_duration": "0",
+        "auto_explain.log_nested_statements": "on",
+        "auto_explain.log_format": "json",
+        "auto_explain.log_level": "notice",
+        "client_min_messages": "notice",
+    }
+    connection.ensure_connection()
+    raw = connection.connection
+
+    def heard(diagnostic):
+        message = diagnostic.message_primary or ""
+        if "plan:" in message:
+            explained = json.loads(message.split("plan:", 1)[1])
+            found.append((explained["Query Text"], [explained]))
+
+    with connection.cursor() as cursor:
+        cursor.execute("LOAD 'auto_explain'")
+        for name, value in settings.items():
+            cursor.execute("SELECT set_config(%s, %s, false)", [name, value])
+    raw.add_notice_handler(heard)
+    try:
+        work()
+    finally:
+        raw.remove_notice_handler(heard)
+        with connection.cursor() as cursor:
+            for name in settings:
+                cursor.execute(f"RESET {name}")
+    return [(sql, plan) for sql, plan in found if not sql.lstrip().startswith("SELECT * FROM")]
+
+
+def test_the_page_s_answer_in_one_statement_plans_every_statement_inside_it_by_index(desk, t0):
+    """approvals/sql/answer.sql (answer_at_once, the page's plain answer): the statements of
+    its function, the settled row's UPDATE among them (which read every waiting approval
+    through approval_waiting_idx to find its own while it also named the unanswered
+    condition)."""
+    answered = []
+    plans = inner_plans(
+        lambda: answered.append(answer_at_once(desk.approver, desk.slug, "r1", "yes", now=t0))
+    )
+
+    assert answered[0].stands == "yes"
+    assert any(sql.lstrip().startswith("UPDATE approvals_approval") for sql, _ in plans), plans
+    columns = first_columns()
+    bad = {sql: list(bad_reads(plan, columns)) for sql, plan in plans}
+    bad = {sql: reads for sql, reads in bad.items() if reads}
+    assert not bad, "\n\n".join(f"{sql}\n  -> {reads}" for sql, reads in bad.items())
