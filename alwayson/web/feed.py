@@ -22,6 +22,7 @@ from django.db import connection, transaction
 from approvals.models import is_operator
 from inbox import clock
 from inbox.models import Inbox, Role
+from inbox.prebuilt import Given, Prebuilt
 
 from . import conversation, live
 
@@ -85,8 +86,12 @@ def one_snapshot():
         yield
 
 
+# The inbox and its cursor, read at each change: compiled once.
+_INBOX = Prebuilt(lambda: live.with_cursor(Inbox.objects.filter(pk=Given("pk", Inbox._meta.pk))))
+
+
 def _read(inbox_id, previous: State | None, people: set[int]) -> State:
-    inbox = live.with_cursor(Inbox.objects.filter(pk=inbox_id)).first()
+    inbox = _INBOX.get(pk=inbox_id)
     revision = (previous.revision if previous else 0) + 1
     if inbox is None:
         return State(revision, "", None, checked=frozenset(people))
@@ -210,6 +215,7 @@ class Page:
         self.since_cursor = since_cursor
         self.revision: int | None = None
         self.wake = asyncio.Event()
+        self.beat = False  # a heartbeat is due (Feed._beat)
 
     def next_message(self, state: State | None) -> str | None:
         if state is None or (state.inbox is not None and self.user_id not in state.checked):
@@ -232,7 +238,11 @@ class Feed:
         self.state: State | None = None
         self.pages: set[Page] = set()
         self.wake = hub.subscribe(self.topic)
-        self.task = asyncio.get_running_loop().create_task(self.run())
+        loop = asyncio.get_running_loop()
+        self.task = loop.create_task(self.run())
+        # One timer for every page of the feed, not a timeout per page per wait: a change
+        # then costs each page a wake and a send, nothing to arm and cancel.
+        self.beating = loop.call_later(live.HEARTBEAT, self._beat)
 
     def open(self, user_id, since_cursor) -> Page:
         page = Page(user_id, since_cursor)
@@ -245,6 +255,14 @@ class Feed:
         self.pages.discard(page)
         if not self.pages:
             self.hub.drop_feed(self)
+
+    def _beat(self):
+        """Every HEARTBEAT seconds, a heartbeat for every page: none is silent for longer,
+        whatever it was sent meanwhile (the proxies in front close a silent connection)."""
+        for page in self.pages:
+            page.beat = True
+            page.wake.set()
+        self.beating = asyncio.get_running_loop().call_later(live.HEARTBEAT, self._beat)
 
     async def run(self):
         """Read and render once per change while pages are open; wake every page after."""
@@ -278,6 +296,7 @@ class Feed:
             await asyncio.wait_for(self.wake.wait(), live.HEARTBEAT if held else None)
 
     async def stop(self):
+        self.beating.cancel()
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
         self.hub.unsubscribe(self.topic, self.wake)
@@ -299,10 +318,11 @@ def stream(inbox_id, user_id, since_cursor):
                     if sent is GONE:
                         return
                     continue
-                try:
-                    await asyncio.wait_for(page.wake.wait(), live.HEARTBEAT)
-                except TimeoutError:
+                if page.beat:
+                    page.beat = False
                     yield ": heartbeat\n\n"
+                    continue
+                await page.wake.wait()
         finally:
             feed.close(page)
 

@@ -3,6 +3,7 @@ an ASGI client, so the stream views serve it as they serve uvicorn; the triggers
 commit and the process's one LISTEN connection wakes every open stream of that inbox."""
 
 import asyncio
+import itertools
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
@@ -96,6 +97,39 @@ def test_a_stream_that_reconnects_with_its_cursor_gets_what_it_missed_at_once(de
         assert (await next_event(stream)).startswith("retry: ")
         event = await next_event(stream)
         assert "Written while the page was away" in event
+        await stream.aclose()
+        await live.hub().stop()
+
+    async_to_sync(scenario)()
+
+
+def test_an_idle_conversation_page_gets_a_heartbeat_every_period_and_a_change_between(
+    desk, owner, monkeypatch
+):
+    monkeypatch.setattr(live, "HEARTBEAT", 0.2)
+
+    async def scenario():
+        client = AsyncClient()
+        await client.aforce_login(owner)
+        stream = await open_stream(client, await sync_to_async(live.inbox_cursor)(desk.pk))
+        await asyncio.wait_for(live.hub().listening.wait(), WAIT)
+        clock = asyncio.get_running_loop().time
+
+        async def chunk():
+            sent = await asyncio.wait_for(anext(stream), WAIT)
+            return sent.decode() if isinstance(sent, bytes) else sent
+
+        beats = []
+        while len(beats) < 3:
+            if (await chunk()).startswith(": heartbeat"):
+                beats.append(clock())
+        # One a period: not one per wait, nor a stream that stopped beating after the first.
+        assert all(later - earlier >= 0.15 for earlier, later in itertools.pairwise(beats))
+        await sync_to_async(say)(desk, "Between two heartbeats")
+        while (event := await chunk()).startswith(":"):
+            pass
+        assert "Between two heartbeats" in event
+        assert (await chunk()).startswith(": heartbeat")  # and it goes on beating
         await stream.aclose()
         await live.hub().stop()
 
