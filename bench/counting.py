@@ -52,11 +52,17 @@ class Counter:
         return execute(sql, params, many, context)
 
 
+def by_process(directory) -> dict[str, int]:
+    """Each counted process's statements so far, by its pid."""
+    return {
+        path.name: int.from_bytes(path.read_bytes()[:8], "little")
+        for path in Path(directory).iterdir()
+    }
+
+
 def total(directory) -> int:
     """Every counted process's statements so far."""
-    return sum(
-        int.from_bytes(path.read_bytes()[:8], "little") for path in Path(directory).iterdir()
-    )
+    return sum(by_process(directory).values())
 
 
 class StatementCounting(AppConfig):

@@ -223,7 +223,8 @@ GOALS = (
         lambda entry: entry["statements_per_page_per_change"] < 0.01,
         lambda entry: (
             f"{entry['statements_per_page_per_change']:.3f}"
-            f" ({entry['statements_per_change']:.1f} per change at {entry['streams']} streams)"
+            f" ({entry['statements_per_change']:.1f} per change at {entry['streams']} streams,"
+            f" {entry.get('processes_reading', '?')} processes reading)"
         ),
     ),
     Judged(

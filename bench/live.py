@@ -105,19 +105,26 @@ class Counted:
         self.server.stop()
 
     def sample(self):
-        """(monotonic time, the server's CPU seconds, its statements so far)."""
-        return time.monotonic(), self.server.cpu_seconds(), counting.total(self.directory)
+        """(monotonic time, the server's CPU seconds, its statements so far, and those by
+        process)."""
+        statements = counting.by_process(self.directory)
+        return time.monotonic(), self.server.cpu_seconds(), sum(statements.values()), statements
 
 
 def cost(before, after, changes) -> dict:
     elapsed = after[0] - before[0]
     cpu, statements = after[1] - before[1], after[2] - before[2]
+    # Each web process with open pages reads a change once: which processes the pages landed
+    # on (one at 50 streams, both at 500, or both each time) is the kernel's choice.
+    readers = sum(count > before[3].get(pid, 0) for pid, count in after[3].items())
     return {
         "seconds": elapsed,
         "changes": changes,
         "cpu_ms_per_change": 1000 * cpu / changes,
         "statements": statements,
         "statements_per_change": statements / changes,
+        "processes_reading": readers,
+        "statements_per_change_per_process": statements / changes / max(readers, 1),
     }
 
 
@@ -459,7 +466,11 @@ def streams_rows(counted, inbox, cookie, count, replies, idle_seconds) -> list[d
         streams.close()
     latencies = many.pop("latencies")
     few.pop("latencies")
-    growth = (many["statements_per_change"] - few["statements_per_change"]) / (count - small)
+    # Per reading process: a second process that took pages only at 500 streams adds its own
+    # read, not one per page.
+    growth = (
+        many["statements_per_change_per_process"] - few["statements_per_change_per_process"]
+    ) / (count - small)
     scale = "" if count >= 500 else f" (quick mode: {count}, not 500)"
     streams_row = {
         "measure": f"{count} open streams{scale}: a reply pushed to every one",
@@ -503,10 +514,12 @@ def print_rows(rows, out=None) -> None:
             figures = (
                 f"p50 {entry['p50_ms']:.0f} ms, p99 {entry['p99_ms']:.0f} ms (n={entry['n']},"
                 f" missed {entry['missed']}); statements per page per change"
-                f" {entry['statements_per_page_per_change']:.3f} (per change"
-                f" {entry['fewer']['statements_per_change']:.1f} at"
-                f" {entry['fewer']['streams']} streams, {entry['statements_per_change']:.1f}"
-                f" at {entry['streams']})"
+                f" {entry['statements_per_page_per_change']:.3f} (per change and reading"
+                f" process {entry['fewer']['statements_per_change_per_process']:.1f} at"
+                f" {entry['fewer']['streams']} streams,"
+                f" {entry['statements_per_change_per_process']:.1f} at {entry['streams']});"
+                f" web CPU per change {entry['fewer']['cpu_ms_per_change']:.0f} ms at"
+                f" {entry['fewer']['streams']} streams"
             )
         else:
             figures = (

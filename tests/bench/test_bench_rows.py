@@ -180,6 +180,21 @@ def live_rows(p50, p99, cpu_per_change, per_page, reach_p99, idle_cpu, idle_stat
     ]
 
 
+def test_a_change_s_statements_count_once_per_web_process_that_read_it():
+    """The pages at 50 streams may all sit in one web process and at 500 in both: the second
+    process's own read of each change is not a statement per page."""
+    from bench.live import cost
+
+    one_reading = cost((0.0, 0.0, 10, {"101": 10, "102": 0}), (1.0, 0.1, 28, {"101": 28}), 2)
+    both_reading = cost((0.0, 0.0, 0, {"101": 0}), (1.0, 0.1, 36, {"101": 18, "102": 18}), 2)
+
+    assert (one_reading["processes_reading"], both_reading["processes_reading"]) == (1, 2)
+    assert one_reading["statements_per_change"] == 9.0
+    assert both_reading["statements_per_change"] == 18.0
+    per_process = [r["statements_per_change_per_process"] for r in (one_reading, both_reading)]
+    assert per_process == [9.0, 9.0]
+
+
 LIVE_GOALS = (
     PAGES,
     "open streams: web CPU per change, in all",
