@@ -513,15 +513,15 @@ def _locked(inbox_id, **lookup):
     )
 
 
-def _given(name):
-    """A value of one of the approval's columns, by the column's attribute name."""
-    field = next(f for f in Approval._meta.concrete_fields if f.attname == name)
-    return Given(name, field)
-
-
 # _locked's reads built once: one request's (every answer), one group's calls (answer all).
-_LOCKED_REQUEST = Prebuilt(lambda: _locked(_given("inbox_id"), request_id=_given("request_id")))
-_LOCKED_GROUP = Prebuilt(lambda: _locked(_given("inbox_id"), group=_given("group")).order_by("id"))
+_LOCKED_REQUEST = Prebuilt(
+    lambda: _locked(Given.of(Approval, "inbox_id"), request_id=Given.of(Approval, "request_id"))
+)
+_LOCKED_GROUP = Prebuilt(
+    lambda: _locked(Given.of(Approval, "inbox_id"), group=Given.of(Approval, "group")).order_by(
+        "id"
+    )
+)
 
 
 def _answer(inbox, approval, response, by, via, now) -> Answered:

@@ -40,6 +40,12 @@ class Given(Expression):
         elif isinstance(target, models.IntegerField | models.AutoField):
             self.as_is = (int, type(None))
 
+    @classmethod
+    def of(cls, model, attname):
+        """A value of `model`'s column `attname` (inbox_id, not inbox), named after it."""
+        field = next(f for f in model._meta.concrete_fields if f.attname == attname)
+        return cls(attname, field)
+
     def adapted(self, value, connection):
         if type(value) in self.as_is:  # not a subclass: a bool is no whole number here
             return value

@@ -67,30 +67,26 @@ class Entry:
         return (self.at, {"person": 0, "agent": 1, "approval": 2}[self.side], self.row)
 
 
-def _of_inbox(model):
-    return Given("inbox_id", model._meta.get_field("inbox"))
-
-
 # Read at every change of an inbox with open pages (alwayson/web/feed.py) and at every view of
 # it: compiled once, not at each read (the ORM's compiling cost more than the statements).
 # A message and an agent's reply load only the columns their entry shows.
 _SAID = Prebuilt(
     lambda: (
-        OutboxMessage.objects.filter(inbox_id=_of_inbox(OutboxMessage))
+        OutboxMessage.objects.filter(inbox_id=Given.of(OutboxMessage, "inbox_id"))
         .only("created", "body", "status", "generation")
         .order_by("-id")[:SHOWN]
     )
 )
 _SENT = Prebuilt(
     lambda: (
-        Event.objects.filter(inbox_id=_of_inbox(Event), source="chat")
+        Event.objects.filter(inbox_id=Given.of(Event, "inbox_id"), source="chat")
         .only("created", "payload", "status", "attempts")
         .order_by("-id")[:SHOWN]
     )
 )
 _ASKED = Prebuilt(
     lambda: (
-        Approval.objects.filter(inbox_id=_of_inbox(Approval))
+        Approval.objects.filter(inbox_id=Given.of(Approval, "inbox_id"))
         .select_related("first_approved_by", "answered_by", "edited_by")
         .order_by("-id")[:SHOWN]
     )

@@ -22,7 +22,6 @@ from django.db import connection, transaction
 from approvals.models import is_operator
 from inbox import clock
 from inbox.models import Inbox, Role
-from inbox.prebuilt import Given, Prebuilt
 
 from . import conversation, live
 
@@ -86,12 +85,8 @@ def one_snapshot():
         yield
 
 
-# The inbox and its cursor, read at each change: compiled once.
-_INBOX = Prebuilt(lambda: live.with_cursor(Inbox.objects.filter(pk=Given("pk", Inbox._meta.pk))))
-
-
 def _read(inbox_id, previous: State | None, people: set[int]) -> State:
-    inbox = _INBOX.get(pk=inbox_id)
+    inbox = live.INBOX_WITH_CURSOR.get(id=inbox_id)
     revision = (previous.revision if previous else 0) + 1
     if inbox is None:
         return State(revision, "", None, checked=frozenset(people))

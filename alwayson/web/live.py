@@ -24,6 +24,7 @@ from django.db.models.functions import Coalesce, Now
 from django.http import StreamingHttpResponse
 
 from inbox.models import Inbox
+from inbox.prebuilt import Given, Prebuilt
 
 from .models import LiveChange, LiveWatch
 
@@ -61,8 +62,13 @@ def cursor_of(inbox) -> str:
     return f"{inbox.live_change}.{inbox.live_generation}.{int(bool(inbox.live_held))}"
 
 
+# An inbox with its cursor: read when a page opens and at every change its feed reads, so
+# compiled once (inbox/prebuilt.py).
+INBOX_WITH_CURSOR = Prebuilt(lambda: with_cursor(Inbox.objects.filter(pk=Given.of(Inbox, "id"))))
+
+
 def inbox_cursor(inbox_id) -> str | None:
-    inbox = with_cursor(Inbox.objects.filter(pk=inbox_id)).first()
+    inbox = INBOX_WITH_CURSOR.get(id=inbox_id)
     return cursor_of(inbox) if inbox else None
 
 
