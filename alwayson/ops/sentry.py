@@ -27,6 +27,24 @@ FILTERED = CredentialFilter.cleansed_substitute
 MIN_SECRET_LENGTH = 6
 
 
+# What the SDK collects of a request, stated rather than left to its defaults, which its 3.0
+# widened (cookies, the user, GraphQL and model inputs) and which 2.x derived from
+# send_default_pii=False: this is that mapping, with cookies off, and both majors read it.
+# Headers naming the client's address or its user are left out; values under secret-looking
+# names are masked by the SDK's own denylist, then by scrub_event.
+PERSONAL_TERMS = ["forwarded", "-ip", "remote-", "via", "-user"]
+DATA_COLLECTION = {
+    "user_info": False,
+    "cookies": {"mode": "off"},
+    "http_headers": {"request": {"mode": "denylist", "terms": PERSONAL_TERMS}},
+    "url_query_params": {"mode": "denylist", "terms": PERSONAL_TERMS},
+    "graphql": {"document": False, "variables": False},
+    "gen_ai": {"inputs": False, "outputs": False},
+    "database_query_data": False,
+    "queues": False,
+}
+
+
 def init_sentry(dsn, environment, release):
     """Start the SDK: the operations app's ready() does, when SENTRY_DSN is set, so that every
     process reports. ImproperlyConfigured (at start-up) if it is missing or the DSN is bad."""
@@ -44,14 +62,28 @@ def init_sentry(dsn, environment, release):
             dsn=dsn,
             environment=environment,
             release=release or None,
-            integrations=[DjangoIntegration()],
-            # No personal data (cookies, the client's address, the user): the SDK's default.
-            # Not passed: send_default_pii is deprecated in sentry-sdk's later 2.x releases.
+            integrations=[DjangoIntegration(), _logging_integration(sentry_sdk.VERSION)],
+            data_collection=DATA_COLLECTION,
             # Breadcrumbs travel inside the event, so this scrubs them too.
             before_send=scrub_event,
         )
     except BadDsn as exc:
         raise ImproperlyConfigured(f"SENTRY_DSN is not a usable DSN: {exc}") from None
+
+
+def _logging_integration(version):
+    """Every ERROR line an event, INFO and above its breadcrumbs, and no log line shipped as
+    one of Sentry's logs, in either major: 3.0 made events from log lines opt-in and sends
+    every INFO line as a log unless `level` is None, which in 2.x meant no breadcrumbs."""
+    import logging
+
+    from sentry_sdk.integrations.logging import LoggingIntegration
+
+    if int(version.split(".")[0]) >= 3:
+        return LoggingIntegration(
+            level=None, event_level=logging.ERROR, breadcrumb_level=logging.INFO
+        )
+    return LoggingIntegration(level=logging.INFO, event_level=logging.ERROR)
 
 
 def scrub_event(event, hint):

@@ -9,6 +9,7 @@ The SDK is started in-process with the DSN pointing at the loopback server, and 
 
 import gzip
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -139,6 +140,30 @@ def test_a_dead_event_reaches_sentry_as_an_error_without_its_secrets(
     assert event["extra"]["source_id"] == "m1"
     for text in texts:
         assert EGRESS_CREDENTIAL not in text
+
+
+def item_types(texts):
+    """The type of every item of the envelopes."""
+    types = []
+    for text in texts:
+        lines = text.splitlines()[1:]
+        types += [json.loads(header).get("type") for header in lines[::2]]
+    return types
+
+
+@pytest.mark.django_db
+def test_log_lines_reach_sentry_as_breadcrumbs_of_an_error_never_as_logs_of_their_own(sentry):
+    """sentry-sdk 3.0 would send every INFO line as one of its logs unless told not to."""
+    logger = logging.getLogger("alwayson.events")
+    logger.info("claimed event m0 for inbox desk")
+    logger.warning("retrying a send to payments")
+    logger.error("event went dead: inbox=desk")
+
+    texts = envelopes(sentry)
+    assert "log" not in item_types(texts)
+    [event] = events(texts)
+    crumbs = [crumb["message"] for crumb in event["breadcrumbs"]["values"]]
+    assert crumbs[-2:] == ["claimed event m0 for inbox desk", "retrying a send to payments"]
 
 
 def test_a_dsn_without_the_sdk_installed_stops_start_up_saying_what_to_install():
