@@ -34,6 +34,11 @@ workers = _positive("WEB_CONCURRENCY", 2)
 # connection between requests (ALWAYSON_DB_CONN_MAX_AGE). Streams take none of them.
 threads = _positive("WEB_THREADS", 4)
 worker_class = "alwayson.web.serving.Worker"
+# How long, in milliseconds, a worker holding more kept-alive connections than another leaves
+# a new one for the other to accept before it takes it itself (alwayson/web/serving.py,
+# Worker.accept): on a host so busy that a woken worker may wait longer than that for a core,
+# a longer hold keeps the connections spread.
+accept_hold_ms = _positive("ALWAYSON_WEB_ACCEPT_HOLD_MS", 20)
 
 # Requests in flight get this long to finish after SIGTERM: under runall's, compose's and
 # systemd's stop timeouts (15 s, 30 s, 30 s).

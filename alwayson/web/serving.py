@@ -49,10 +49,10 @@ LINGER_BYTES = 64 * 1024
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "content-length", "transfer-encoding"})
 HTTP_1 = frozenset({"HTTP/1.0", "HTTP/1.1"})
 # How long a worker holding more connections than another leaves a new one to the other, at
-# most: long enough for the other's main thread to wake and accept (it competes for its
-# process's GIL with its request threads: 5 ms switch interval), short enough that a worker
-# whose loop is stuck delays a connection little. While it holds, it looks again this often.
-ACCEPT_HOLD = 0.02
+# most (ALWAYSON_WEB_ACCEPT_HOLD_MS, 20 by default, read by alwayson/gunicorn_conf.py): long
+# enough for the other's main thread to wake and accept (it competes for its process's GIL
+# with its request threads: 5 ms switch interval), short enough that a worker whose loop is
+# stuck delays a connection little. While it holds, it looks again this often.
 HOLD_POLL = 0.002
 # After answering on a kept-alive connection, how long its thread waits for that client's next
 # request before handing the connection back to gunicorn's poller, when a thread stays free
@@ -115,6 +115,10 @@ class Worker(ThreadWorker):
         self.streams = Streams()
         self.handed = threading.local()  # whether this thread's connection went to a stream
         self.holding_since = None  # when it began to leave new connections to others
+        # The master read its configuration (that module) before it forked.
+        from alwayson import gunicorn_conf
+
+        self.accept_hold = gunicorn_conf.accept_hold_ms / 1000
         # Connections queued for a thread and threads serving one (Worker.next_request_here).
         self.queued = 0
         self.serving = 0
@@ -149,7 +153,7 @@ class Worker(ThreadWorker):
 
     def accept(self, listener):
         """A new connection is left to a worker that holds fewer: this one stops listening
-        (holds) until it no longer holds more than any other, or for ACCEPT_HOLD at most."""
+        (holds) until it no longer holds more than any other, or for the configured hold at most."""
         if self.holding_since is None and self.shares.fewer_elsewhere(self.age, self.nr_conns):
             self.holding_since = time.monotonic()
             super().set_accept_enabled(False)
@@ -163,7 +167,7 @@ class Worker(ThreadWorker):
 
     def wait_for_and_dispatch_events(self, timeout):
         if self.holding_since is not None:
-            if time.monotonic() - self.holding_since >= ACCEPT_HOLD:
+            if time.monotonic() - self.holding_since >= self.accept_hold:
                 # No other worker took it in time: what still waits is taken here (nothing,
                 # if one did: the accept finds none).
                 self.end_hold()

@@ -394,7 +394,7 @@ def test_gunicorn_reads_where_to_listen_how_many_workers_and_their_threads(monke
     )
 
 
-@pytest.mark.parametrize("name", ["WEB_CONCURRENCY", "WEB_THREADS"])
+@pytest.mark.parametrize("name", ["WEB_CONCURRENCY", "WEB_THREADS", "ALWAYSON_WEB_ACCEPT_HOLD_MS"])
 @pytest.mark.parametrize("value", ["0", "-1", "two", ""])
 def test_a_malformed_worker_or_thread_count_stops_gunicorn(monkeypatch, name, value):
     from alwayson import gunicorn_conf
