@@ -36,8 +36,8 @@ threads = _positive("WEB_THREADS", 4)
 worker_class = "alwayson.web.serving.Worker"
 # How long, in milliseconds, a worker holding more kept-alive connections than another leaves
 # a new one for the other to accept before it takes it itself (alwayson/web/serving.py,
-# Worker.accept): on a host so busy that a woken worker may wait longer than that for a core,
-# a longer hold keeps the connections spread.
+# Worker.accept; post_fork gives it each worker): on a host so busy that a woken worker may
+# wait longer than that for a core, a longer hold keeps the connections spread.
 accept_hold_ms = _positive("ALWAYSON_WEB_ACCEPT_HOLD_MS", 20)
 
 # Requests in flight get this long to finish after SIGTERM: under runall's, compose's and
@@ -67,6 +67,10 @@ def on_starting(server):
         from alwayson.egress.sealing import hide_from_same_user
 
         hide_from_same_user()
+
+
+def post_fork(server, worker):
+    worker.accept_hold = accept_hold_ms / 1000
 
 
 def post_worker_init(worker):

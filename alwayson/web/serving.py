@@ -108,6 +108,8 @@ class Worker(ThreadWorker):
 
     # Made at import, in gunicorn's master, which imports the worker class before it forks.
     shares = Shares()
+    # Seconds (ALWAYSON_WEB_ACCEPT_HOLD_MS): alwayson/gunicorn_conf.py's post_fork sets it.
+    accept_hold: float
 
     def init_process(self):
         # Before gunicorn's init_process, which loads the application and then runs the worker's
@@ -115,10 +117,6 @@ class Worker(ThreadWorker):
         self.streams = Streams()
         self.handed = threading.local()  # whether this thread's connection went to a stream
         self.holding_since = None  # when it began to leave new connections to others
-        # The master read its configuration (that module) before it forked.
-        from alwayson import gunicorn_conf
-
-        self.accept_hold = gunicorn_conf.accept_hold_ms / 1000
         # Connections queued for a thread and threads serving one (Worker.next_request_here).
         self.queued = 0
         self.serving = 0
