@@ -105,6 +105,19 @@ def runnable_python():
     return str(system)
 
 
+def readable_by_others(checkout):
+    """Refuse, saying why, a checkout another user cannot read: the deployment runs as
+    nobody, who would otherwise fail with a bare "Permission denied" on manage.py (a clone
+    made under `mktemp -d`, mode 0700, or a home directory closed to others)."""
+    closed = [p for p in [checkout, *checkout.parents] if not p.stat().st_mode & stat.S_IXOTH]
+    if closed:
+        raise RuntimeError(
+            f"the sealed deployment runs as user nobody, who cannot enter {closed[0]} (mode"
+            f" {closed[0].stat().st_mode & 0o777:o}): run the tests from a checkout others may"
+            f" read (chmod o+rx {closed[0]})"
+        )
+
+
 class SealedDeployment:
     """`runegress` and `runworker` of one sealed deployment, started by `start(...)`."""
 
@@ -145,6 +158,7 @@ class SealedDeployment:
     def start(self, name, *args):
         prefix = []
         if self.as_root:
+            readable_by_others(ROOT)
             prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
         log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 — kept open for the child
         self.processes[name] = subprocess.Popen(
