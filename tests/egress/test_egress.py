@@ -125,7 +125,7 @@ def test_redirects_are_returned_not_followed(http, evil):
 
 def test_timeouts_and_oversized_answers_fail_without_naming_the_credential(http, settings):
     with pytest.raises(EgressFailed, match="ReadTimeout") as slow:
-        http.get("payments", "/v1/slow")
+        http.get("payments-slow", "/v1/slow")
     with pytest.raises(EgressFailed, match="larger than 1000 bytes"):
         http.get("payments", "/v1/big")
     assert SECRET not in str(slow.value)
