@@ -37,17 +37,20 @@ def pytest_unconfigure(config):
 
 def pytest_collection_modifyitems(config, items):
     """PostgreSQL-only tests (real parallel connections) are deselected on SQLite, not
-    skipped: CI fails on any skip, and it runs the suite on both databases. The chaos runs
-    (the standard one and the failover, minutes each, clusters of their own) run only when
-    asked for: `-m chaos`."""
+    skipped: CI fails on any skip, and it runs the suite on both databases. Engine-free tests
+    (a database of their own, or none: the same on either lane) are deselected on PostgreSQL,
+    so CI, bound by CPU, runs them once. The chaos runs (the standard one and the failover,
+    minutes each, clusters of their own) run only when asked for: `-m chaos`."""
     from django.conf import settings
 
     on_sqlite = not settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
     chaos_asked = "chaos" in (config.getoption("markexpr") or "")
     keep, drop = [], []
     for item in items:
-        skip = (on_sqlite and item.get_closest_marker("postgres_only")) or (
-            not chaos_asked and item.get_closest_marker("chaos")
+        skip = (
+            (on_sqlite and item.get_closest_marker("postgres_only"))
+            or (not on_sqlite and item.get_closest_marker("engine_free"))
+            or (not chaos_asked and item.get_closest_marker("chaos"))
         )
         (drop if skip else keep).append(item)
     if drop:

@@ -28,6 +28,9 @@ from tests.chaos.plan import (
     make_plan,
 )
 
+# Records and plans in memory: no database.
+pytestmark = pytest.mark.engine_free
+
 T = 1_800_000_000.0  # the records' clock: epoch seconds
 
 

@@ -15,6 +15,9 @@ import pytest
 
 from tests.support.paths import ROOT
 
+# SQLite's own lock, on a file of its own, whatever the suite's database.
+pytestmark = pytest.mark.engine_free
+
 INGEST = """
 import time
 from alwayson.runtime.api import ingest

@@ -17,6 +17,9 @@ import pytest
 from tests.support.env import environment
 from tests.support.paths import ROOT
 
+# Each case names its own DATABASE_URL, and reads the settings without connecting.
+pytestmark = pytest.mark.engine_free
+
 POSTGRES = "postgres://postgres@127.0.0.1:5432/alwayson_settings_only"
 LIVENESS = (
     "connect_timeout",
