@@ -12,7 +12,10 @@ from inbox.models import Inbox
 from inbox.services import WORK_CHANNEL
 
 AGENT = "tests.support.agents.recording_agent"
-START_TIMEOUT = 20  # seconds for a worker to start and LISTEN
+# Seconds for a worker to start and LISTEN: a bound on a failure, not a figure (a healthy
+# start returns at its LISTEN). A Claude agent's worker, started beside three suites on 2
+# cores, took over 20 s in CI.
+START_TIMEOUT = 60
 STOP_TIMEOUT = 15  # seconds for a worker to exit after SIGTERM
 
 
