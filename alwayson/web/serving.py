@@ -48,11 +48,8 @@ LINGER_BYTES = 64 * 1024
 # Framing of the connection, which the server decides: Django's values are dropped.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "content-length", "transfer-encoding"})
 HTTP_1 = frozenset({"HTTP/1.0", "HTTP/1.1"})
-# How long a worker holding more connections than another leaves a new one to the other, at
-# most (ALWAYSON_WEB_ACCEPT_HOLD_MS, 20 by default, read by alwayson/gunicorn_conf.py): long
-# enough for the other's main thread to wake and accept (it competes for its process's GIL
-# with its request threads: 5 ms switch interval), short enough that a worker whose loop is
-# stuck delays a connection little. While it holds, it looks again this often.
+# While a worker leaves a new connection to another (Worker.accept_hold at most), it looks
+# again this often.
 HOLD_POLL = 0.002
 # After answering on a kept-alive connection, how long its thread waits for that client's next
 # request before handing the connection back to gunicorn's poller, when a thread stays free
@@ -108,7 +105,11 @@ class Worker(ThreadWorker):
 
     # Made at import, in gunicorn's master, which imports the worker class before it forks.
     shares = Shares()
-    # Seconds (ALWAYSON_WEB_ACCEPT_HOLD_MS): alwayson/gunicorn_conf.py's post_fork sets it.
+    # How long, in seconds, a worker holding more connections than another leaves a new one
+    # to the other, at most: long enough for the other's main thread to wake and accept (it
+    # competes for its process's GIL with its request threads: 5 ms switch interval), short
+    # enough that a worker whose loop is stuck delays a connection little.
+    # ALWAYSON_WEB_ACCEPT_HOLD_MS (20): alwayson/gunicorn_conf.py's post_fork sets it.
     accept_hold: float
 
     def init_process(self):
@@ -151,7 +152,7 @@ class Worker(ThreadWorker):
 
     def accept(self, listener):
         """A new connection is left to a worker that holds fewer: this one stops listening
-        (holds) until it no longer holds more than any other, or for the configured hold at most."""
+        (holds) until it no longer holds more than any other, or for accept_hold at most."""
         if self.holding_since is None and self.shares.fewer_elsewhere(self.age, self.nr_conns):
             self.holding_since = time.monotonic()
             super().set_accept_enabled(False)

@@ -3,12 +3,16 @@ names, none a team withholds; and every secret the settings read is on the list.
 
 import ast
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from alwayson.egress.sealing import CREDENTIAL_VARIABLES, SEALED, seal_worker, sealed_environment
 from tests.support.egress import services_for
 from tests.support.paths import ROOT
+from tests.support.sealed import readable_by_others
 
 # Secret-looking settings the sealed worker keeps, and why.
 KEPT = {
@@ -126,3 +130,18 @@ def test_a_sealed_worker_with_nothing_withheld_starts(planted, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SECRET_KEY", "its-own-random-key")
     assert seal_worker() is None  # returns: no exec
+
+
+def test_a_checkout_closed_to_other_users_is_refused_naming_the_directory():
+    # Under /tmp, which everyone may enter (pytest's tmp_path is under a directory of mode 700).
+    clone = Path(tempfile.mkdtemp(prefix="clone-", dir="/tmp"))
+    try:
+        (clone / "alwayson").mkdir()
+        clone.chmod(0o700)
+        with pytest.raises(RuntimeError, match=f"cannot enter {clone} \\(mode 700\\)"):
+            readable_by_others(clone / "alwayson")
+
+        clone.chmod(0o755)
+        readable_by_others(clone / "alwayson")
+    finally:
+        shutil.rmtree(clone)

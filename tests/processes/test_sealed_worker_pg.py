@@ -6,8 +6,6 @@ yet its calls to a service and to the Messages API arrive with the credential ad
 one host does."""
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from outbox.models import OutboxMessage
 from tests.support.egress import SECRET
 from tests.support.loopback import Loopback
 from tests.support.processes import wait_for
-from tests.support.sealed import PLANTED, SealedDeployment, findings, readable_by_others
+from tests.support.sealed import PLANTED, SealedDeployment, findings
 from tests.support.workerrole import worker_role
 
 pytestmark = [pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
@@ -165,18 +163,3 @@ def test_a_run_fenced_off_mid_run_cannot_spend_the_credential(
     assert "does not hold its lease" in second.read_text()
     assert len(service.requests) == 1
     assert gateway.poll() is None
-
-
-def test_a_checkout_closed_to_other_users_is_refused_naming_the_directory():
-    # Under /tmp, which everyone may enter (pytest's tmp_path is under a directory of mode 700).
-    clone = Path(tempfile.mkdtemp(prefix="clone-", dir="/tmp"))
-    try:
-        (clone / "alwayson").mkdir()
-        clone.chmod(0o700)
-        with pytest.raises(RuntimeError, match=f"cannot enter {clone} \\(mode 700\\)"):
-            readable_by_others(clone / "alwayson")
-
-        clone.chmod(0o755)
-        readable_by_others(clone / "alwayson")
-    finally:
-        shutil.rmtree(clone)

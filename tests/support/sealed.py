@@ -97,7 +97,7 @@ def two_calls_agent(run):
 def runnable_python():
     """An interpreter another user may run: this one, or the system's of the same version."""
     here = Path(sys.executable).resolve()
-    if all(p.stat().st_mode & stat.S_IXOTH for p in [here, *here.parents]):
+    if closed_to_others(here) is None:
         return str(here)
     system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
     if not system.exists():
@@ -105,16 +105,21 @@ def runnable_python():
     return str(system)
 
 
+def closed_to_others(path):
+    """The first of `path` and its parents that another user may not enter, or None."""
+    return next((p for p in [path, *path.parents] if not p.stat().st_mode & stat.S_IXOTH), None)
+
+
 def readable_by_others(checkout):
     """Refuse, saying why, a checkout another user cannot read: the deployment runs as
     nobody, who would otherwise fail with a bare "Permission denied" on manage.py (a clone
     made under `mktemp -d`, mode 0700, or a home directory closed to others)."""
-    closed = [p for p in [checkout, *checkout.parents] if not p.stat().st_mode & stat.S_IXOTH]
-    if closed:
+    closed = closed_to_others(checkout)
+    if closed is not None:
         raise RuntimeError(
-            f"the sealed deployment runs as user nobody, who cannot enter {closed[0]} (mode"
-            f" {closed[0].stat().st_mode & 0o777:o}): run the tests from a checkout others may"
-            f" read (chmod o+rx {closed[0]})"
+            f"the sealed deployment runs as user nobody, who cannot enter {closed} (mode"
+            f" {closed.stat().st_mode & 0o777:o}): run the tests from a checkout others may"
+            f" read (chmod o+rx {closed})"
         )
 
 
