@@ -503,9 +503,11 @@ def _locked(inbox_id, **lookup):
     the same lock). Not their first approver joined: the planner may walk the whole users'
     index for that join; the second approval, the one step that needs the user, reads it
     by key."""
+    # At most one row (event_unique_source_key): unordered, so that no statistics can make
+    # the planner walk inbox_event's primary key in Event's default order for it.
     answer_event = Event.objects.filter(
         inbox_id=OuterRef("inbox_id"), source=APPROVAL_SOURCE, source_id=OuterRef("request_id")
-    )
+    ).order_by()
     return (
         Approval.objects.filter(inbox_id=inbox_id, **lookup)
         .annotate(stored_payload=Subquery(answer_event.values("payload")[:1]))
