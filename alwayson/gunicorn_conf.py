@@ -30,8 +30,9 @@ bind = [os.environ.get("ALWAYSON_WEB_BIND", "127.0.0.1:8000")]
 # Worker processes; each request is short (webhooks answer at once, agents run elsewhere), and
 # each process holds its open pages' streams on one event loop and one LISTEN connection.
 workers = _positive("WEB_CONCURRENCY", 2)
-# Requests served at once by each worker process, each thread keeping its own PostgreSQL
-# connection between requests (ALWAYSON_DB_CONN_MAX_AGE). Streams take none of them.
+# Requests each worker process serves at once, at most, each thread keeping its own PostgreSQL
+# connection between requests (ALWAYSON_DB_CONN_MAX_AGE). They take turns: one at a time
+# unless one runs long (alwayson/web/serving.py's Turns). Streams take none of them.
 threads = _positive("WEB_THREADS", 4)
 worker_class = "alwayson.web.serving.Worker"
 # How long, in milliseconds, a worker holding more kept-alive connections than another leaves

@@ -2,22 +2,25 @@
 for requests, one event loop for the live pages' streams, and bodies bounded before they are read.
 Why each, and how: docs/explanation/live-pages.md#the-server.
 
-Requests run on gunicorn's gthread threads. A live page's stream, an async generator that never
-ends by itself, is taken from gunicorn and handed to the process's event loop, as is every
-connection the worker closes (closed gracefully there, never on gunicorn's main thread). A body
-larger than any view accepts (ALWAYSON_REQUEST_MAX_BYTES) is refused 413 unread; a chunked one is
-read up to that limit and handed to Django with its length, since Django reads none of a body
-whose length is not declared.
+Requests run on gunicorn's gthread threads, one at a time, in arrival order, as in a sync
+worker (Turns): one that runs long (a lock wait, a slow client) lets the next start beside it
+after TURN. A live page's stream, an async generator that never ends by itself, is taken from
+gunicorn and handed to the process's event loop, as is every connection the worker closes
+(closed gracefully there, never on gunicorn's main thread). A body larger than any view accepts
+(ALWAYSON_REQUEST_MAX_BYTES) is refused 413 unread; a chunked one is read up to that limit and
+handed to Django with its length, since Django reads none of a body whose length is not
+declared.
 
 Kept-alive connections are spread over the workers as they are accepted (Shares): a client
 that keeps a few connections open would otherwise have them all on whichever worker woke
 first, one core serving everything while the other idles. A kept-alive connection whose next
-request comes at once is served by the thread that answered the last, while another thread
-stays free: gunicorn's round trip through its poller for each request cost a fifth of the
-webhook's rate.
+request comes at once is served by the thread that answered the last, while no other
+connection waits in line: gunicorn's round trip through its poller for each request cost a
+fifth of the webhook's rate.
 """
 
 import asyncio
+import collections
 import concurrent.futures
 import io
 import logging
@@ -55,6 +58,11 @@ HOLD_POLL = 0.002
 # request before handing the connection back to gunicorn's poller, when a thread stays free
 # for any other connection meanwhile (Worker.next_request_here).
 NEXT_REQUEST_WAIT = 0.002
+# How long a request serves alone before another of its worker's threads may start on the next
+# connection in line (Turns): many times a webhook's or a form post's few milliseconds under
+# load, so the line rarely overlaps; short enough that a request waiting on a lock or a slow
+# client delays the others by little.
+TURN = 0.05
 
 
 class Shares:
@@ -98,6 +106,115 @@ def _alive(pid: int) -> bool:
     return True
 
 
+class Turns:
+    """The worker's request threads (gunicorn's pool: submit and shutdown), serving the
+    connections in line one at a time, as a sync worker does: a thread that answers a request
+    takes the next connection in line itself, and another starts on it only when none is
+    serving, or when each one serving has been at it for `turn` seconds (waiting for an inbox's
+    lock, a slow client, a slow page), so a slow request never holds the worker. Threads that
+    serve at once share the GIL and the cores: each of their requests then takes as long as
+    all of them, and the tail under load widens; a hand-off to a sleeping thread waits for
+    the kernel to run it, which on a busy host costs more than the request."""
+
+    def __init__(self, threads: int, turn: float):
+        self.size = threads
+        self.turn = turn
+        self.changed = threading.Condition(threading.Lock())
+        self.line = collections.deque()  # (future, function, arguments)
+        self.started = {}  # serving thread -> when its turn began
+        self.threads = 0
+        self.idle = 0  # threads waiting for the line
+        self.watching = 0  # of them, waiting for a turn to run out
+        self.coming = 0  # threads started or woken that have not looked at the line yet
+        self.stopping = False
+
+    def submit(self, function, *args) -> concurrent.futures.Future:
+        future = concurrent.futures.Future()
+        with self.changed:
+            if self.stopping:
+                raise RuntimeError("the worker's threads have stopped")
+            self.line.append((future, function, args))
+            if not self.started or not self.watching:
+                self._call()
+        return future
+
+    def shutdown(self, wait=True, cancel_futures=False):
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+
+    def waiting(self) -> bool:
+        """Whether a connection waits in line."""
+        return bool(self.line)
+
+    def step_aside(self):
+        """From a serving thread about to wait for its client: its turn is over."""
+        with self.changed:
+            self.started.pop(threading.get_ident(), None)
+            if self.line:
+                self._call()
+
+    def step_in(self):
+        """From a thread that stepped aside: a new turn, whoever else serves."""
+        with self.changed:
+            self.started[threading.get_ident()] = time.monotonic()
+
+    def _serve(self):
+        me = threading.get_ident()
+        with self.changed:
+            self.coming -= 1
+            while (work := self._next()) is not None:
+                self.started[me] = time.monotonic()
+                self.changed.release()
+                try:
+                    future, function, args = work
+                    if future.set_running_or_notify_cancel():
+                        try:
+                            future.set_result(function(*args))
+                        except BaseException as error:
+                            future.set_exception(error)
+                finally:
+                    self.changed.acquire()
+                    self.started.pop(me, None)
+            self.threads -= 1
+
+    def _call(self):
+        """One more thread to look at the line (to serve, or to watch the turn): an idle one,
+        else a new one if the pool has room; none while another is on its way."""
+        if self.coming:
+            return
+        if self.idle:
+            self.changed.notify()
+        elif self.threads < self.size:
+            self.threads += 1
+            threading.Thread(target=self._serve, name="alwayson-request").start()
+        else:
+            return
+        self.coming += 1
+
+    def _next(self):
+        """The next connection in line once this thread may take it (None: stopping)."""
+        while not self.stopping:
+            wait = None
+            if self.line:
+                wait = max(self.started.values(), default=-self.turn) + self.turn
+                wait -= time.monotonic()
+                if wait <= 0:
+                    work = self.line.popleft()
+                    if self.line and not self.watching:
+                        self._call()
+                    return work
+            self.idle += 1
+            self.watching += wait is not None
+            try:
+                if self.changed.wait(wait):
+                    self.coming -= 1
+            finally:
+                self.idle -= 1
+                self.watching -= wait is not None
+        return None
+
+
 class Worker(ThreadWorker):
     """gunicorn's gthread worker, which hands streams and the connections it closes to its
     event loop (Streams), spreads connections over the workers (Shares), and refuses oversize
@@ -118,10 +235,6 @@ class Worker(ThreadWorker):
         self.streams = Streams()
         self.handed = threading.local()  # whether this thread's connection went to a stream
         self.holding_since = None  # when it began to leave new connections to others
-        # Connections queued for a thread and threads serving one (Worker.next_request_here).
-        self.queued = 0
-        self.serving = 0
-        self.counting = threading.Lock()
         try:
             super().init_process()
         finally:
@@ -188,26 +301,17 @@ class Worker(ThreadWorker):
         self.holding_since = None
         self.set_accept_enabled(self.alive and self.nr_conns < self.worker_connections)
 
-    def enqueue_req(self, conn):
-        with self.counting:
-            self.queued += 1
-        super().enqueue_req(conn)
+    def get_thread_pool(self):
+        return Turns(self.cfg.threads, TURN)
 
     def handle(self, conn):
         """The connection's requests while they come at once (next_request_here), then back
         to gunicorn. One it will not keep is closed by the loop: on gunicorn's main thread
         close_graceful() waits up to 2 s for the client, stalling the whole worker."""
-        with self.counting:
-            self.queued -= 1
-            self.serving += 1
-        try:
-            self.handed.off = False
+        self.handed.off = False
+        keep = super().handle(conn)
+        while keep is True and self.next_request_here(conn):
             keep = super().handle(conn)
-            while keep is True and self.next_request_here(conn):
-                keep = super().handle(conn)
-        finally:
-            with self.counting:
-                self.serving -= 1
         if keep is False and not self.handed.off and not self.cfg.is_ssl:
             try:
                 own = _take(conn.sock)
@@ -218,22 +322,25 @@ class Worker(ThreadWorker):
 
     def next_request_here(self, conn) -> bool:
         """Whether this thread serves the connection's next request itself, as a sync worker
-        would: when it is already read, or arrives within NEXT_REQUEST_WAIT while another
-        thread stays free. Back on gunicorn's poller, each request costs two hand-offs
-        between threads (the poller's, then the pool's) and two changes to the poller."""
+        would: when it is already read, or arrives within NEXT_REQUEST_WAIT while no other
+        connection waits in line (another thread takes one that comes meanwhile). Back on
+        gunicorn's poller, each request costs two hand-offs between threads (the poller's,
+        then the pool's) and two changes to the poller."""
         if not self.alive:
             return False
         if conn.parser.unreader.buf.getvalue():  # read ahead with the last body
             return True
-        with self.counting:
-            if self.serving + self.queued >= self.cfg.threads:
-                return False
+        if self.tpool.waiting():
+            return False
         poll = select.poll()  # not select(): any descriptor number
+        self.tpool.step_aside()
         try:
             poll.register(conn.sock, select.POLLIN)
             return bool(poll.poll(NEXT_REQUEST_WAIT * 1000))
         except (OSError, ValueError):  # closed meanwhile
             return False
+        finally:
+            self.tpool.step_in()
 
     # --- streams -------------------------------------------------------------------------
 

@@ -89,6 +89,21 @@ def test_a_kept_alive_connection_is_answered_request_after_request_and_two_sent_
     assert Event.objects.filter(inbox=desk, source="github").count() == 5
 
 
+def test_a_client_sending_its_body_slowly_does_not_hold_the_worker(web, desk):
+    """The worker's one process answers other deliveries while a client is still sending a
+    body: that request has run past its turn (alwayson/web/serving.py's Turns)."""
+    slow = github_delivery("desk", "slow-body")
+    with connect(web) as sock:
+        sock.sendall(slow[:-10])
+
+        answers = [exchange(web, github_delivery("desk", f"meanwhile-{n}")) for n in range(3)]
+
+        assert [answer.status for answer in answers] == [202] * 3, web.log()[-2000:]
+        sock.sendall(slow[-10:])
+        assert read_answer(sock).status == 202, web.log()[-2000:]
+    assert Event.objects.filter(inbox=desk, source="github").count() == 4
+
+
 @pytest.mark.parametrize("declared", ["9" * 20, str(FIFTY_MIB)], ids=["20 digits", "50 MiB"])
 def test_a_body_declared_over_the_limit_is_refused_413_before_any_of_it_is_sent(
     web, desk, declared
