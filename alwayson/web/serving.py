@@ -125,7 +125,7 @@ class Turns:
         self.threads = 0
         self.idle = 0  # threads waiting for the line
         self.watching = 0  # of them, waiting for a turn to run out
-        self.coming = 0  # threads started or woken that have not looked at the line yet
+        self.coming = 0  # threads started or woken since a thread last looked at the line
         self.stopping = False
 
     def submit(self, function, *args) -> concurrent.futures.Future:
@@ -162,7 +162,6 @@ class Turns:
     def _serve(self):
         me = threading.get_ident()
         with self.changed:
-            self.coming -= 1
             while (work := self._next()) is not None:
                 self.started[me] = time.monotonic()
                 self.changed.release()
@@ -195,6 +194,9 @@ class Turns:
     def _next(self):
         """The next connection in line once this thread may take it (None: stopping)."""
         while not self.stopping:
+            # Whoever looks serves or watches, as a thread called for would. Not counted by
+            # wait()'s answer: a wait that times out as it is notified says it timed out.
+            self.coming = 0
             wait = None
             if self.line:
                 wait = max(self.started.values(), default=-self.turn) + self.turn
@@ -207,8 +209,7 @@ class Turns:
             self.idle += 1
             self.watching += wait is not None
             try:
-                if self.changed.wait(wait):
-                    self.coming -= 1
+                self.changed.wait(wait)
             finally:
                 self.idle -= 1
                 self.watching -= wait is not None

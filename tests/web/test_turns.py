@@ -5,7 +5,9 @@ when each one serving has run past its turn (or steps aside to wait for its clie
 slow request never holds the worker. The worker itself, on a real server:
 tests/processes/test_web_server.py and test_web_server_pg.py."""
 
+import random
 import threading
+import time
 
 import pytest
 
@@ -123,6 +125,20 @@ def test_a_thread_that_steps_aside_to_wait_for_its_client_leaves_the_turn_to_the
     assert not waiting.done()
     release.set()
     assert waiting.result(WAIT) == "kept alive"
+
+
+def test_no_connection_is_left_in_line_while_turns_run_out_as_threads_are_called(make_turns):
+    """Turns so short that the threads watching them time out all the time, often just as
+    another calls them: a call must not be lost then (one was, and the line waited with every
+    thread idle)."""
+    turns = make_turns(turn=0.0002)
+    pick = random.Random(36)
+    for _ in range(1000):
+        futures = [
+            turns.submit(time.sleep, pick.random() * 0.0004) for _ in range(pick.randint(1, 6))
+        ]
+        for future in futures:
+            future.result(WAIT)
 
 
 def test_a_request_s_error_reaches_its_future_and_the_thread_serves_on(make_turns):
