@@ -55,8 +55,8 @@ HTTP_1 = frozenset({"HTTP/1.0", "HTTP/1.1"})
 # again this often.
 HOLD_POLL = 0.002
 # After answering on a kept-alive connection, how long its thread waits for that client's next
-# request before handing the connection back to gunicorn's poller, when a thread stays free
-# for any other connection meanwhile (Worker.next_request_here).
+# request before handing the connection back to gunicorn's poller, when no other connection
+# waits in line (Worker.next_request_here).
 NEXT_REQUEST_WAIT = 0.002
 # How long a request serves alone before another of its worker's threads may start on the next
 # connection in line (Turns): many times a webhook's or a form post's few milliseconds under
@@ -139,13 +139,17 @@ class Turns:
         return future
 
     def shutdown(self, wait=True, cancel_futures=False):
+        """Idle threads end now, serving ones once their request is answered; the process
+        waits for them as it exits (gunicorn asks without waiting, as of a ThreadPoolExecutor
+        whose threads are joined at exit)."""
         with self.changed:
             self.stopping = True
             self.changed.notify_all()
 
     def waiting(self) -> bool:
-        """Whether a connection waits in line."""
-        return bool(self.line)
+        """Whether a connection waits in line, or one that came would: no thread is idle and
+        the pool has no room for another."""
+        return bool(self.line) or (not self.idle and self.threads >= self.size)
 
     def step_aside(self):
         """From a serving thread about to wait for its client: its turn is over."""
@@ -324,7 +328,7 @@ class Worker(ThreadWorker):
     def next_request_here(self, conn) -> bool:
         """Whether this thread serves the connection's next request itself, as a sync worker
         would: when it is already read, or arrives within NEXT_REQUEST_WAIT while no other
-        connection waits in line (another thread takes one that comes meanwhile). Back on
+        connection waits in line and another thread could take one that comes meanwhile. Back on
         gunicorn's poller, each request costs two hand-offs between threads (the poller's,
         then the pool's) and two changes to the poller."""
         if not self.alive:

@@ -91,6 +91,19 @@ def test_no_thread_waits_for_its_client_while_another_connection_waits_in_line(
         release.set()
 
 
+def test_no_thread_waits_for_its_client_when_no_other_could_serve_meanwhile(client):
+    """The worker's only thread serving: a connection that came while it waited would wait."""
+    conn, sent = client
+    sent.sendall(b"POST /hooks/github/desk/ HTTP/1.1\r\n")
+    turns = Turns(1, 3600)
+    release = in_line(turns, 0)
+    try:
+        assert not worker(turns).next_request_here(conn)
+    finally:
+        release.set()
+        turns.shutdown()
+
+
 def test_a_request_read_with_the_last_body_is_served_at_once_however_busy(client, turns):
     conn, _ = client
     conn.parser.unreader.buf.write(b"POST /hooks/github/desk/ HTTP/1.1\r\n")
