@@ -158,10 +158,14 @@ class Turns:
             if self.line:
                 self._call()
 
-    def step_in(self):
-        """From a thread that stepped aside: a new turn, whoever else serves."""
+    def step_in(self) -> bool:
+        """From a thread that stepped aside: a new turn, unless another is serving one."""
         with self.changed:
-            self.started[threading.get_ident()] = time.monotonic()
+            now = time.monotonic()
+            if any(now - began < self.turn for began in self.started.values()):
+                return False
+            self.started[threading.get_ident()] = now
+            return True
 
     def _serve(self):
         me = threading.get_ident()
@@ -328,9 +332,10 @@ class Worker(ThreadWorker):
     def next_request_here(self, conn) -> bool:
         """Whether this thread serves the connection's next request itself, as a sync worker
         would: when it is already read, or arrives within NEXT_REQUEST_WAIT while no other
-        connection waits in line and another thread could take one that comes meanwhile. Back on
-        gunicorn's poller, each request costs two hand-offs between threads (the poller's,
-        then the pool's) and two changes to the poller."""
+        connection waits in line and another thread could take one that comes meanwhile, and
+        no other thread serves when it arrives (else it goes back in line behind that one).
+        Back on gunicorn's poller, each request costs two hand-offs between threads (the
+        poller's, then the pool's) and two changes to the poller."""
         if not self.alive:
             return False
         if conn.parser.unreader.buf.getvalue():  # read ahead with the last body
@@ -341,11 +346,10 @@ class Worker(ThreadWorker):
         self.tpool.step_aside()
         try:
             poll.register(conn.sock, select.POLLIN)
-            return bool(poll.poll(NEXT_REQUEST_WAIT * 1000))
+            came = bool(poll.poll(NEXT_REQUEST_WAIT * 1000))
         except (OSError, ValueError):  # closed meanwhile
             return False
-        finally:
-            self.tpool.step_in()
+        return came and self.tpool.step_in()
 
     # --- streams -------------------------------------------------------------------------
 

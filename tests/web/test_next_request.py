@@ -13,6 +13,7 @@ import pytest
 
 from alwayson.web import serving
 from alwayson.web.serving import Turns, Worker
+from tests.support.processes import wait_for
 
 WAIT = 30  # seconds: a bound on a wait, never a measure
 
@@ -133,8 +134,33 @@ def test_a_connection_that_comes_while_a_thread_waits_for_its_client_is_served_m
     turns.submit(served.set)
 
     assert served.wait(WAIT)
+    wait_for(lambda: not turns.started, WAIT, "the other thread to end its turn")
     sent.sendall(b"POST /hooks/github/desk/ HTTP/1.1\r\n")
     assert waiting.result(WAIT) is True
+
+
+def test_a_next_request_that_comes_while_another_thread_serves_goes_back_in_line(
+    client, turns, monkeypatch
+):
+    """Requests stay one at a time: the connection goes back to gunicorn, whose poller puts it
+    in line at once, and the serving thread takes it next."""
+    monkeypatch.setattr(serving, "NEXT_REQUEST_WAIT", 2 * WAIT)
+    conn, sent = client
+    polling = threading.Event()
+
+    def waits_for_its_client():
+        turns.step_in()
+        polling.set()
+        return worker(turns).next_request_here(conn)
+
+    waiting = turns.submit(waits_for_its_client)
+    assert polling.wait(WAIT)
+    release = in_line(turns, 0)
+    try:
+        sent.sendall(b"POST /hooks/github/desk/ HTTP/1.1\r\n")
+        assert waiting.result(WAIT) is False
+    finally:
+        release.set()
 
 
 def test_a_stopping_worker_hands_every_connection_back(client, turns):
