@@ -3,7 +3,7 @@ connections in line are served one at a time, in arrival order, by the thread th
 the last one when it is free; another thread starts on the line only when none is serving or
 when each one serving has run past its turn (or steps aside to wait for its client), so one
 slow request never holds the worker. The worker itself, on a real server:
-tests/processes/test_web_server.py and test_web_server_pg.py."""
+tests/processes/test_web_turns_pg.py and test_web_server.py."""
 
 import random
 import threading
@@ -84,7 +84,7 @@ def test_a_request_past_its_turn_lets_the_next_in_line_start_beside_it(make_turn
     assert not stuck.done()
     release.set()
     assert stuck.result(WAIT) == "stuck"
-    assert served.most == 2
+    assert served.most >= 2  # more only if a following one itself outran a turn
 
 
 def test_no_more_threads_than_the_pool_s_serve_at_once(make_turns):
