@@ -162,7 +162,7 @@ class Turns:
         """From a thread that stepped aside: a new turn, unless another is serving one."""
         with self.changed:
             now = time.monotonic()
-            if any(now - began < self.turn for began in self.started.values()):
+            if self._turn_left(now) > 0:
                 return False
             self.started[threading.get_ident()] = now
             return True
@@ -199,6 +199,10 @@ class Turns:
             return
         self.coming += 1
 
+    def _turn_left(self, now) -> float:
+        """Seconds until no serving thread is within its turn (0 or less: none is)."""
+        return max(self.started.values(), default=now - self.turn) + self.turn - now
+
     def _next(self):
         """The next connection in line once this thread may take it (None: stopping)."""
         while not self.stopping:
@@ -207,8 +211,7 @@ class Turns:
             self.coming = 0
             wait = None
             if self.line:
-                wait = max(self.started.values(), default=-self.turn) + self.turn
-                wait -= time.monotonic()
+                wait = self._turn_left(time.monotonic())
                 if wait <= 0:
                     work = self.line.popleft()
                     if self.line and not self.watching:
