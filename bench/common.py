@@ -82,6 +82,16 @@ def setup_django(url: str) -> None:
     django.setup()
 
 
+def cpu_seconds(pid) -> float | None:
+    """utime + stime of process `pid` so far, all its threads (/proc/<pid>/stat), or None
+    when it is gone or out of this machine's sight."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load() -> float:
     """The machine's 1-minute load average (2 cores here: above 2, others were running)."""
     return os.getloadavg()[0]

@@ -461,13 +461,13 @@ class _Sessions:
             return total if self.visible else None
 
     def _backend_cpu(self, conn) -> float:
-        try:
-            fields = Path(f"/proc/{conn.info.backend_pid}/stat").read_text().rsplit(")", 1)[1]
-        except OSError:
+        from bench.common import cpu_seconds
+
+        seconds = cpu_seconds(conn.info.backend_pid)
+        if seconds is None:
             self.visible = False
             return 0.0
-        utime, stime = fields.split()[11:13]  # the 14th and 15th fields
-        return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+        return seconds
 
 
 SESSIONS = _Sessions()

@@ -35,6 +35,10 @@ class Result:
     statuses: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
     exhausted: int = 0
+    # CPU per request (ms) of the server's processes and of the database's sessions over the
+    # run, when the bench could read them (bench/web.py, Rows.timed).
+    web_cpu_ms: float | None = None
+    db_cpu_ms: float | None = None
 
     @property
     def rate(self) -> float:

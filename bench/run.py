@@ -240,6 +240,9 @@ def main(argv=None):
     if any("p99_ratio" in entry for entry in table):
         print("\nweb rows' latency under the same load (wrk; medians of the runs' percentiles):")
         web.print_latencies(table)
+        print("\nweb rows' CPU per request (the server's processes and the database's sessions,")
+        print("from /proc over each run; medians of the runs):")
+        web.print_cpu(table)
     if len(table) < len(rows):
         print("\nbodies bounded before they are read (bench/limits.py):")
         limits.print_rows(rows)

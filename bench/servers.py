@@ -125,14 +125,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """utime + stime of every process of the server so far (/proc/<pid>/stat)."""
-        ticks = 0
-        for pid in self.pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # exited meanwhile
-            ticks += int(fields[11]) + int(fields[12])
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return sum(filter(None, map(common.cpu_seconds, self.pids())))
 
     def stop(self):
         if self.process is None or self.process.poll() is not None:

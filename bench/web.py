@@ -16,9 +16,13 @@ connections, interleaved, medians of the runs:
 
 Each row gives both rates, their ratio, both p50 and p99, the p99 ratio and the statuses; a
 run with any status but the expected one (or a socket error) fails, naming the server's log.
+Each also gives the CPU one request cost each system over the runs (medians): the server's
+processes (master and workers, every thread) and the database's sessions, read from /proc;
+what a ratio below its goal is made of.
 bench/limits.py adds the oversize and half-close rows against the same two servers.
 """
 
+import dataclasses
 import hashlib
 import hmac
 import itertools
@@ -27,6 +31,7 @@ import re
 import tempfile
 import urllib.error
 import urllib.request
+from contextlib import closing
 from http.cookies import SimpleCookie
 from pathlib import Path
 from urllib.parse import urlencode
@@ -121,11 +126,43 @@ def signature(body, secret=GITHUB_SECRET) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+class DatabaseCpu:
+    """The CPU of the database's sessions on the bench database (/proc/<pid>/stat), but the
+    one this reads them through: under a run, the sessions of the server under load (the
+    other server's sit idle). A session that closes during a run takes its CPU with it;
+    both servers keep theirs open (CONN_MAX_AGE, bench/settings.py). None throughout when
+    the database's processes are out of this machine's sight."""
+
+    def __init__(self, url):
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+
+    def snapshot(self) -> dict[int, float] | None:
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+        found = {pid: common.cpu_seconds(pid) for (pid,) in rows}
+        seen = {pid: seconds for pid, seconds in found.items() if seconds is not None}
+        return seen if seen or not found else None
+
+    def since(self, before) -> float | None:
+        """Seconds of CPU since `before` (a snapshot); a session opened since counts whole."""
+        after = self.snapshot()
+        if before is None or after is None:
+            return None
+        return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+    def close(self):
+        self.conn.close()
+
+
 class Rows:
     """The rows' runs against two started servers: each `system` is a callable taking the
     seconds to run and returning a load.Result, checked against the expected status."""
 
-    def __init__(self, prepared, production, reference, session, phase, workdir):
+    def __init__(self, prepared, production, reference, session, phase, workdir, database=None):
         self.slugs = prepared["slugs"]
         self.waiting = prepared["waiting"]
         self.servers = {"production": production, "reference": reference}
@@ -142,6 +179,23 @@ class Rows:
         # Answers per second seen so far, per system: how many approvals the next run needs.
         self.seen_rate = {}
         self.warming = False
+        self.database = database
+
+    def timed(self, server, *args) -> load.Result:
+        """load.run(server.base, *args), with the CPU each request cost the server's
+        processes and the database's sessions over the run."""
+        web = server.cpu_seconds()
+        database = self.database.snapshot() if self.database else None
+        result = load.run(server.base, *args)
+        web = server.cpu_seconds() - web
+        database = self.database.since(database) if self.database else None
+        if not result.requests:
+            return result
+        return dataclasses.replace(
+            result,
+            web_cpu_ms=1000 * web / result.requests,
+            db_cpu_ms=None if database is None else 1000 * database / result.requests,
+        )
 
     def _checked(self, result, expected, server, what) -> load.Result:
         unexpected = result.unexpected(expected)
@@ -160,7 +214,7 @@ class Rows:
         def run(seconds, connections):
             tag = f"{self.phase}-{server_name}-{next(self.tags)}"
             args = (self.slugs_file, self.body_file, signature(BODY), tag)
-            result = load.run(server.base, "webhook.lua", connections, seconds, args)
+            result = self.timed(server, "webhook.lua", connections, seconds, args)
             return self._checked(result, 202, server, "webhook")
 
         return run
@@ -171,7 +225,7 @@ class Rows:
         def run(seconds, connections):
             number = next(self.tags)
             args = (self.slugs_file, self.session.cookie(), self.session.token, number)
-            result = load.run(server.base, "chat.lua", connections, seconds, args)
+            result = self.timed(server, "chat.lua", connections, seconds, args)
             return self._checked(result, 302, server, "chat form post")
 
         return run
@@ -191,9 +245,7 @@ class Rows:
                 else:
                     prefix, ids = "/bench/answer/", "-"
                 args = (self.slugs_file, self.session.cookie(), self.session.token, prefix)
-                result = load.run(
-                    server.base, "answer.lua", connections, seconds, (*args, ids, tag)
-                )
+                result = self.timed(server, "answer.lua", connections, seconds, (*args, ids, tag))
                 ran_out = result.exhausted
                 self.seen_rate[system] = max(
                     self.seen_rate.get(system, 0), result.rate * (2 if ran_out else 1)
@@ -243,10 +295,16 @@ def http_row(name, title, connections, phase, ours, theirs, load_average, goal, 
     """One row: the medians of both systems' runs (rate, p50, p99), their ratios, statuses."""
 
     def medians(results):
+        def median(name):
+            found = [getattr(result, name) for result in results]
+            return None if None in found else common.median(found)
+
         return {
             "rate": common.median([result.rate for result in results]),
             "p50_ms": common.median([result.p50_ms for result in results]),
             "p99_ms": common.median([result.p99_ms for result in results]),
+            "web_cpu_ms": median("web_cpu_ms"),
+            "db_cpu_ms": median("db_cpu_ms"),
         }
 
     def statuses(results):
@@ -274,6 +332,10 @@ def http_row(name, title, connections, phase, ours, theirs, load_average, goal, 
         alwayson_p99_ms=a["p99_ms"],
         reference_p50_ms=r["p50_ms"],
         reference_p99_ms=r["p99_ms"],
+        alwayson_web_cpu_ms=a["web_cpu_ms"],
+        alwayson_db_cpu_ms=a["db_cpu_ms"],
+        reference_web_cpu_ms=r["web_cpu_ms"],
+        reference_db_cpu_ms=r["db_cpu_ms"],
         p99_ratio=p99_ratio,
         p99_goal=p99_goal,
         statuses={"alwayson": statuses(ours), "reference": statuses(theirs)},
@@ -341,8 +403,11 @@ def measure(url, quick, repeats, interleave, prepared, phase, only) -> list[dict
         session = Session(production.base).log_in(
             USERNAME, PASSWORD, f"/inbox/{prepared['slugs'][0]}/"
         )
-        with tempfile.TemporaryDirectory(prefix="alwayson-bench-wrk-") as workdir:
-            bench = Rows(prepared, production, reference, session, phase, workdir)
+        with (
+            tempfile.TemporaryDirectory(prefix="alwayson-bench-wrk-") as workdir,
+            closing(DatabaseCpu(url)) as database,
+        ):
+            bench = Rows(prepared, production, reference, session, phase, workdir, database)
             if phase in size["phases"]:
                 for name in wanted:
                     rows += _measure_shape(bench, name, size)
@@ -432,3 +497,44 @@ def print_latencies(rows, out=None) -> None:
     lines = [latency_cells(entry) for entry in rows if "p99_ratio" in entry]
     if lines:
         common.print_grid(LATENCY_HEADER, lines, out)
+
+
+CPU_HEADER = [
+    "measure",
+    "stats",
+    "production: web / database",
+    "reference: web / database",
+    "production - reference",
+]
+
+
+def cpu_cells(entry) -> list[str] | None:
+    """A web row's CPU per request (ms): each system's server and database, and what the
+    production web's request costs beyond the reference's in all; None without figures."""
+    figures = [
+        entry.get(f"{system}_{part}_cpu_ms")
+        for system in ("alwayson", "reference")
+        for part in ("web", "db")
+    ]
+    if figures[0] is None or figures[2] is None:
+        return None
+
+    def pair(web, database):
+        return f"{web:.2f} / {'-' if database is None else f'{database:.2f}'} ms"
+
+    known = None not in figures
+    extra = (figures[0] + figures[1]) - (figures[2] + figures[3]) if known else None
+    return [
+        entry["measure"],
+        entry.get("phase") or "-",
+        pair(*figures[:2]),
+        pair(*figures[2:]),
+        "-" if extra is None else f"{extra:+.2f} ms",
+    ]
+
+
+def print_cpu(rows, out=None) -> None:
+    """The web rows' CPU per request, each system's, under the same load."""
+    lines = [cells for entry in rows if (cells := cpu_cells(entry)) is not None]
+    if lines:
+        common.print_grid(CPU_HEADER, lines, out)

@@ -523,6 +523,70 @@ def test_a_web_row_has_both_systems_medians_their_ratios_and_every_status():
                      "2.00", "<= 1.5", "no", "1800 x 202; 2400 x 202"]  # fmt: skip
 
 
+def test_a_web_row_has_each_systems_cpu_per_request_and_what_production_costs_beyond():
+    import dataclasses
+
+    from bench import web
+
+    def costing(web_ms, db_ms):
+        return dataclasses.replace(result(300, 10, 40, {302: 600}), web_cpu_ms=web_ms,
+                                   db_cpu_ms=db_ms)  # fmt: skip
+
+    ours = [costing(2.5, 0.9), costing(2.4, 0.8), costing(3.1, 1.0)]
+    theirs = [costing(2.0, 0.5), costing(2.2, 0.6), costing(2.1, 0.55)]
+    row = web.http_row("answer", "answer", 4, "marked", ours, theirs, 2.5, 0.8, 1.5)
+    assert (row["alwayson_web_cpu_ms"], row["alwayson_db_cpu_ms"]) == (2.5, 0.9)
+    assert (row["reference_web_cpu_ms"], row["reference_db_cpu_ms"]) == (2.1, 0.55)
+    out = io.StringIO()
+    web.print_cpu([row], out)
+    cells = [cell.strip() for cell in out.getvalue().splitlines()[2].split("|")]
+    assert cells == ["answer, 4 connections", "marked", "2.50 / 0.90 ms", "2.10 / 0.55 ms",
+                     "+0.75 ms"]  # fmt: skip
+    # A run whose database was out of sight: no median, no difference, the web's still shown.
+    theirs[1] = dataclasses.replace(theirs[1], db_cpu_ms=None)
+    row = web.http_row("answer", "answer", 4, "marked", ours, theirs, 2.5, 0.8, 1.5)
+    assert row["reference_db_cpu_ms"] is None
+    assert web.cpu_cells(row)[3:] == ["2.10 / - ms", "-"]
+    # Rows without figures (older JSON) print nothing.
+    assert web.cpu_cells(entry("x", "marked", 1, 2)) is None
+
+
+def test_a_processs_cpu_is_read_from_proc_and_none_once_it_is_gone():
+    import os
+
+    spent = common.cpu_seconds(os.getpid())
+    sum(range(3_000_000))  # enough for the kernel's clock ticks to count it
+    assert common.cpu_seconds(os.getpid()) > spent >= 0
+    assert common.cpu_seconds(2**22 + 1) is None  # above Linux's largest pid
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db
+def test_the_database_cpu_of_a_web_run_counts_the_sessions_of_its_database_but_its_own():
+    import psycopg
+    from django.db import connection
+
+    from bench import web
+
+    params = connection.get_connection_params()
+    keys = ("dbname", "user", "password", "host", "port")
+    conninfo = {k: params[k] for k in keys if params.get(k)}
+    database = web.DatabaseCpu(psycopg.conninfo.make_conninfo(**conninfo))
+    other = psycopg.connect(autocommit=True, **conninfo)
+    try:
+        before = database.snapshot()
+        assert other.info.backend_pid in before
+        assert database.conn.info.backend_pid not in before
+        # Its own reading does not count; another session's work does.
+        database.conn.execute("SELECT count(*) FROM generate_series(1, 3000000)")
+        assert database.since(before) < 0.05
+        other.execute("SELECT count(*) FROM generate_series(1, 3000000)")
+        assert database.since(before) > 0.05
+    finally:
+        other.close()
+        database.close()
+
+
 def test_the_systems_of_a_row_run_in_an_order_rotated_and_reversed_each_round():
     from bench import web
 

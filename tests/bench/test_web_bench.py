@@ -325,7 +325,9 @@ def test_an_answer_run_that_ran_out_of_approvals_is_run_again_with_more(tmp_path
 
     monkeypatch.setattr(load, "run", run)
     session = SimpleNamespace(cookie=lambda: "sessionid=x", token="t")
-    server = SimpleNamespace(base="http://127.0.0.1:1", name="production", log="-")
+    server = SimpleNamespace(
+        base="http://127.0.0.1:1", name="production", log="-", cpu_seconds=lambda: 0.0
+    )
     rows = web.Rows(
         {"slugs": ["web-0"], "waiting": Waiting()}, server, server, session, "marked", tmp_path
     )
@@ -348,7 +350,9 @@ def test_a_warm_up_that_ended_before_a_cold_servers_first_answer_does_not_stop_t
 
     monkeypatch.setattr(load, "run", run)
     session = SimpleNamespace(cookie=lambda: "sessionid=x", token="t")
-    server = SimpleNamespace(base="http://127.0.0.1:1", name="production", log="-")
+    server = SimpleNamespace(
+        base="http://127.0.0.1:1", name="production", log="-", cpu_seconds=lambda: 0.0
+    )
     rows = web.Rows({"slugs": ["web-0"], "waiting": None}, server, server, session, "m", tmp_path)
 
     rows.warming = True
