@@ -39,6 +39,8 @@ import time
 import weakref
 from pathlib import Path
 
+from bench.common import cpu_seconds
+
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 2
 CONCURRENCY = 4
@@ -461,8 +463,6 @@ class _Sessions:
             return total if self.visible else None
 
     def _backend_cpu(self, conn) -> float:
-        from bench.common import cpu_seconds
-
         seconds = cpu_seconds(conn.info.backend_pid)
         if seconds is None:
             self.visible = False
