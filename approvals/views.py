@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpResponseBadRequest
+from django.http import Http404, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -258,7 +258,9 @@ def _back(request, approval):
     back = request.POST.get("next", "")
     if back and url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
         return redirect(back)
-    return redirect(approval)
+    # A URL already: redirect() would first try it as a view's name, and fail, on every answer.
+    url = approval if isinstance(approval, str) else approval.get_absolute_url()
+    return HttpResponseRedirect(url)
 
 
 # Answers that leave the request waiting for a second approver.
