@@ -352,6 +352,11 @@ def _username(user):
     return user.get_username() if user is not None else None
 
 
+# Every answer an event may carry, read once: a choices enum builds its values anew on each
+# read, and every stored answer is checked against them (record_answer, the metrics' count).
+ANSWERS = frozenset(Approval.Answer.values)
+
+
 def record_answer(sender, event: Event, now, **kwargs):
     """Copy the answer that stands onto the Approval row, in the transaction that stored it;
     an expiry goes into the audit here too, as nobody's answer."""
@@ -361,7 +366,7 @@ def record_answer(sender, event: Event, now, **kwargs):
         # Stored by answer.sql, which settled the row and audited the answer in its statement.
         return
     answer = event.payload.get("answer")
-    if answer not in Approval.Answer.values:
+    if answer not in ANSWERS:
         return
     if answer != Approval.Answer.EXPIRED:
         # A person's answer, who gave it (the payload names them), a denial's reason, a

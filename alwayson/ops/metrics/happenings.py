@@ -2,7 +2,7 @@
 
 from django.db import transaction
 
-from approvals.models import APPROVAL_SOURCE, Approval
+from approvals.models import ANSWERS, APPROVAL_SOURCE
 from inbox.models import RunRecord
 from inbox.signals import lease_taken_over, reserved_event_stored
 from outbox.signals import messages_sent
@@ -11,8 +11,6 @@ from timers.signals import timer_fired
 from .series import Counter, Histogram
 
 RUN_OUTCOMES = tuple(RunRecord.Outcome.values)
-# Once: a choices enum builds its values anew on every read, and this is read on every answer.
-ANSWERS = frozenset(Approval.Answer.values)
 
 SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
