@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponseBadRequest, HttpResponseRedirect
 from django.shortcuts import redirect, render
-from django.urls import reverse
+from django.utils.encoding import escape_uri_path
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
@@ -173,7 +173,10 @@ def _answered_at_once(request, slug, request_id):
     if answered is None:
         return None
     _tell(request, answered, {})
-    return _back(request, reverse("approvals:detail", args=[slug, request_id]))
+    # Posted to the request's own page (approval_detail): back to it, without reverse()'s
+    # walk of the URL patterns on every answer. Escaped as reverse() would: an id may hold
+    # "?" or "#".
+    return _back(request, escape_uri_path(request.path))
 
 
 SHOWN = "shown-"

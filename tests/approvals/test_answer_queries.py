@@ -61,6 +61,20 @@ def test_an_answer_post_costs_these_queries(people, django_assert_num_queries):
     assert "Your answer was recorded." in text_of(clients["dana"].get(response["Location"]))
 
 
+@pytest.mark.parametrize("request_id", ["über-7", "toolu_01:call.9"])
+def test_an_answer_goes_back_to_its_own_page_whatever_its_id_holds(people, request_id):
+    """The answer redirects to the page it was posted from, as its link names it (a letter
+    beyond ASCII escaped)."""
+    desk, clients = people
+    approval = ask(desk, request_id=request_id)
+
+    response = clients["dana"].post(approval.get_absolute_url(), {"answer": "yes"})
+
+    assert (response.status_code, response["Location"]) == (302, approval.get_absolute_url())
+    assert "Your answer was recorded." in text_of(clients["dana"].get(response["Location"]))
+    assert Approval.objects.get(request_id=request_id).answer == "yes"
+
+
 def test_a_late_second_answer_is_told_the_first_stands(people):
     desk, clients = people
     ask(desk)
