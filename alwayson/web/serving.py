@@ -201,7 +201,11 @@ class Turns:
 
     def _turn_left(self, now) -> float:
         """Seconds until no serving thread is within its turn (0 or less: none is)."""
-        return max(self.started.values(), default=now - self.turn) + self.turn - now
+        if not self.started:
+            # Exactly none: (now - turn) + turn - now rounds to a hair above 0 for some
+            # clocks, and a thread would then wait for a turn nobody holds.
+            return 0.0
+        return max(self.started.values()) + self.turn - now
 
     def _next(self):
         """The next connection in line once this thread may take it (None: stopping)."""

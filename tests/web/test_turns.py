@@ -127,6 +127,21 @@ def test_a_thread_that_steps_aside_to_wait_for_its_client_leaves_the_turn_to_the
     assert waiting.result(WAIT) == "kept alive"
 
 
+@pytest.mark.parametrize("turn", [LONG, 0.05])
+def test_a_thread_steps_in_at_once_whatever_the_clock_reads_while_none_serves(
+    make_turns, monkeypatch, turn
+):
+    """No turn is held, so none is left, exactly: (now - turn) + turn - now is a hair above 0
+    at some clock readings (0.007 s after boot with a turn of an hour), and the thread that
+    waited for its client was then refused its next request."""
+    turns = make_turns(turn=turn)
+    for reading in (0.007, 0.014, 1415.462042212, 123456.789, 1e7 + 0.1):
+        monkeypatch.setattr(time, "monotonic", lambda reading=reading: reading)
+        assert turns._turn_left(reading) <= 0
+        assert turns.step_in() is True
+        turns.step_aside()
+
+
 def test_no_connection_is_left_in_line_while_turns_run_out_as_threads_are_called(make_turns):
     """Turns so short that the threads watching them time out all the time, often just as
     another calls them: a call must not be lost then (one was, and the line waited with every
