@@ -174,8 +174,8 @@ def _answered_at_once(request, slug, request_id):
         return None
     _tell(request, answered, {})
     # Posted to the request's own page (approval_detail): back to it, without reverse()'s
-    # walk of the URL patterns on every answer. Escaped as reverse() would: an id may hold
-    # "?" or "#".
+    # walk of the URL patterns on every answer. Escaped as reverse() escapes it: an id may
+    # hold letters beyond ASCII.
     return _back(request, escape_uri_path(request.path))
 
 
