@@ -178,6 +178,11 @@ class OutageBackoff:
 # What OutageBackoff.attempt returns for a step the database did not let run.
 OUTAGE = object()
 
+# How long a process's start-up (runall's migrate, devserver's migration check) waits out a
+# database server it cannot reach (restarting, failing over, not up yet) before it fails: the
+# loops started next wait any later outage out, without a bound.
+START_OUTAGE = 60
+
 
 def through_outage(
     work, within, say, using=DEFAULT_DB_ALIAS, clock=time.monotonic, sleep=time.sleep

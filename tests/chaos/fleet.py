@@ -21,7 +21,7 @@ from django.conf import settings
 from tests.chaos.plan import ANSWERER, DISPATCHER, INGESTER, RUNALL, SCHEDULER, WORKER, role_of
 
 LOOP_COMMANDS = {WORKER: "runworker", SCHEDULER: "runscheduler", DISPATCHER: "rundispatcher"}
-RUNALL_CHILDREN = ("runserver", "runworker", "runscheduler", "rundispatcher")
+RUNALL_CHILDREN = ("devserver", "runworker", "runscheduler", "rundispatcher")
 STOP_TIMEOUT = 25  # runall gives its children 15 s to stop gracefully
 
 

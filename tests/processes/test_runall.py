@@ -17,7 +17,7 @@ import pytest
 from tests.support.processes import child_pids, command_of, free_port
 from tests.support.runall import START_TIMEOUT, Browser, Runall, assert_all_stop
 
-CHILD_COMMANDS = {"runserver", "runworker", "runscheduler", "rundispatcher"}
+CHILD_COMMANDS = {"devserver", "runworker", "runscheduler", "rundispatcher"}
 
 
 @pytest.fixture

@@ -1,20 +1,24 @@
 """`runall`'s start-up waits out a database server it cannot reach, within a bound, as the loops
-it then starts wait out any later outage; a database that does not exist still stops it at once
-with its one line (tests/processes/test_unusable_database.py).
+it then starts wait out any later outage, and so does the development server it starts
+(devserver); a database that does not exist still stops it at once with its one line
+(tests/processes/test_unusable_database.py).
 
 A chaos run restarted `runall` while its network to PostgreSQL was silent: the start-up's
 `migrate` timed out connecting and `runall` exited, a process that died on its own (seed
 205856). The process test here replays that: `runall` behind a userspace TCP proxy that forwards
-nothing until the test has seen it wait.
+nothing until the test has seen it wait. A failover's chaos run (seed 974326) found the same in
+runserver, which runall started for the web: its check of the migrations read the database once
+and exited on the error, and runall stopped everything.
 """
 
 import signal
+import urllib.request
 
 import pytest
 from django.db import OperationalError, connection
 
 from alwayson.ops.database import OutageBackoff, through_outage
-from tests.support.processes import database_url, free_port
+from tests.support.processes import database_url, free_port, start_command, wait_for
 from tests.support.runall import START_TIMEOUT, STOP_TIMEOUT, Runall
 from tests.support.tcp_proxy import TcpProxy
 
@@ -132,3 +136,39 @@ def test_runall_started_while_its_database_is_silent_waits_then_migrates_and_sta
             assert runall.process.wait(timeout=STOP_TIMEOUT + 15) == 0, runall.tail()
         finally:
             runall.stop()
+
+
+@pytest.mark.postgres_only  # a server to be cut off from
+@pytest.mark.django_db(transaction=True)  # the server reads the test database's migrations
+def test_the_development_server_started_while_its_database_is_silent_waits_then_serves(tmp_path):
+    config = connection.settings_dict
+    log = tmp_path / "devserver.log"
+    port = free_port()
+    with TcpProxy(config["HOST"] or "127.0.0.1", config["PORT"] or 5432) as proxy:
+        proxy.blackhole()
+        url = database_url().replace(f":{config['PORT'] or 5432}/", f":{proxy.port}/")
+        env = {"DATABASE_URL": url, "ALWAYSON_DB_CONNECT_TIMEOUT": "2"}
+        server = start_command("devserver", ["--noreload", f"127.0.0.1:{port}"], log, env=env)
+        try:
+            wait_for(
+                lambda: "database unavailable" in log.read_text() or server.poll() is not None,
+                START_TIMEOUT,
+                "devserver to say it waits for the database",
+            )
+            assert server.poll() is None, log.read_text()
+            proxy.heal()
+
+            def login_page():
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/accounts/login/") as r:
+                        return r.status == 200
+                except OSError:
+                    assert server.poll() is None, log.read_text()
+                    return False
+
+            wait_for(login_page, START_TIMEOUT, "devserver to serve the login page")
+            assert f"retrying in {OutageBackoff.FIRST:.1f}s" in log.read_text()
+            assert "Traceback" not in log.read_text(), log.read_text()
+        finally:
+            server.terminate()
+            server.wait(timeout=STOP_TIMEOUT)

@@ -10,11 +10,12 @@ signal stays ignored across exec, and the loops leave it so) and each gets this 
 SIGTERM. They stay in its process group, so a signal to the group that cannot be caught
 (SIGKILL, SIGSTOP) still reaches them all.
 
-By default it is the development entry point (runserver); `--demo` (what `make run` passes)
+By default it is the development entry point (devserver: runserver waiting out an outage as
+it starts, as the loops do); `--demo` (what `make run` passes)
 first makes the demo login and inbox, which are never made unasked: in a project that
 embeds alwayson they would be a superuser in that project's database. With `--production`
 it runs the release steps and then the production process set of alwayson/ops/processes.py
-(gunicorn instead of runserver), the commands deploy/ runs.
+(gunicorn instead of devserver), the commands deploy/ runs.
 """
 
 import os
@@ -36,14 +37,11 @@ from django.urls import reverse
 
 from alwayson.command import AlwaysonCommand
 from alwayson.egress.sealing import hide_from_same_user
-from alwayson.ops.database import through_outage
+from alwayson.ops.database import START_OUTAGE, through_outage
 from alwayson.ops.processes import PROCESSES, RELEASE, local_argv
 
 DEFAULT_ADDR = "127.0.0.1:8000"
 STOP_GRACE = 15
-# How long the start-up waits out a database server it cannot reach (restarting, failing
-# over, not up yet) before it fails: the loops it then starts wait any later outage out.
-START_OUTAGE = 60
 
 
 class Command(AlwaysonCommand):
@@ -125,7 +123,7 @@ class Command(AlwaysonCommand):
             )
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         commands = {
-            "web": [*manage, "runserver", "--noreload", addr],
+            "web": [*manage, "devserver", "--noreload", addr],
             "worker": [*manage, "runworker", "--concurrency", str(concurrency or 2)],
             "scheduler": [*manage, "runscheduler"],
             "dispatcher": [*manage, "rundispatcher"],
