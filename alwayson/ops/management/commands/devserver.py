@@ -11,6 +11,7 @@ that died on its own. A database that does not exist is no outage: it is raised 
 
 from django.apps import apps
 
+from alwayson.command import AlwaysonCommand
 from alwayson.ops.database import START_OUTAGE, through_outage
 
 if apps.is_installed("django.contrib.staticfiles"):
@@ -19,7 +20,7 @@ else:
     from django.core.management.commands.runserver import Command as RunServer
 
 
-class Command(RunServer):
+class Command(RunServer, AlwaysonCommand):  # AlwaysonCommand's --version
     help = (
         "Django's development server (runserver), its start-up waiting out a database server"
         " it cannot reach, as runall's loops do: what `runall` starts for the web."
