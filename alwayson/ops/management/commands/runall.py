@@ -10,10 +10,10 @@ signal stays ignored across exec, and the loops leave it so) and each gets this 
 SIGTERM. They stay in its process group, so a signal to the group that cannot be caught
 (SIGKILL, SIGSTOP) still reaches them all.
 
-By default it is the development entry point (devserver: runserver waiting out an outage as
-it starts, as the loops do); `--demo` (what `make run` passes)
-first makes the demo login and inbox, which are never made unasked: in a project that
-embeds alwayson they would be a superuser in that project's database. With `--production`
+By default it is the development entry point (devserver: runserver, its start-up waiting out
+a database outage as the loops do); `--demo` (what `make run` passes) first makes the demo
+login and inbox, which are never made unasked: in a project that embeds alwayson they would
+be a superuser in that project's database. With `--production`
 it runs the release steps and then the production process set of alwayson/ops/processes.py
 (gunicorn instead of devserver), the commands deploy/ runs.
 """
