@@ -13,6 +13,7 @@ and exited on the error, and runall stopped everything.
 
 import signal
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
 from django.db import OperationalError, connection
@@ -59,6 +60,19 @@ def failing(times, error):
 
     work.tries = 0
     return work
+
+
+@contextmanager
+def silent_database():
+    """A TCP proxy in front of the test database that accepts connections and answers
+    nothing (connect_timeout runs out) until healed, and the environment of a process that
+    reaches the database through it."""
+    config = connection.settings_dict
+    port = config["PORT"] or 5432
+    with TcpProxy(config["HOST"] or "127.0.0.1", port) as proxy:
+        proxy.blackhole()
+        url = database_url().replace(f":{port}/", f":{proxy.port}/")
+        yield proxy, {"DATABASE_URL": url, "ALWAYSON_DB_CONNECT_TIMEOUT": "2"}
 
 
 def test_a_start_up_waits_out_an_unreachable_server_at_the_loops_delays():
@@ -111,11 +125,7 @@ def test_a_database_that_does_not_exist_is_raised_at_once_not_waited_for():
 @pytest.mark.postgres_only  # a server to be cut off from
 @pytest.mark.django_db(transaction=True)  # runall's children write to the test database
 def test_runall_started_while_its_database_is_silent_waits_then_migrates_and_starts(tmp_path):
-    config = connection.settings_dict
-    with TcpProxy(config["HOST"] or "127.0.0.1", config["PORT"] or 5432) as proxy:
-        proxy.blackhole()  # connections accepted, nothing answered: connect_timeout runs out
-        url = database_url().replace(f":{config['PORT'] or 5432}/", f":{proxy.port}/")
-        env = {"DATABASE_URL": url, "ALWAYSON_DB_CONNECT_TIMEOUT": "2"}
+    with silent_database() as (proxy, env):
         runall = Runall(tmp_path, free_port(), env=env)
         try:
             runall.wait_for(
@@ -141,13 +151,9 @@ def test_runall_started_while_its_database_is_silent_waits_then_migrates_and_sta
 @pytest.mark.postgres_only  # a server to be cut off from
 @pytest.mark.django_db(transaction=True)  # the server reads the test database's migrations
 def test_the_development_server_started_while_its_database_is_silent_waits_then_serves(tmp_path):
-    config = connection.settings_dict
     log = tmp_path / "devserver.log"
     port = free_port()
-    with TcpProxy(config["HOST"] or "127.0.0.1", config["PORT"] or 5432) as proxy:
-        proxy.blackhole()
-        url = database_url().replace(f":{config['PORT'] or 5432}/", f":{proxy.port}/")
-        env = {"DATABASE_URL": url, "ALWAYSON_DB_CONNECT_TIMEOUT": "2"}
+    with silent_database() as (proxy, env):
         server = start_command("devserver", ["--noreload", f"127.0.0.1:{port}"], log, env=env)
         try:
             wait_for(
